@@ -1,0 +1,4 @@
+"""Configuration: defaults in `defaults.toml`, loaded and typed by `settings.py`."""
+from conf.settings import Settings, load_settings
+
+__all__ = ["Settings", "load_settings"]

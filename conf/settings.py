@@ -1,0 +1,130 @@
+"""One typed, frozen settings object: `conf/defaults.toml` < environment (DELAYQ_*) < code.
+
+Credentials are `SecretStr`: printed as '**********', read with `.get_secret_value()`.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from state.errors import ConfigError, DelayLevelError
+from state.levels import parse_levels
+
+CONF_DIR = Path(__file__).resolve().parent
+PROJECT_ROOT = CONF_DIR.parent
+ENV_PREFIX = "DELAYQ_"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        toml_file=CONF_DIR / "defaults.toml",
+        frozen=True,
+        extra="forbid",
+    )
+
+    bootstrap_servers: str
+    intake_topic: str
+    dlq_topic: str
+    allowed_topics: str
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    sasl_username: str
+    sasl_password: SecretStr
+    ssl_cafile: str
+
+    kafka_host: str
+    kafka_port: int
+    kafka_controller_port: int
+    kafka_heap: str
+
+    delay_levels: str
+
+    data_dir: Path
+    jars_dir: str
+
+    spark_master: str
+    spark_app_name: str
+    spark_driver_memory: str
+    spark_shuffle_partitions: int
+    spark_log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"]
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @field_validator("delay_levels")
+    @classmethod
+    def _levels_parse(cls, value: str) -> str:
+        # A DelayLevelError is not a ValueError, so pydantic lets it through unwrapped.
+        try:
+            parse_levels(value)
+        except DelayLevelError as exc:
+            raise DelayLevelError(f"setting delay_levels={value!r}: {exc}") from None
+        return value
+
+    @field_validator("spark_shuffle_partitions", "kafka_port", "kafka_controller_port")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError(f"must be positive, got {value}")
+        return value
+
+    # ---- derived values -------------------------------------------------------------
+    @cached_property
+    def level_delays_ms(self) -> tuple[int, ...]:
+        return parse_levels(self.delay_levels)
+
+    @property
+    def embedded(self) -> bool:
+        """No bootstrap servers configured: the local broker is the service's Kafka."""
+        return not self.bootstrap_servers.strip()
+
+    @property
+    def bootstrap(self) -> str:
+        if self.embedded:
+            return f"{self.kafka_host}:{self.kafka_port}"
+        return self.bootstrap_servers.strip()
+
+    @property
+    def data_path(self) -> Path:
+        return self.data_dir.resolve()
+
+    @property
+    def jars_path(self) -> Path:
+        return Path(self.jars_dir).resolve() if self.jars_dir else PROJECT_ROOT / ".lib"
+
+    @property
+    def allowed_topic_set(self) -> frozenset[str]:
+        return frozenset(t for t in self.allowed_topics.replace(",", " ").split() if t)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build the settings, turning pydantic's report into one ConfigError an operator reads."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise ConfigError(
+            f"invalid settings: {problems}. Fix conf/defaults.toml or the "
+            f"{ENV_PREFIX}* environment variable."
+        ) from None

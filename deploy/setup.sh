@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One-time setup on a fresh machine (Python 3.11, Java 17 and Maven installed):
+#   - .venv with delayq and its pinned Python dependencies (from PyPI),
+#   - .lib/spark and .lib/kafka with the JVM jars, resolved by Maven (from Maven Central).
+# Safe to run again: each step is skipped when its inputs did not change.
+# Nothing is downloaded after this: the job and the broker start from these folders.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need() { command -v "$1" >/dev/null || { echo "setup: '$1' not found; $2" >&2; exit 1; }; }
+need java "install a Java 17 runtime (Debian: apt-get install openjdk-17-jre-headless)"
+need mvn "install Maven (Debian: apt-get install maven)"
+PYTHON=${PYTHON:-python3}
+need "$PYTHON" "install Python 3.11"
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "setup: installing Python dependencies into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+  touch .venv/.installed
+fi
+
+for part in spark kafka; do
+  pom=deploy/maven/$part/pom.xml
+  out=.lib/$part
+  if [ ! -f "$out/.resolved" ] || [ "$pom" -nt "$out/.resolved" ]; then
+    echo "setup: resolving $part jars with Maven into $out"
+    rm -rf "$out"
+    mvn -q -B -f "$pom" dependency:copy-dependencies -DoutputDirectory="$PWD/$out"
+    touch "$out/.resolved"
+  fi
+done
+echo "setup: ready (.venv, .lib/spark, .lib/kafka)"

@@ -1,0 +1,1 @@
+"""Where delivered and rejected messages go: Kafka real topics, dead letters, Delta tables."""

@@ -1,0 +1,21 @@
+"""The project's error tree: one root, one-line leaves per layer."""
+
+
+class DelayqError(Exception):
+    """Root of every error delayq raises on purpose."""
+
+
+class ConfigError(DelayqError):
+    """A setting is invalid; the message names the setting, the value and the fix."""
+
+
+class DelayLevelError(ConfigError):
+    """The delay-level string cannot be parsed."""
+
+
+class BrokerError(DelayqError):
+    """The local Kafka broker could not be started, reached or stopped."""
+
+
+class JobError(DelayqError):
+    """The streaming job refused to start or stopped on a condition it names."""

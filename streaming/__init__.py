@@ -1,0 +1,1 @@
+"""The Spark job and its surroundings: session, local broker, source, routing, CLI, producer."""

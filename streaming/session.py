@@ -1,0 +1,78 @@
+"""The one place Spark is configured: master, jars, RocksDB state, Delta, Python workers.
+
+Every value comes from `conf/` (see conf/defaults.toml); callers may add `extra` settings
+for one session (tests lower memory, benchmarks raise it) but never configure Spark elsewhere.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from conf.settings import CONF_DIR, Settings
+from state.errors import ConfigError
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# Jars the job cannot run without; the rest of .lib/spark are their runtime dependencies.
+REQUIRED_JARS = ("spark-sql-kafka-0-10_2.13-", "delta-spark_", "kafka-clients-")
+
+
+def spark_jars(settings: Settings) -> list[Path]:
+    folder = settings.jars_path / "spark"
+    jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
+    for prefix in REQUIRED_JARS:
+        if not any(jar.name.startswith(prefix) for jar in jars):
+            raise ConfigError(
+                f"no {prefix}*.jar in {folder}; run deploy/setup.sh once to resolve the "
+                f"Spark jars with Maven (or set DELAYQ_JARS_DIR to a folder holding spark/)"
+            )
+    return jars
+
+
+def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
+    log4j = f"-Dlog4j2.configurationFile=file:{CONF_DIR / 'log4j2.properties'}"
+    conf = {
+        "spark.app.name": settings.spark_app_name,
+        "spark.master": settings.spark_master,
+        "spark.jars": ",".join(str(jar) for jar in spark_jars(settings)),
+        "spark.driver.memory": settings.spark_driver_memory,
+        "spark.driver.extraJavaOptions": log4j,
+        "spark.executor.extraJavaOptions": log4j,
+        "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.warehouse.dir": str(settings.data_path / "warehouse"),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+        # The driver's Python and the workers' Python must be the same interpreter.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+    }
+    conf.update(extra or {})
+    return conf
+
+
+def build_session(settings: Settings, extra: dict[str, str] | None = None):
+    """Create (or return the running) SparkSession configured from settings."""
+    if settings.spark_master.startswith("local"):
+        # Keep a local job on loopback instead of whatever the host name resolves to.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Python workers import the project's packages; make them findable without installing.
+    project_root = str(CONF_DIR.parent)
+    path = os.environ.get("PYTHONPATH", "")
+    if project_root not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, path) if p)
+
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    for key, value in spark_conf(settings, extra).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(settings.spark_log_level)
+    return session

@@ -1,0 +1,108 @@
+"""Session fixtures: one real Kafka broker (KRaft, from .lib/kafka) and one Spark session
+for the whole run, and a fresh topic per test.
+
+DELAYQ_TEST_BOOTSTRAP=host:port points the suite at an existing broker instead.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support import free_port
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = str(item.fspath)
+        if "/integration/" in path:
+            item.add_marker(pytest.mark.integration)
+        elif "/faults/" in path:
+            item.add_marker(pytest.mark.faults)
+
+
+@pytest.fixture(scope="session")
+def work_dir():
+    path = Path(tempfile.mkdtemp(prefix="delayq-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(work_dir):
+    external = os.environ.get("DELAYQ_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    from streaming import broker
+
+    spec = broker.BrokerSpec(
+        home=work_dir / "kafka",
+        jars=PROJECT / ".lib" / "kafka",
+        port=free_port(),
+        controller_port=free_port(),
+        heap="768m",
+    )
+    broker.start(spec)
+    try:
+        yield spec.bootstrap
+    finally:
+        broker.stop(spec)
+
+
+@pytest.fixture(scope="session")
+def admin(kafka_bootstrap):
+    from kafka import KafkaAdminClient
+
+    client = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def new_topic(admin, request):
+    """Factory: new_topic(partitions=1, **configs) -> a fresh, uniquely named topic."""
+    from kafka.admin import NewTopic
+
+    stem = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
+
+    def make(partitions: int = 1, name: str | None = None, **configs: str) -> str:
+        topic = name or f"{stem}-{uuid.uuid4().hex[:8]}"
+        admin.create_topics(
+            [NewTopic(topic, num_partitions=partitions, replication_factor=1,
+                      topic_configs={k.replace("_", "."): v for k, v in configs.items()})],
+            wait_for_metadata=True,
+        )
+        return topic
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def test_settings(work_dir, kafka_bootstrap):
+    """Settings for tests: the session broker, short levels, small Spark."""
+    from conf import load_settings
+
+    return load_settings(
+        bootstrap_servers=kafka_bootstrap,
+        data_dir=work_dir / "data",
+        delay_levels="1s 2s 3s",
+        spark_master="local[2]",
+        spark_driver_memory="1500m",
+        spark_shuffle_partitions=2,
+    )
+
+
+@pytest.fixture(scope="session")
+def spark(test_settings):
+    from streaming.session import build_session
+
+    session = build_session(test_settings, {"spark.sql.streaming.minBatchesToRetain": "20"})
+    yield session
+    session.stop()

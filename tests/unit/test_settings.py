@@ -1,0 +1,65 @@
+import pytest
+
+from conf import load_settings
+from state.errors import ConfigError, DelayLevelError
+
+
+def test_defaults_come_from_conf(monkeypatch):
+    for key in list(__import__("os").environ):
+        if key.startswith("DELAYQ_"):
+            monkeypatch.delenv(key)
+    settings = load_settings()
+    assert settings.intake_topic == "SCHEDULE_TOPIC_XXXX"
+    assert settings.dlq_topic == "SCHEDULE_TOPIC_XXXX.DLQ"
+    assert len(settings.level_delays_ms) == 18
+    assert settings.embedded
+    assert settings.bootstrap == "127.0.0.1:9092"
+    assert settings.spark_master == "local[*]"
+
+
+def test_environment_overrides(monkeypatch):
+    monkeypatch.setenv("DELAYQ_BOOTSTRAP_SERVERS", "kafka-1:9092,kafka-2:9092")
+    monkeypatch.setenv("DELAYQ_DELAY_LEVELS", "1s 2s 3s")
+    monkeypatch.setenv("DELAYQ_SPARK_SHUFFLE_PARTITIONS", "7")
+    settings = load_settings()
+    assert not settings.embedded
+    assert settings.bootstrap == "kafka-1:9092,kafka-2:9092"
+    assert settings.level_delays_ms == (1_000, 2_000, 3_000)
+    assert settings.spark_shuffle_partitions == 7
+
+
+def test_code_overrides_environment(monkeypatch):
+    monkeypatch.setenv("DELAYQ_INTAKE_TOPIC", "from-env")
+    assert load_settings(intake_topic="from-code").intake_topic == "from-code"
+
+
+def test_bad_levels_refused_at_start_naming_the_token(monkeypatch):
+    monkeypatch.setenv("DELAYQ_DELAY_LEVELS", "1s 5x 10s")
+    with pytest.raises(DelayLevelError, match="'5x'"):
+        load_settings()
+
+
+def test_bad_value_names_the_setting(monkeypatch):
+    monkeypatch.setenv("DELAYQ_KAFKA_PORT", "not-a-port")
+    with pytest.raises(ConfigError, match="kafka_port"):
+        load_settings()
+
+
+def test_unknown_choice_is_refused(monkeypatch):
+    monkeypatch.setenv("DELAYQ_SECURITY_PROTOCOL", "CARRIER_PIGEON")
+    with pytest.raises(ConfigError, match="security_protocol"):
+        load_settings()
+
+
+def test_secrets_are_never_printed(monkeypatch):
+    monkeypatch.setenv("DELAYQ_SASL_PASSWORD", "hunter2")
+    settings = load_settings()
+    assert "hunter2" not in repr(settings)
+    assert "hunter2" not in str(settings)
+    assert settings.sasl_password.get_secret_value() == "hunter2"
+
+
+def test_settings_are_frozen():
+    settings = load_settings()
+    with pytest.raises(Exception):
+        settings.intake_topic = "other"
