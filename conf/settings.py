@@ -8,7 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr, ValidationError, field_validator
+from pydantic import SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -17,7 +17,7 @@ from pydantic_settings import (
 )
 
 from state.errors import ConfigError, DelayLevelError
-from state.levels import parse_levels
+from state.levels import parse_duration, parse_levels
 
 CONF_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = CONF_DIR.parent
@@ -48,6 +48,14 @@ class Settings(BaseSettings):
     kafka_heap: str
 
     delay_levels: str
+    max_delay: str
+    clock_tolerance: str
+
+    slot_ms: int
+    fire_lead_ms: int
+    heartbeat_ms: int
+    late_tolerance: str
+    max_offsets_per_trigger: int
 
     data_dir: Path
     jars_dir: str
@@ -79,7 +87,17 @@ class Settings(BaseSettings):
             raise DelayLevelError(f"setting delay_levels={value!r}: {exc}") from None
         return value
 
-    @field_validator("spark_shuffle_partitions", "kafka_port", "kafka_controller_port")
+    @field_validator("max_delay", "clock_tolerance", "late_tolerance")
+    @classmethod
+    def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
+        try:
+            parse_duration(value)
+        except DelayLevelError as exc:
+            raise ConfigError(f"setting {info.field_name}={value!r}: {exc}") from None
+        return value
+
+    @field_validator("spark_shuffle_partitions", "kafka_port", "kafka_controller_port",
+                     "slot_ms", "heartbeat_ms")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value <= 0:
@@ -90,6 +108,22 @@ class Settings(BaseSettings):
     @cached_property
     def level_delays_ms(self) -> tuple[int, ...]:
         return parse_levels(self.delay_levels)
+
+    @property
+    def max_delay_ms(self) -> int:
+        return parse_duration(self.max_delay)
+
+    @property
+    def clock_tolerance_ms(self) -> int:
+        return parse_duration(self.clock_tolerance)
+
+    @property
+    def late_tolerance_ms(self) -> int:
+        return parse_duration(self.late_tolerance)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.data_path / "checkpoints" / "delivery"
 
     @property
     def embedded(self) -> bool:

@@ -1,0 +1,74 @@
+"""The Kafka sink: delivered messages to their real topics, rejected ones to the dead-letter
+topic. At-least-once: a replayed batch sends its messages again, with the same UNIQ_KEY.
+
+Before writing it checks every real topic against the cluster's metadata: a message for a
+topic that does not exist, or for a partition beyond the topic's last, becomes a dead letter
+with its reason, instead of blocking the Kafka writer and failing every later batch.
+"""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from sinks.base import BatchSink, BatchSummary
+from state import headers as H
+from state.hold import hold_until_due
+
+# Send as soon as a held row is released: lateness, not throughput, is what this writer buys.
+PRODUCER_OPTIONS = {"kafka.linger.ms": "1", "kafka.acks": "all", "kafka.max.block.ms": "30000"}
+
+
+def _header(name: str, value) -> F.Column:
+    return F.struct(F.lit(name).alias("key"), F.encode(value, "UTF-8").alias("value"))
+
+
+class KafkaSink(BatchSink):
+    name = "kafka"
+
+    def __init__(self, options: dict[str, str], dlq_topic: str, catalog, parallelism: int):
+        self._options = {**PRODUCER_OPTIONS, **options}
+        self._dlq = dlq_topic
+        self._catalog = catalog
+        self._parallelism = max(1, parallelism)
+
+    def refuse_unknown_topics(self, batch: DataFrame, summary: BatchSummary) -> DataFrame:
+        """Turn deliveries to missing topics or partitions into dead letters with a reason."""
+        if not summary.topics:
+            return batch
+        sizes = self._catalog.partitions(sorted(summary.topics))
+        missing = [t for t, n in sizes.items() if n is None]
+        known = [x for t, n in sizes.items() if n is not None for x in (F.lit(t), F.lit(n))]
+        size = F.element_at(F.create_map(*known), F.col("topic")) if known else F.lit(None)
+        deliver = F.col("kind") == "deliver"
+        reason = (
+            F.when(deliver & F.col("topic").isin(missing),
+                   F.format_string("REAL_TOPIC '%s' does not exist", F.col("topic")))
+            .when(deliver & F.col("partition").isNotNull() & (F.col("partition") >= size),
+                  F.format_string("REAL_QID %d is out of range: topic '%s' has %d partitions",
+                                  F.col("partition"), F.col("topic"), size))
+        )
+        if not missing and not known:
+            return batch
+        extra = F.filter(F.array(
+            _header(H.REAL_TOPIC, F.col("topic")),
+            _header(H.REAL_QID, F.col("partition").cast("string")),
+            _header(H.DLQ_REASON, F.col("_refused")),
+        ), lambda h: h["value"].isNotNull())
+        refused = F.col("_refused").isNotNull()
+        return (batch.withColumn("_refused", reason)
+                .withColumn("headers", F.when(refused, F.concat("headers", extra))
+                            .otherwise(F.col("headers")))
+                .withColumn("kind", F.when(refused, F.lit("dead")).otherwise(F.col("kind")))
+                .withColumn("reason", F.coalesce("_refused", "reason"))
+                .withColumn("topic", F.when(refused, F.lit(self._dlq)).otherwise(F.col("topic")))
+                .withColumn("partition", F.when(refused, F.lit(None).cast("int"))
+                            .otherwise(F.col("partition")))
+                .withColumn("due_ms", F.when(refused, F.lit(0).cast("long"))
+                            .otherwise(F.col("due_ms")))
+                .drop("_refused"))
+
+    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> None:
+        out = batch.filter(F.col("kind").isin("deliver", "dead"))
+        held = out.coalesce(self._parallelism).mapInPandas(hold_until_due, out.schema)
+        (held.select("topic", "partition", "key", "value", "headers")
+         .write.format("kafka").options(**self._options).save())

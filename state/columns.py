@@ -1,0 +1,66 @@
+"""Column layouts shared by the parse stage, the wheel and the sinks (Arrow types, no Spark).
+
+`streaming/schema.py` turns these into Spark schemas, so the two can never drift apart.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+HEADER = pa.struct([("key", pa.string()), ("value", pa.binary())])
+HEADERS = pa.list_(HEADER)
+
+# One parsed intake record (output of the parse stage, input of the wheel).
+ENVELOPE = pa.schema([
+    ("kind", pa.string()),
+    ("bucket", pa.int32()),      # wheel group: level, TIMER bucket, or a pass-through bucket
+    ("slot", pa.int64()),        # wheel group: due slot (or a spreading number)
+    ("level", pa.int32()),
+    ("due_ms", pa.int64()),
+    ("uniq_key", pa.string()),
+    ("topic", pa.string()),
+    ("qid", pa.int32()),
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("headers", HEADERS),        # user headers; for dead letters, the original headers
+    ("reason", pa.string()),
+    ("cancel_key", pa.string()),
+    ("append_ms", pa.int64()),
+    ("ipart", pa.int32()),
+    ("ioff", pa.int64()),
+])
+
+# A pending message inside a wheel group's state blob.
+PENDING = pa.schema([
+    ("due_ms", pa.int64()),
+    ("uniq_key", pa.string()),
+    ("topic", pa.string()),
+    ("qid", pa.int32()),
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("headers", HEADERS),
+    ("level", pa.int32()),
+    ("append_ms", pa.int64()),
+    ("ipart", pa.int32()),
+    ("ioff", pa.int64()),
+])
+
+# What the wheel emits, per batch: deliveries, dead letters and cancel outcomes.
+OUTPUT = pa.schema([
+    ("kind", pa.string()),       # deliver | dead | cancelled | cancel_unknown
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("headers", HEADERS),        # exactly the headers written to Kafka
+    ("uniq_key", pa.string()),
+    ("level", pa.int32()),
+    ("due_ms", pa.int64()),
+    ("append_ms", pa.int64()),
+    ("ipart", pa.int32()),
+    ("ioff", pa.int64()),
+    ("reason", pa.string()),
+])
+
+# The wheel group's state: the pending messages as one Arrow IPC blob, so the state row
+# stays close to the payload size and Spark never deserialises messages it only scans.
+STATE = pa.schema([("blob", pa.binary()), ("count", pa.int32()), ("earliest_ms", pa.int64())])

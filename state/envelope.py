@@ -1,0 +1,192 @@
+"""Read one intake record's headers into an Envelope: what to do with it, and why if it is bad.
+
+Pure Python: the rules of DESIGN.md sections 2 and 3, unit-tested without Spark. The Spark
+side (`streaming/source.py`) only maps these functions over Arrow batches.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+from state import headers as H
+from state.levels import clamp_level
+from state.timing import correct_deliver_timestamp
+
+# Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_INTEGER = re.compile(r"[+-]?\d{1,19}")
+
+Header = tuple[str, bytes | None]
+
+
+class Kind(str, Enum):
+    HEARTBEAT = "hb"   # the job's own clock tick; never delivered
+    NOW = "now"        # no delay: deliver at once
+    DELAY = "delay"    # hold in the wheel until due
+    CANCEL = "cancel"  # drop a pending message by UNIQ_KEY
+    DEAD = "dead"      # bad input: dead-letter topic, with a reason
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What parsing needs to know of the configuration."""
+
+    level_delays_ms: tuple[int, ...]
+    intake_topic: str
+    dlq_topic: str
+    allowed_topics: frozenset[str] = frozenset()
+    max_delay_ms: int = 30 * 86_400_000
+    clock_tolerance_ms: int = 60_000
+
+
+@dataclass(frozen=True)
+class Envelope:
+    kind: Kind
+    uniq_key: str
+    real_topic: str | None = None
+    real_qid: int | None = None
+    level: int = 0             # 1..N for level messages, 0 for immediate, TIMER_LEVEL for timers
+    due_ms: int = 0
+    user_headers: tuple[Header, ...] = field(default_factory=tuple)
+    reason: str | None = None
+    cancel_key: str | None = None
+
+
+TIMER_LEVEL = -1
+
+
+class BadInput(Exception):
+    """Raised inside parsing; becomes a DEAD envelope carrying its message as the reason."""
+
+
+def _text(name: str, raw: bytes | None) -> str:
+    if raw is None:
+        raise BadInput(f"header {name} has no value")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"header {name} is not valid UTF-8") from None
+
+
+def _integer(name: str, raw: bytes | None) -> int:
+    text = _text(name, raw).strip()
+    if not _INTEGER.fullmatch(text):
+        raise BadInput(f"header {name}={text[:64]!r} is not an integer")
+    return int(text)
+
+
+def topic_refusal(topic: str, rules: Rules) -> str | None:
+    """Why `topic` may not be a REAL_TOPIC, or None when it may."""
+    if not _LEGAL_TOPIC.fullmatch(topic) or topic in (".", ".."):
+        return f"REAL_TOPIC {topic[:64]!r} is not a legal Kafka topic name"
+    if topic == rules.intake_topic:
+        return f"REAL_TOPIC {topic!r} is the intake topic"
+    if topic == rules.dlq_topic:
+        return f"REAL_TOPIC {topic!r} is the dead-letter topic"
+    if topic.startswith("__"):
+        return f"REAL_TOPIC {topic!r} is an internal Kafka topic"
+    if rules.allowed_topics and topic not in rules.allowed_topics:
+        return f"REAL_TOPIC {topic!r} is not in the allow-list (setting allowed_topics)"
+    return None
+
+
+def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
+          rules: Rules, now_ms: int) -> Envelope:
+    """Decide what one intake record is. Never raises for bad input: returns a DEAD envelope."""
+    default_key = f"{partition}-{offset}"
+    control: dict[str, bytes | None] = {}
+    user: list[Header] = []
+    for name, value in headers:
+        if name in H.CONTROL_HEADERS:
+            if name in control:
+                return Envelope(Kind.DEAD, default_key, reason=f"header {name} appears twice")
+            control[name] = value
+        else:
+            user.append((name, value))
+    if H.HEARTBEAT in control:
+        return Envelope(Kind.HEARTBEAT, default_key)
+    try:
+        uniq = default_key
+        if H.UNIQ_KEY in control:
+            uniq = _text(H.UNIQ_KEY, control[H.UNIQ_KEY]).strip()
+            if not uniq:
+                raise BadInput("header UNIQ_KEY is empty")
+        return _parse_control(control, tuple(user), uniq, append_ms, rules, now_ms)
+    except BadInput as bad:
+        uniq_guess = default_key
+        raw = control.get(H.UNIQ_KEY)
+        if raw:
+            try:
+                uniq_guess = raw.decode("utf-8").strip() or default_key
+            except UnicodeDecodeError:
+                pass
+        return Envelope(Kind.DEAD, uniq_guess, reason=str(bad))
+
+
+def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], uniq: str,
+                   append_ms: int, rules: Rules, now_ms: int) -> Envelope:
+    present = [name for name in H.DELAY_HEADERS if name in control]
+    if len(present) > 1:
+        raise BadInput(f"more than one delay header: {', '.join(present)}")
+
+    if H.TIMER_DEL_UNIQKEY in control:
+        target = _text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
+        if not target:
+            raise BadInput("header TIMER_DEL_UNIQKEY is empty")
+        level, due = _due(control, present, append_ms, rules, now_ms)
+        return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
+
+    if H.REAL_TOPIC not in control:
+        raise BadInput("header REAL_TOPIC is missing")
+    topic = _text(H.REAL_TOPIC, control[H.REAL_TOPIC]).strip()
+    refusal = topic_refusal(topic, rules)
+    if refusal:
+        raise BadInput(refusal)
+    qid = None
+    if H.REAL_QID in control:
+        qid = _integer(H.REAL_QID, control[H.REAL_QID])
+        if qid < 0 or qid > 2**31 - 1:
+            raise BadInput(f"header REAL_QID={qid} is not a partition number")
+
+    level, due = _due(control, present, append_ms, rules, now_ms)
+    kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
+    return Envelope(kind, uniq, topic, qid, level, due, user)
+
+
+def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
+         rules: Rules, now_ms: int) -> tuple[int, int]:
+    """(level, due time) from the one delay header present, or (0, append time) for none."""
+    if not present:
+        return 0, append_ms
+    name = present[0]
+    if name == H.DELAY:
+        level = _integer(H.DELAY, control[H.DELAY])
+        if level < 0:
+            raise BadInput(f"header DELAY={level} is negative")
+        level = clamp_level(level, len(rules.level_delays_ms))
+        if level == 0:
+            return 0, append_ms
+        delay = rules.level_delays_ms[level - 1]
+        return level, correct_deliver_timestamp(now_ms, append_ms + delay, delay)
+
+    value = _integer(name, control[name])
+    if name == H.TIMER_DELIVER_MS:
+        due = value
+    elif name == H.TIMER_DELAY_MS:
+        due = append_ms + value
+    else:
+        due = append_ms + value * 1000
+    if name != H.TIMER_DELIVER_MS and value < 0:
+        raise BadInput(f"header {name}={value} is negative")
+    if due - append_ms > rules.max_delay_ms:
+        raise BadInput(
+            f"header {name}={value} is beyond the maximum delay of "
+            f"{rules.max_delay_ms // 1000} s (setting max_delay)"
+        )
+    if due < append_ms - rules.clock_tolerance_ms:
+        raise BadInput(
+            f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more than "
+            f"the clock tolerance of {rules.clock_tolerance_ms // 1000} s"
+        )
+    return TIMER_LEVEL, max(due, append_ms)

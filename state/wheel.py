@@ -1,0 +1,164 @@
+"""The wheel: the applyInPandasWithState function that holds delayed messages.
+
+A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
+slot of `slot_ms`. Its state is one Arrow blob of pending messages; its event-time timer is
+set `lead_ms` before the earliest of them. On a call it releases every message due before
+the fire horizon (watermark + lead) to the hold stage, which sends each one at its due time.
+Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pandas as pd
+import pyarrow as pa
+
+from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
+from state import headers as H
+from state.columns import OUTPUT, PENDING
+from state.envelope import TIMER_LEVEL, Kind
+from state.timing import correct_deliver_timestamp, fire_horizon, slot_of, timer_for
+
+BUCKET_NOW = 0
+BUCKET_DEAD = -2
+BUCKET_TIMER = -1  # == TIMER_LEVEL: timer messages share one bucket of slots
+
+
+@dataclass(frozen=True)
+class WheelConfig:
+    level_delays_ms: tuple[int, ...]
+    slot_ms: int = 1_000
+    lead_ms: int = 2_000
+    # The Spark watermark trails the newest append time by this much (see streaming/job.py);
+    # the wheel adds it back so its own arithmetic is in real time.
+    watermark_delay_ms: int = 0
+    max_delay_ms: int = 30 * 86_400_000
+    dlq_topic: str = "SCHEDULE_TOPIC_XXXX.DLQ"
+
+
+def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
+             slot_ms: int, spread: int) -> tuple[int, int]:
+    """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group.
+
+    Heartbeats travel with immediate messages and are dropped in the wheel: a filter before
+    the stateful operator would be pushed below withWatermark by the optimizer, and the
+    watermark would never see them."""
+    if kind == Kind.DEAD:
+        return BUCKET_DEAD, ioff % spread
+    if kind in (Kind.NOW, Kind.HEARTBEAT):
+        return BUCKET_NOW, ioff % spread
+    return level, slot_of(due_ms, slot_ms)
+
+
+def encode(pending: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, PENDING) as writer:
+        writer.write_table(pending)
+    return sink.getvalue().to_pybytes()
+
+
+def decode(blob: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+
+
+def _with_header(headers, extra: list[dict]) -> list[dict]:
+    return [*(headers if headers is not None else ()), *extra]
+
+
+def _deliveries(pending: pd.DataFrame, config: WheelConfig, now_ms: int) -> pd.DataFrame:
+    """Rows ready for the hold stage: final due time and the headers written to Kafka."""
+    delays = [config.level_delays_ms[lv - 1] if lv > 0 else config.max_delay_ms
+              for lv in pending["level"]]
+    due = [correct_deliver_timestamp(now_ms, int(d), int(delay))
+           for d, delay in zip(pending["due_ms"], delays)]
+    headers = [
+        _with_header(h, [{"key": H.UNIQ_KEY, "value": u.encode()},
+                         {"key": H.DELIVER_MS, "value": str(d).encode()}])
+        for h, u, d in zip(pending["headers"], pending["uniq_key"], due)
+    ]
+    return pd.DataFrame({
+        "kind": "deliver", "topic": pending["topic"].values, "partition": pending["qid"].values,
+        "key": pending["key"].values, "value": pending["value"].values, "headers": headers,
+        "uniq_key": pending["uniq_key"].values, "level": pending["level"].values, "due_ms": due,
+        "append_ms": pending["append_ms"].values, "ipart": pending["ipart"].values,
+        "ioff": pending["ioff"].values, "reason": None,
+    }, columns=OUTPUT.names)
+
+
+def _dead_letters(rows: pd.DataFrame, dlq_topic: str) -> pd.DataFrame:
+    headers = [_with_header(h, [{"key": H.DLQ_REASON, "value": r.encode()}])
+               for h, r in zip(rows["headers"], rows["reason"])]
+    return pd.DataFrame({
+        "kind": "dead", "topic": dlq_topic, "partition": None, "key": rows["key"].values,
+        "value": rows["value"].values, "headers": headers, "uniq_key": rows["uniq_key"].values,
+        "level": rows["level"].values, "due_ms": 0, "append_ms": rows["append_ms"].values,
+        "ipart": rows["ipart"].values, "ioff": rows["ioff"].values, "reason": rows["reason"].values,
+    }, columns=OUTPUT.names)
+
+
+def _cancel_outcomes(cancels: pd.DataFrame, found: set[str]) -> pd.DataFrame:
+    return pd.DataFrame({
+        "kind": ["cancelled" if k in found else "cancel_unknown" for k in cancels["cancel_key"]],
+        "topic": None, "partition": None, "key": None, "value": None, "headers": None,
+        "uniq_key": cancels["cancel_key"].values, "level": cancels["level"].values,
+        "due_ms": cancels["due_ms"].values, "append_ms": cancels["append_ms"].values,
+        "ipart": cancels["ipart"].values, "ioff": cancels["ioff"].values, "reason": None,
+    }, columns=OUTPUT.names)
+
+
+def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
+    """The function handed to applyInPandasWithState, closed over its configuration."""
+
+    def wheel(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
+        bucket = int(key[0])
+        incoming = [frame for frame in frames if len(frame)]
+        rows = pd.concat(incoming, ignore_index=True) if incoming else None
+        now_ms = int(clock() * 1000)
+
+        if bucket in (BUCKET_NOW, BUCKET_DEAD):
+            if rows is not None:
+                dead = rows[rows["kind"] == Kind.DEAD]
+                if len(dead):
+                    yield _dead_letters(dead, config.dlq_topic)
+                ready = rows[rows["kind"] == Kind.NOW]
+                if len(ready):
+                    yield _deliveries(ready, config, now_ms)
+            return
+
+        parts: list[pa.Table] = []
+        if state.exists:
+            parts.append(decode(state.get[0]))
+        if rows is not None:
+            new = rows[rows["kind"] == Kind.DELAY]
+            if len(new):
+                parts.append(pa.Table.from_pandas(new[PENDING.names], schema=PENDING,
+                                                  preserve_index=False))
+        pending = pa.concat_tables(parts).to_pandas() if parts else pd.DataFrame(columns=PENDING.names)
+
+        if rows is not None:
+            cancels = rows[rows["kind"] == Kind.CANCEL]
+            if len(cancels):
+                targets = set(cancels["cancel_key"])
+                hit = pending["uniq_key"].isin(targets)
+                found = set(pending.loc[hit, "uniq_key"])
+                pending = pending[~hit]
+                yield _cancel_outcomes(cancels, found)
+
+        watermark = state.getCurrentWatermarkMs() + config.watermark_delay_ms
+        horizon = fire_horizon(watermark, config.lead_ms)
+        due = pending["due_ms"].astype("int64") <= horizon
+        if due.any():
+            yield _deliveries(pending[due], config, now_ms)
+        rest = pending[~due]
+        if len(rest):
+            table = pa.Table.from_pandas(rest[PENDING.names], schema=PENDING, preserve_index=False)
+            earliest = int(rest["due_ms"].min())
+            state.update((encode(table), len(rest), earliest))
+            timer = timer_for(earliest, config.lead_ms, watermark)
+            state.setTimeoutTimestamp(timer - config.watermark_delay_ms)
+        elif state.exists:
+            state.remove()
+
+    return wheel

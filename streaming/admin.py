@@ -1,0 +1,110 @@
+"""Topic administration: create the intake and dead-letter topics, check the intake's time
+rule, and know which real topics exist (and how many partitions they have)."""
+from __future__ import annotations
+
+import time
+
+from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+
+from conf.settings import Settings
+from state.errors import JobError
+from streaming.kafka_config import python_client_config
+
+LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+
+
+def admin_client(settings: Settings) -> KafkaAdminClient:
+    return KafkaAdminClient(**python_client_config(settings))
+
+
+def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
+                 configs: dict[str, str] | None = None) -> bool:
+    """Create a topic; False if it already existed."""
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1 if _single_broker(admin) else -1,
+                                      topic_configs=configs or {})], wait_for_metadata=True)
+        return True
+    except TopicAlreadyExistsError:
+        return False
+
+
+def _single_broker(admin: KafkaAdminClient) -> bool:
+    return len(admin.describe_cluster().get("brokers", [])) <= 1
+
+
+def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> None:
+    """The intake (one partition per level, LogAppendTime) and the dead-letter topic."""
+    own = admin is None
+    admin = admin or admin_client(settings)
+    try:
+        create_topic(admin, settings.intake_topic, len(settings.level_delays_ms), LOG_APPEND_TIME)
+        create_topic(admin, settings.dlq_topic, 1)
+    finally:
+        if own:
+            admin.close()
+
+
+def timestamp_type(admin: KafkaAdminClient, topic: str) -> str | None:
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic)
+    answer = admin.describe_configs([resource], config_filter="all")
+    entry = answer.get("topic", {}).get(topic, {}).get("message.timestamp.type")
+    return entry.get("value") if entry else None
+
+
+def check_intake(settings: Settings, admin: KafkaAdminClient) -> None:
+    """Refuse an intake topic whose record times are not the broker's append time."""
+    kind = timestamp_type(admin, settings.intake_topic)
+    if kind != "LogAppendTime":
+        raise JobError(
+            f"intake topic {settings.intake_topic} has message.timestamp.type={kind}; delayq "
+            f"takes time from the broker only and needs LogAppendTime. Fix: kafka-configs.sh "
+            f"--alter --entity-type topics --entity-name {settings.intake_topic} "
+            f"--add-config message.timestamp.type=LogAppendTime"
+        )
+
+
+class TopicCatalog:
+    """Partition counts of real topics, cached; an unknown topic is looked up again at most
+    every `recheck_s` so a topic created later is found without a restart."""
+
+    def __init__(self, admin: KafkaAdminClient, recheck_s: float = 5.0):
+        self._admin = admin
+        self._known: dict[str, int] = {}
+        self._missing: dict[str, float] = {}
+        self._recheck_s = recheck_s
+
+    def partitions(self, topics: list[str]) -> dict[str, int | None]:
+        now = time.monotonic()
+        wanted = [t for t in topics if t not in self._known
+                  and now - self._missing.get(t, -1e9) >= self._recheck_s]
+        if wanted:
+            self._lookup(wanted, now)
+        return {t: self._known.get(t) for t in topics}
+
+    def _lookup(self, topics: list[str], now: float) -> None:
+        try:
+            described = self._admin.describe_topics(topics)
+        except UnknownTopicOrPartitionError:
+            described = [self._describe_one(t) for t in topics]
+        except KafkaError:
+            described = [self._describe_one(t) for t in topics]
+        for info in described:
+            if info is None:
+                continue
+            name = info.get("name")
+            if info.get("error_code", 0) == 0 and info.get("partitions"):
+                self._known[name] = len(info["partitions"])
+                self._missing.pop(name, None)
+            else:
+                self._missing[name] = now
+        for topic in topics:
+            if topic not in self._known:
+                self._missing[topic] = now
+
+    def _describe_one(self, topic: str):
+        try:
+            return self._admin.describe_topics([topic])[0]
+        except KafkaError:
+            return {"name": topic, "error_code": 3, "partitions": []}

@@ -1,0 +1,178 @@
+"""The streaming job: intake → parse → wheel (applyInPandasWithState) → hold → sinks.
+
+    spark-submit --jars "$(ls .lib/spark/*.jar | paste -sd,)" streaming/cli.py run
+
+(`delayq run` does the same in-process with the embedded defaults; `delayq submit` targets
+a cluster.) The checkpoint's Kafka offsets are RocketMQ's delayOffset: see `delayq offsets`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from conf.settings import Settings
+from sinks.base import BatchSink, BatchSummary
+from sinks.kafka import KafkaSink
+from state.envelope import Rules
+from state.parse import make_parser
+from state.wheel import WheelConfig, make_wheel
+from streaming import admin as kadmin
+from streaming.heartbeat import Heartbeat
+from streaming.kafka_config import spark_options
+from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK
+
+log = logging.getLogger(__name__)
+QUERY_NAME = "delayq"
+
+
+def rules_of(settings: Settings) -> Rules:
+    return Rules(
+        level_delays_ms=settings.level_delays_ms,
+        intake_topic=settings.intake_topic,
+        dlq_topic=settings.dlq_topic,
+        allowed_topics=settings.allowed_topic_set,
+        max_delay_ms=settings.max_delay_ms,
+        clock_tolerance_ms=settings.clock_tolerance_ms,
+    )
+
+
+def wheel_config_of(settings: Settings) -> WheelConfig:
+    return WheelConfig(
+        level_delays_ms=settings.level_delays_ms,
+        slot_ms=settings.slot_ms,
+        lead_ms=settings.fire_lead_ms,
+        watermark_delay_ms=settings.late_tolerance_ms,
+        max_delay_ms=settings.max_delay_ms,
+        dlq_topic=settings.dlq_topic,
+    )
+
+
+def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
+    reader = (spark.readStream.format("kafka")
+              .options(**spark_options(settings))
+              .option("subscribe", settings.intake_topic)
+              .option("startingOffsets", "earliest")
+              .option("includeHeaders", "true")
+              # Intake data deleted before it was read is a loss: stop and say so.
+              .option("failOnDataLoss", "true"))
+    if settings.max_offsets_per_trigger > 0:
+        reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+    return reader.load().select(
+        "key", "value",
+        F.col("partition").alias("ipart"),
+        F.col("offset").alias("ioff"),
+        F.unix_millis("timestamp").alias("append_ms"),
+        "headers",
+    )
+
+
+def wheel_stream(spark: SparkSession, settings: Settings) -> DataFrame:
+    """The fired output of the wheel: rows of the OUTPUT layout, once per batch."""
+    spread = settings.spark_shuffle_partitions
+    parsed = intake_stream(spark, settings).mapInPandas(
+        make_parser(rules_of(settings), settings.slot_ms, spread), ENVELOPE_SPARK)
+    timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
+             .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
+    return (timed.groupBy("bucket", "slot")
+            .applyInPandasWithState(make_wheel(wheel_config_of(settings)), OUTPUT_SPARK,
+                                    STATE_SPARK, "append", GroupStateTimeout.EventTimeTimeout))
+
+
+@dataclass
+class BatchWriter:
+    """foreachBatch: compute the batch once (persist), then hand it to every sink."""
+
+    kafka: KafkaSink
+    sinks: list[BatchSink] = field(default_factory=list)
+    on_batch: Callable[[BatchSummary], None] | None = None
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        batch.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            summary = BatchSummary(batch_id)
+            rows = batch.groupBy("kind", "topic").count().collect()
+            summary.topics = {r["topic"] for r in rows if r["kind"] == "deliver"}
+            if rows:
+                batch = self.kafka.refuse_unknown_topics(batch, summary)
+                self._count(batch, summary)
+                self.kafka.write_batch(batch, summary)
+                for sink in self.sinks:
+                    sink.write_batch(batch, summary)
+            if self.on_batch:
+                self.on_batch(summary)
+        finally:
+            batch.unpersist()
+
+    @staticmethod
+    def _count(batch: DataFrame, summary: BatchSummary) -> None:
+        for row in batch.groupBy("kind", "level", "reason").count().collect():
+            kind, count = row["kind"], row["count"]
+            summary.by_kind[kind] = summary.by_kind.get(kind, 0) + count
+            if kind == "deliver":
+                level = row["level"]
+                summary.delivered_by_level[level] = summary.delivered_by_level.get(level, 0) + count
+            elif kind == "dead":
+                reason = (row["reason"] or "unknown").split(":")[0][:80]
+                summary.dead_by_reason[reason] = summary.dead_by_reason.get(reason, 0) + count
+
+
+class DelayJob:
+    """One running delivery query, its heartbeat and its admin connection."""
+
+    def __init__(self, settings: Settings, spark: SparkSession, checkpoint: str | None = None,
+                 sinks: list[BatchSink] | None = None,
+                 on_batch: Callable[[BatchSummary], None] | None = None):
+        self.settings = settings
+        self.spark = spark
+        self.checkpoint = checkpoint or str(settings.checkpoint_path)
+        self._extra_sinks = sinks or []
+        self._on_batch = on_batch
+        self.query = None
+        self._heartbeat: Heartbeat | None = None
+        self._admin = None
+
+    def start(self):
+        self._admin = kadmin.admin_client(self.settings)
+        kadmin.ensure_topics(self.settings, self._admin)
+        kadmin.check_intake(self.settings, self._admin)
+        kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
+                          kadmin.TopicCatalog(self._admin),
+                          self.spark.sparkContext.defaultParallelism)
+        writer = BatchWriter(kafka, self._extra_sinks, self._on_batch)
+        self._heartbeat = Heartbeat(self.settings)
+        self._heartbeat.start()
+        self.query = (wheel_stream(self.spark, self.settings).writeStream
+                      .queryName(QUERY_NAME)
+                      .foreachBatch(writer)
+                      .option("checkpointLocation", self.checkpoint)
+                      .trigger(processingTime="0 seconds")
+                      .start())
+        return self.query
+
+    def stop(self) -> None:
+        try:
+            if self.query is not None:
+                self.query.stop()
+        finally:
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+            if self._admin is not None:
+                self._admin.close()
+
+    def run_until_stopped(self, poll_s: float = 1.0) -> None:
+        """Block while the query runs; raise its error if it fails."""
+        try:
+            while self.query.isActive:
+                self.query.awaitTermination(poll_s)
+            exc = self.query.exception()
+            if exc is not None:
+                raise exc
+        finally:
+            self.stop()

@@ -1,0 +1,10 @@
+"""Spark schemas of the Arrow layouts in `state.columns` (one definition, two type systems)."""
+from __future__ import annotations
+
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from state.columns import ENVELOPE, OUTPUT, STATE
+
+ENVELOPE_SPARK = from_arrow_schema(ENVELOPE)
+OUTPUT_SPARK = from_arrow_schema(OUTPUT)
+STATE_SPARK = from_arrow_schema(STATE)
