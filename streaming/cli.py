@@ -52,6 +52,61 @@ def cmd_kafka(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import threading
+
+    from streaming.runner import running_job, stop_on_signals, wait
+
+    settings = _settings(args)
+    stop = threading.Event()
+    stop_on_signals(stop)
+    with running_job(settings) as job:
+        print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
+              f"checkpoint {job.checkpoint}, Spark UI http://127.0.0.1:4040. Ctrl-C stops.")
+        wait(job, stop)
+    print("delayq stopped; pending messages stay in the checkpoint until the next run")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from streaming.demo import run_demo
+
+    return run_demo(_settings(args))
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from streaming.admin import ensure_topics
+    from streaming.producer import DelayProducer
+
+    settings = _settings(args)
+    ensure_topics(settings)
+    headers = []
+    for item in args.header:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"delayq produce: --header {item!r} is not NAME=VALUE")
+        headers.append((name, value.encode()))
+    with DelayProducer(settings) as producer:
+        handle = producer.send(
+            args.topic, args.value.encode(), key=args.key.encode() if args.key else None,
+            level=args.level, partition=args.partition, headers=headers,
+            deliver_at_ms=args.deliver_at_ms, delay_ms=args.delay_ms)
+    print(f"UNIQ_KEY {handle.uniq_key}\nhandle   {handle.token()}\n"
+          f"intake   partition {handle.partition} offset {handle.offset}, due {handle.due_ms}")
+    return 0
+
+
+def cmd_offsets(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from streaming.offsets import delay_offset_table, format_delay_offsets
+
+    settings = _settings(args)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_path
+    print(format_delay_offsets(delay_offset_table(checkpoint, settings.intake_topic)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="delayq",
@@ -59,6 +114,34 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the delivery job (embedded broker unless Kafka is configured)")
+    _common(run)
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="run the service and show deliveries of a wave of demo messages")
+    _common(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    produce = sub.add_parser("produce", help="send one delayed message",
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    produce.add_argument("--topic", required=True, help="the real topic (REAL_TOPIC)")
+    produce.add_argument("--level", type=int, default=0, help="delay level (0: at once)")
+    produce.add_argument("--key", help="message key")
+    produce.add_argument("--partition", type=int, help="real partition (REAL_QID)")
+    produce.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                         help="user header, repeatable")
+    timer = produce.add_mutually_exclusive_group()
+    timer.add_argument("--deliver-at-ms", type=int, help="absolute deliver time, epoch ms")
+    timer.add_argument("--delay-ms", type=int, help="deliver this long after the broker's append time")
+    produce.add_argument("value", help="message value (UTF-8)")
+    _common(produce)
+    produce.set_defaults(func=cmd_produce)
+
+    offsets = sub.add_parser("offsets", help="print the delayOffset table of the last committed batch")
+    offsets.add_argument("--checkpoint", help="checkpoint folder [default: <data_dir>/checkpoints/delivery]")
+    _common(offsets)
+    offsets.set_defaults(func=cmd_offsets)
 
     kafka = sub.add_parser("kafka", help="start, stop or inspect the embedded local Kafka broker")
     kafka.add_argument("action", choices=("start", "stop", "status"))

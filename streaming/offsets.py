@@ -1,0 +1,51 @@
+"""The delayOffset view of a checkpoint: RocketMQ's `delayOffset.json`, read from Spark's
+own record of the last committed micro-batch.
+
+    {"offsetTable": {"1": 2, "3": 17}}
+
+Level L is intake partition L-1; the number is the next intake offset of that partition the
+job will read, i.e. everything before it is in the wheel's state or already delivered.
+Pure file reading: no Spark, no broker.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from state.errors import JobError
+
+
+def _batch_ids(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+
+def last_committed_batch(checkpoint: Path) -> int | None:
+    committed = _batch_ids(checkpoint / "commits")
+    return committed[-1] if committed else None
+
+
+def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
+    """Intake partition → next offset, as of the last committed batch ({} before the first)."""
+    if not (checkpoint / "offsets").is_dir():
+        raise JobError(f"{checkpoint} is not a delayq checkpoint (no offsets/ folder)")
+    batch = last_committed_batch(checkpoint)
+    if batch is None:
+        return {}
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+    for line in lines[2:]:
+        if line.strip().startswith("{"):
+            sources = json.loads(line)
+            if topic in sources:
+                return {int(p): int(o) for p, o in sources[topic].items()}
+    raise JobError(f"batch {batch} of {checkpoint} did not read topic {topic}")
+
+
+def delay_offset_table(checkpoint: Path, topic: str) -> dict[str, dict[str, int]]:
+    offsets = committed_offsets(checkpoint, topic)
+    return {"offsetTable": {str(p + 1): o for p, o in sorted(offsets.items())}}
+
+
+def format_delay_offsets(table: dict) -> str:
+    return json.dumps(table)

@@ -1,0 +1,62 @@
+"""Run the service in this process: the embedded broker when no Kafka is configured, a Spark
+session, and the delivery job, until Ctrl-C or SIGTERM."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+from conf.settings import Settings
+from streaming import broker
+from streaming.job import DelayJob
+from streaming.session import build_session
+
+
+@contextlib.contextmanager
+def embedded_broker(settings: Settings) -> Iterator[None]:
+    """Start the local broker when the settings name no Kafka; stop it after only if we
+    started it."""
+    if not settings.embedded:
+        yield
+        return
+    spec = broker.spec_from_settings(settings)
+    was_running = broker.read_pid(spec) is not None
+    broker.start(spec)
+    try:
+        yield
+    finally:
+        if not was_running:
+            broker.stop(spec)
+
+
+@contextlib.contextmanager
+def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
+    with embedded_broker(settings):
+        spark = build_session(settings)
+        job = DelayJob(settings, spark, **job_args)
+        job.start()
+        try:
+            yield job
+        finally:
+            job.stop()
+            spark.stop()
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    def handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:
+    """Block until stopped by a signal; raise the query's error if it dies."""
+    while not stop.is_set():
+        if not job.query.isActive:
+            exc = job.query.exception()
+            if exc is not None:
+                raise exc
+            return
+        stop.wait(poll_s)
