@@ -36,7 +36,9 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.master": settings.spark_master,
         "spark.jars": ",".join(str(jar) for jar in spark_jars(settings)),
         "spark.driver.memory": settings.spark_driver_memory,
-        "spark.driver.extraJavaOptions": log4j,
+        # A query stopped mid-batch fails its foreachBatch call; Spark then matches the long
+        # Python traceback with a backtracking regex that overflows the default 1 MiB stack.
+        "spark.driver.extraJavaOptions": f"{log4j} -Xss16m",
         "spark.executor.extraJavaOptions": log4j,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,

@@ -106,3 +106,21 @@ def spark(test_settings):
     session = build_session(test_settings, {"spark.sql.streaming.minBatchesToRetain": "20"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def lateness_log(request):
+    """Every delivery's lateness (ms) seen by the tests; summarised at the end of the run."""
+    log: list[int] = []
+    request.config._delayq_lateness = log
+    return log
+
+
+def pytest_terminal_summary(terminalreporter):
+    values = sorted(getattr(terminalreporter.config, "_delayq_lateness", None) or [])
+    if not values:
+        return
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]
+    terminalreporter.write_line(
+        f"delayq lateness over {len(values)} deliveries: p50 {pick(0.5)} ms, "
+        f"p99 {pick(0.99)} ms, max {values[-1]} ms, early {sum(1 for v in values if v < 0)}")

@@ -58,3 +58,38 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60
     finally:
         consumer.close()
     return records
+
+
+def header_map(record) -> dict[str, bytes]:
+    return {k: v for k, v in record.headers}
+
+
+def check_deliveries(records, sent: dict, level_delay_ms=None, lateness_log=None) -> None:
+    """Every record is one of `sent`, exactly once, as sent, never early; all arrived.
+
+    `sent` maps UNIQ_KEY → tests.integration.conftest.Sent. A record's lateness is its
+    broker timestamp (the real topics use LogAppendTime) minus its DELIVER_MS header."""
+    seen: dict[str, int] = {}
+    for record in records:
+        headers = header_map(record)
+        assert "UNIQ_KEY" in headers and "DELIVER_MS" in headers, record.headers
+        uniq = headers["UNIQ_KEY"].decode()
+        assert uniq in sent, f"unexpected delivery {uniq}"
+        seen[uniq] = seen.get(uniq, 0) + 1
+        want = sent[uniq]
+        due = int(headers["DELIVER_MS"])
+        assert due == want.due_ms, f"{uniq}: DELIVER_MS {due} != append time + delay {want.due_ms}"
+        assert record.timestamp >= due, f"{uniq} delivered {due - record.timestamp} ms early"
+        assert (record.key, record.value) == (want.key, want.value)
+        if want.partition is not None:
+            assert record.partition == want.partition
+        assert list(record.headers)[:-2] == list(want.headers), "user headers, in order"
+        assert [k for k, _ in list(record.headers)[-2:]] == ["UNIQ_KEY", "DELIVER_MS"]
+        for name in ("DELAY", "REAL_TOPIC", "REAL_QID", "TIMER_DELIVER_MS", "TIMER_DELAY_MS"):
+            assert name not in headers, f"{name} must be removed on delivery"
+        if lateness_log is not None:
+            lateness_log.append(record.timestamp - due)
+    duplicates = {k: n for k, n in seen.items() if n > 1}
+    assert not duplicates, f"delivered more than once: {duplicates}"
+    missing = set(sent) - set(seen)
+    assert not missing, f"{len(missing)} of {len(sent)} never delivered: {sorted(missing)[:5]}"

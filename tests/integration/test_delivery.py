@@ -1,0 +1,164 @@
+"""Delay-level delivery end to end, on the real broker and real Spark (levels "1s 2s 3s")."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from kafka import KafkaProducer
+
+from state.errors import JobError
+from streaming.offsets import delay_offset_table
+from streaming.producer import DelayProducer
+from tests.integration.conftest import Sent
+from tests.support import assert_eventually, check_deliveries, consume_all, header_map
+
+LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
+
+
+def send(producer: DelayProducer, sent: dict, topic: str, value: bytes, *, key=None,
+         level=0, partition=None, headers=(), delay_ms: int = 0):
+    handle = producer.send(topic, value, key=key, level=level, partition=partition,
+                           headers=headers)
+    sent[handle.uniq_key] = Sent(key, value, list(headers), handle.due_ms, partition)
+    return handle
+
+
+def test_every_level_on_time_and_exactly_as_sent(job_settings, start_job, new_topic,
+                                                 kafka_bootstrap, lateness_log):
+    settings = job_settings()
+    real = new_topic(partitions=3, **LOG_APPEND)
+    start_job(settings)
+    sent: dict = {}
+    user_headers = [("trace", b"t-1"), ("bin", b"\x00\xff\xfe"), ("trace", b"t-2")]
+    with DelayProducer(settings) as producer:
+        for level in (0, 1, 2, 3):
+            for qid in (None, 0, 2):
+                send(producer, sent, real, f"level {level} qid {qid}".encode(),
+                     key=f"key-{level}".encode(), level=level, partition=qid,
+                     headers=user_headers)
+        clamped = send(producer, sent, real, b"level 9 is clamped to 3", level=9)
+    assert clamped.level == 3
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+    by_uniq = {header_map(r)["UNIQ_KEY"].decode(): r for r in records}
+    for uniq, want in sent.items():
+        delay = int(header_map(by_uniq[uniq])["DELIVER_MS"]) - by_uniq[uniq].timestamp
+        assert delay <= 0
+    # The clamped message waited the longest level (3 s) after its append time.
+    assert sent[clamped.uniq_key].due_ms - 3_000 > 0
+
+
+def test_idle_intake_still_delivers(job_settings, start_job, new_topic, kafka_bootstrap,
+                                    lateness_log):
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    start_job(settings)
+    sent: dict = {}
+    with DelayProducer(settings) as producer:
+        send(producer, sent, real, b"alone", level=3)
+    # Nothing else is produced: only the job's heartbeat moves time.
+    records = consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+
+
+def test_missing_uniq_key_is_assigned_and_stable_across_replays(
+        job_settings, start_job, new_topic, kafka_bootstrap):
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    start_job(settings)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    positions = []
+    for level in (b"0", b"2"):
+        meta = producer.send(settings.intake_topic, b"no id",
+                             headers=[("REAL_TOPIC", real.encode()), ("DELAY", level)],
+                             partition=1).get(timeout=30)
+        positions.append(f"{meta.partition}-{meta.offset}")
+    producer.close()
+    first = consume_all(kafka_bootstrap, real, expected=2, timeout_s=60)
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in first) == sorted(positions)
+
+    # A replay (a second job reading the same intake from scratch) assigns the same ids.
+    start_job(settings, query_name="replay")
+    both = consume_all(kafka_bootstrap, real, expected=4, timeout_s=60)
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in both) == sorted(positions * 2)
+
+
+def test_restart_keeps_pending_messages_and_offsets_agree(
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log, work_dir):
+    settings = job_settings(delay_levels="1s 2s 12s")
+    real = new_topic(partitions=2, **LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-restart-{settings.intake_topic}")
+    job = start_job(settings, checkpoint=checkpoint)
+    sent: dict = {}
+    with DelayProducer(settings) as producer:
+        for i in range(20):
+            send(producer, sent, real, f"pending {i}".encode(), key=str(i).encode(), level=3)
+        send(producer, sent, real, b"short", level=1)
+
+    def in_state():
+        table = delay_offset_table(__import__("pathlib").Path(checkpoint), settings.intake_topic)
+        return table["offsetTable"].get("3") == 20 and table
+    table = assert_eventually(in_state, timeout_s=60, message="level-3 messages taken in")
+    assert table["offsetTable"]["2"] == 0 or "2" in table["offsetTable"]
+    job.stop()
+    assert consume_all(kafka_bootstrap, real, expected=21, timeout_s=3) .__len__() <= 1, \
+        "level-3 messages must still be pending when the job stops"
+
+    time.sleep(2)
+    start_job(settings, checkpoint=checkpoint)
+    records = consume_all(kafka_bootstrap, real, expected=21, timeout_s=90, idle_s=2)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+
+    # delayOffset: level L's next intake offset = what was written to partition L-1.
+    table = delay_offset_table(__import__("pathlib").Path(checkpoint), settings.intake_topic)
+    assert table["offsetTable"]["3"] == 20
+    assert table["offsetTable"]["1"] >= 1  # the short message, plus heartbeats on partition 0
+
+
+def test_bad_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log):
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    start_job(settings)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    bad = {
+        b"no-topic": [("DELAY", b"1")],
+        b"bad-level": [("REAL_TOPIC", real.encode()), ("DELAY", b"abc")],
+        b"negative": [("REAL_TOPIC", real.encode()), ("DELAY", b"-1")],
+        b"two-delays": [("REAL_TOPIC", real.encode()), ("DELAY", b"1"), ("TIMER_DELAY_MS", b"5")],
+        b"intake": [("REAL_TOPIC", settings.intake_topic.encode()), ("DELAY", b"1")],
+        b"missing": [("REAL_TOPIC", b"does-not-exist"), ("DELAY", b"1")],
+        b"qid-range": [("REAL_TOPIC", real.encode()), ("REAL_QID", b"5"), ("DELAY", b"1")],
+        b"utf8": [("REAL_TOPIC", b"\xff\xfe"), ("DELAY", b"1")],
+    }
+    for value, headers in bad.items():
+        producer.send(settings.intake_topic, value, headers=headers, partition=0)
+    producer.close()
+    sent: dict = {}
+    with DelayProducer(settings) as good:
+        send(good, sent, real, b"good neighbour", level=1)
+    dead = consume_all(kafka_bootstrap, settings.dlq_topic, expected=len(bad), timeout_s=60,
+                       idle_s=2)
+    reasons = {r.value: header_map(r)["DLQ_REASON"].decode() for r in dead}
+    assert sorted(reasons) == sorted(bad), "each bad record dead-lettered exactly once"
+    assert "REAL_TOPIC is missing" in reasons[b"no-topic"]
+    assert "'abc' is not an integer" in reasons[b"bad-level"]
+    assert "negative" in reasons[b"negative"]
+    assert "more than one delay header" in reasons[b"two-delays"]
+    assert "intake topic" in reasons[b"intake"]
+    assert "does not exist" in reasons[b"missing"]
+    assert "out of range" in reasons[b"qid-range"]
+    assert "not valid UTF-8" in reasons[b"utf8"]
+    records = consume_all(kafka_bootstrap, real, expected=1, timeout_s=30)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+
+
+def test_intake_without_log_append_time_is_refused(job_settings, spark, new_topic):
+    from streaming.job import DelayJob
+
+    intake = new_topic(partitions=3)  # CreateTime: producers' clocks would rule time
+    settings = job_settings(intake_topic=intake, dlq_topic=f"{intake}.DLQ")
+    job = DelayJob(settings, spark, checkpoint=f"/tmp/unused-{intake}")
+    with pytest.raises(JobError, match="LogAppendTime"):
+        job.start()
+    job.stop()
