@@ -1,0 +1,104 @@
+"""Header rules of the wire contract (DESIGN.md section 2) and the time rules (section 3)."""
+import pytest
+
+from state.envelope import TIMER_LEVEL, Kind, Rules, parse, topic_refusal
+
+RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000), intake_topic="SCHEDULE_TOPIC_XXXX",
+              dlq_topic="SCHEDULE_TOPIC_XXXX.DLQ", max_delay_ms=86_400_000,
+              clock_tolerance_ms=60_000)
+APPEND = 1_700_000_000_000
+
+
+def env(*headers, rules=RULES, now=APPEND + 5):
+    return parse([(k, v) for k, v in headers], partition=2, offset=41, append_ms=APPEND,
+                 rules=rules, now_ms=now)
+
+
+def test_level_message_is_delayed_by_its_level_from_append_time():
+    e = env(("REAL_TOPIC", b"orders"), ("DELAY", b"2"), ("UNIQ_KEY", b"abc"))
+    assert (e.kind, e.real_topic, e.level, e.due_ms, e.uniq_key) == \
+        (Kind.DELAY, "orders", 2, APPEND + 5_000, "abc")
+
+
+def test_level_zero_and_no_delay_header_are_immediate():
+    assert env(("REAL_TOPIC", b"t"), ("DELAY", b"0")).kind == Kind.NOW
+    now = env(("REAL_TOPIC", b"t"))
+    assert (now.kind, now.due_ms) == (Kind.NOW, APPEND)
+
+
+def test_level_above_maximum_is_clamped():
+    e = env(("REAL_TOPIC", b"t"), ("DELAY", b"99"))
+    assert (e.level, e.due_ms) == (3, APPEND + 10_000)
+
+
+def test_missing_uniq_key_is_partition_dash_offset():
+    assert env(("REAL_TOPIC", b"t"), ("DELAY", b"1")).uniq_key == "2-41"
+
+
+def test_user_headers_keep_order_and_duplicates_and_control_headers_go():
+    e = env(("a", b"1"), ("REAL_TOPIC", b"t"), ("b", b"\xff"), ("DELAY", b"1"), ("a", b"2"),
+            ("REAL_QID", b"3"), ("n", None))
+    assert e.user_headers == (("a", b"1"), ("b", b"\xff"), ("a", b"2"), ("n", None))
+    assert e.real_qid == 3
+
+
+@pytest.mark.parametrize("headers, reason", [
+    ([("DELAY", b"1")], "REAL_TOPIC is missing"),
+    ([("REAL_TOPIC", b"")], "not a legal Kafka topic name"),
+    ([("REAL_TOPIC", b"bad topic")], "not a legal Kafka topic name"),
+    ([("REAL_TOPIC", b"\xff")], "REAL_TOPIC is not valid UTF-8"),
+    ([("REAL_TOPIC", None)], "REAL_TOPIC has no value"),
+    ([("REAL_TOPIC", b"SCHEDULE_TOPIC_XXXX")], "is the intake topic"),
+    ([("REAL_TOPIC", b"SCHEDULE_TOPIC_XXXX.DLQ")], "is the dead-letter topic"),
+    ([("REAL_TOPIC", b"__consumer_offsets")], "internal Kafka topic"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"x1")], "DELAY='x1' is not an integer"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"1.5")], "is not an integer"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"-2")], "DELAY=-2 is negative"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"\xc3")], "DELAY is not valid UTF-8"),
+    ([("REAL_TOPIC", b"t"), ("REAL_QID", b"q")], "REAL_QID='q' is not an integer"),
+    ([("REAL_TOPIC", b"t"), ("REAL_QID", b"-1")], "REAL_QID=-1 is not a partition"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("TIMER_DELAY_MS", b"5")], "more than one delay header"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("DELAY", b"2")], "DELAY appears twice"),
+    ([("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"")], "UNIQ_KEY is empty"),
+    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_SEC", b"90000")], "beyond the maximum delay"),
+    ([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(APPEND - 3_600_000).encode())], "in the past"),
+    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", b"-5")], "negative"),
+    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", b"soon")], "not an integer"),
+])
+def test_bad_input_is_dead_with_a_reason(headers, reason):
+    e = env(*headers)
+    assert e.kind == Kind.DEAD
+    assert reason in e.reason
+
+
+def test_allow_list():
+    rules = Rules(**{**RULES.__dict__, "allowed_topics": frozenset({"orders"})})
+    assert env(("REAL_TOPIC", b"orders"), rules=rules).kind == Kind.NOW
+    assert "allow-list" in env(("REAL_TOPIC", b"other"), rules=rules).reason
+    assert topic_refusal("orders", rules) is None
+
+
+def test_timers_absolute_relative_and_in_the_past():
+    at = env(("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(APPEND + 7_777).encode()))
+    assert (at.kind, at.level, at.due_ms) == (Kind.DELAY, TIMER_LEVEL, APPEND + 7_777)
+    rel = env(("REAL_TOPIC", b"t"), ("TIMER_DELAY_SEC", b"3"))
+    assert rel.due_ms == APPEND + 3_000
+    past = env(("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(APPEND - 10_000).encode()))
+    assert (past.kind, past.due_ms) == (Kind.NOW, APPEND)
+
+
+def test_correct_deliver_timestamp_when_the_broker_clock_is_ahead():
+    # Append time is an hour ahead of our clock: due > now + delay, so deliver now.
+    e = env(("REAL_TOPIC", b"t"), ("DELAY", b"1"), now=APPEND - 3_600_000)
+    assert e.due_ms == APPEND - 3_600_000
+    assert e.kind == Kind.NOW
+
+
+def test_heartbeat_and_cancel():
+    assert env(("DELAYQ_HEARTBEAT", b"1")).kind == Kind.HEARTBEAT
+    c = env(("TIMER_DEL_UNIQKEY", b"abc"), ("DELAY", b"1"))
+    assert (c.kind, c.cancel_key, c.level) == (Kind.CANCEL, "abc", 1)
+
+
+def test_dead_letter_keeps_uniq_key_when_readable():
+    assert env(("UNIQ_KEY", b"id-7"), ("DELAY", b"1")).uniq_key == "id-7"
