@@ -1,4 +1,5 @@
-"""Work-arounds for defects of the pinned PySpark, each with its evidence and exit condition.
+"""Work-arounds for defects of the pinned PySpark and Python, each with its evidence and exit
+condition.
 
 PySpark 4.1.1, applyInPandasWithState: the JVM pads the hidden state-info column with null
 rows when a group has several data rows; pandas then turns the column's int32 children
@@ -42,3 +43,31 @@ def _ints(info):
 
 
 _patch_apply_in_pandas_with_state()
+
+
+# PySpark's worker calls importlib.invalidate_caches() at the start of every task
+# (worker_util.setup_spark_files). On Python 3.10+ that makes every zipimporter on sys.path
+# re-read its archive's directory, and the workers' sys.path holds Spark's own archives
+# (pyspark.zip, the py4j zip, spark-core's jar). py-spy on an idle delayq job showed 96% of
+# worker time there, ~250 ms per task. Those archives never change under a running worker, so
+# their directories are read once; zips shipped with addPyFile are still re-read.
+def _patch_zip_invalidation() -> None:
+    import os
+    import zipimport
+
+    original = zipimport.zipimporter.invalidate_caches
+    if getattr(original, "_delayq_patched", False):
+        return
+
+    def invalidate_caches(self):
+        name = os.path.basename(getattr(self, "archive", ""))
+        if name.endswith(".jar") or name == "pyspark.zip" or (
+                name.startswith("py4j-") and name.endswith(".zip")):
+            return
+        original(self)
+
+    invalidate_caches._delayq_patched = True
+    zipimport.zipimporter.invalidate_caches = invalidate_caches
+
+
+_patch_zip_invalidation()

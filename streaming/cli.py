@@ -55,11 +55,10 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import threading
 
-    from streaming.runner import running_job, stop_on_signals, wait
+    from streaming.runner import running_job, wait
 
     settings = _settings(args)
     stop = threading.Event()
-    stop_on_signals(stop)
     with running_job(settings) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
               f"checkpoint {job.checkpoint}, Spark UI http://127.0.0.1:4040. Ctrl-C stops.")

@@ -53,10 +53,10 @@ def _watch(settings: Settings, expected: dict[str, int], done: threading.Event) 
 
 def run_demo(settings: Settings) -> int:
     stop = threading.Event()
-    stop_on_signals(stop)
     print(f"delayq demo: Kafka {settings.bootstrap} ({'embedded' if settings.embedded else 'configured'}), "
           f"Spark {settings.spark_master}, data in {settings.data_path}")
     with running_job(settings) as job:
+        stop_on_signals(stop)  # after the SparkContext, which installs its own SIGINT handler
         admin = admin_client(settings)
         create_topic(admin, DEMO_TOPIC, 2)
         admin.close()

@@ -70,6 +70,14 @@ class DelayProducer:
         if self._own:
             self._producer.close()
 
+    def create_topics(self) -> None:
+        """Create the intake (one partition per level, LogAppendTime) and dead-letter topics
+        when they do not exist yet."""
+        from streaming.admin import ensure_topics
+
+        ensure_topics(self.settings)
+        self._partitions = None
+
     def intake_partitions(self) -> int:
         if self._partitions is None:
             found = self._producer.partitions_for(self.settings.intake_topic)

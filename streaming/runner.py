@@ -53,6 +53,7 @@ def stop_on_signals(stop: threading.Event) -> None:
 
 def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:
     """Block until stopped by a signal; raise the query's error if it dies."""
+    stop_on_signals(stop)  # after the SparkContext, which installs a SIGINT handler of its own
     while not stop.is_set():
         if not job.query.isActive:
             exc = job.query.exception()

@@ -84,7 +84,7 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
 
 
 def test_restart_keeps_pending_messages_and_offsets_agree(
-        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log, work_dir):
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
     settings = job_settings(delay_levels="1s 2s 12s")
     real = new_topic(partitions=2, **LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-restart-{settings.intake_topic}")
@@ -107,7 +107,8 @@ def test_restart_keeps_pending_messages_and_offsets_agree(
     time.sleep(2)
     start_job(settings, checkpoint=checkpoint)
     records = consume_all(kafka_bootstrap, real, expected=21, timeout_s=90, idle_s=2)
-    check_deliveries(records, sent, lateness_log=lateness_log)
+    # Not in the lateness log: these fell due while the job was stopped, late by design.
+    check_deliveries(records, sent)
 
     # delayOffset: level L's next intake offset = what was written to partition L-1.
     table = delay_offset_table(__import__("pathlib").Path(checkpoint), settings.intake_topic)
