@@ -9,6 +9,31 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 
+def reason_label(reason: str | None) -> str:
+    """A low-cardinality label for a dead-letter reason (metrics must not carry values)."""
+    if not reason:
+        return "unknown"
+    text = reason.lower()
+    for label, marker in (
+        ("missing_real_topic", "real_topic is missing"),
+        ("unknown_topic", "does not exist"),
+        ("partition_out_of_range", "out of range"),
+        ("illegal_topic", "not a legal kafka topic"),
+        ("topic_not_allowed", "real_topic '"),
+        ("not_utf8", "utf-8"),
+        ("not_an_integer", "not an integer"),
+        ("negative", "negative"),
+        ("several_delay_headers", "more than one delay header"),
+        ("duplicate_header", "appears twice"),
+        ("beyond_max_delay", "beyond the maximum delay"),
+        ("timer_in_past", "in the past"),
+        ("too_large", "too large"),
+    ):
+        if marker in text:
+            return label
+    return "invalid_header"
+
+
 @dataclass
 class BatchSummary:
     """Counts of one batch's output, computed once and shared by every sink and the metrics."""
@@ -18,6 +43,14 @@ class BatchSummary:
     topics: set[str] = field(default_factory=set)
     delivered_by_level: dict[int, int] = field(default_factory=dict)
     dead_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, level: int | None, reason: str | None, count: int) -> None:
+        self.by_kind[kind] = self.by_kind.get(kind, 0) + count
+        if kind == "deliver":
+            self.delivered_by_level[level] = self.delivered_by_level.get(level, 0) + count
+        elif kind == "dead":
+            label = reason_label(reason)
+            self.dead_by_reason[label] = self.dead_by_reason.get(label, 0) + count
 
     @property
     def empty(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sinks.base import BatchSink, BatchSummary
+from sinks.base import BatchSink, BatchSummary  # noqa: F401
 from state import headers as H
 from state.hold import hold_until_due
 
@@ -31,11 +31,23 @@ class KafkaSink(BatchSink):
         self._catalog = catalog
         self._parallelism = max(1, parallelism)
 
-    def refuse_unknown_topics(self, batch: DataFrame, summary: BatchSummary) -> DataFrame:
+    def topic_sizes(self, topics) -> dict[str, int | None]:
+        """Partition count of each real topic (None: the topic does not exist)."""
+        return self._catalog.partitions(sorted(topics))
+
+    @staticmethod
+    def refusal(topic: str, partition: int | None, sizes: dict[str, int | None]) -> str | None:
+        """The dead-letter reason for a delivery the cluster cannot take, else None.
+        (The same rule as refuse_unknown_topics, for counting on the driver.)"""
+        size = sizes.get(topic)
+        if size is None:
+            return f"REAL_TOPIC '{topic}' does not exist"
+        if partition is not None and partition >= size:
+            return f"REAL_QID {partition} is out of range: topic '{topic}' has {size} partitions"
+        return None
+
+    def refuse_unknown_topics(self, batch: DataFrame, sizes: dict[str, int | None]) -> DataFrame:
         """Turn deliveries to missing topics or partitions into dead letters with a reason."""
-        if not summary.topics:
-            return batch
-        sizes = self._catalog.partitions(sorted(summary.topics))
         missing = [t for t, n in sizes.items() if n is None]
         known = [x for t, n in sizes.items() if n is not None for x in (F.lit(t), F.lit(n))]
         size = F.element_at(F.create_map(*known), F.col("topic")) if known else F.lit(None)

@@ -97,12 +97,23 @@ class BatchWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist(StorageLevel.MEMORY_AND_DISK)
         try:
+            # One small aggregate, computed with the batch itself: every sink and the metrics
+            # read their counts from it instead of running jobs of their own.
+            rows = batch.groupBy("kind", "topic", "partition", "level", "reason").count().collect()
             summary = BatchSummary(batch_id)
-            rows = batch.groupBy("kind", "topic").count().collect()
             summary.topics = {r["topic"] for r in rows if r["kind"] == "deliver"}
+            sizes = self.kafka.topic_sizes(summary.topics) if summary.topics else {}
+            any_refused = False
+            for row in rows:
+                kind, reason = row["kind"], row["reason"]
+                if kind == "deliver":
+                    refusal = self.kafka.refusal(row["topic"], row["partition"], sizes)
+                    if refusal:
+                        kind, reason, any_refused = "dead", refusal, True
+                summary.add(kind, row["level"], reason, row["count"])
             if rows:
-                batch = self.kafka.refuse_unknown_topics(batch, summary)
-                self._count(batch, summary)
+                if any_refused:
+                    batch = self.kafka.refuse_unknown_topics(batch, sizes)
                 self.kafka.write_batch(batch, summary)
                 for sink in self.sinks:
                     sink.write_batch(batch, summary)
@@ -110,18 +121,6 @@ class BatchWriter:
                 self.on_batch(summary)
         finally:
             batch.unpersist()
-
-    @staticmethod
-    def _count(batch: DataFrame, summary: BatchSummary) -> None:
-        for row in batch.groupBy("kind", "level", "reason").count().collect():
-            kind, count = row["kind"], row["count"]
-            summary.by_kind[kind] = summary.by_kind.get(kind, 0) + count
-            if kind == "deliver":
-                level = row["level"]
-                summary.delivered_by_level[level] = summary.delivered_by_level.get(level, 0) + count
-            elif kind == "dead":
-                reason = (row["reason"] or "unknown").split(":")[0][:80]
-                summary.dead_by_reason[reason] = summary.dead_by_reason.get(reason, 0) + count
 
 
 def _is_kafka_metrics_npe(failure) -> bool:
