@@ -57,6 +57,8 @@ class Settings(BaseSettings):
     late_tolerance: str
     max_offsets_per_trigger: int
 
+    ledger: bool
+
     data_dir: Path
     jars_dir: str
 
@@ -124,6 +126,14 @@ class Settings(BaseSettings):
     @property
     def checkpoint_path(self) -> Path:
         return self.data_path / "checkpoints" / "delivery"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.data_path / "tables" / "ledger"
+
+    @property
+    def dead_letter_path(self) -> Path:
+        return self.data_path / "tables" / "dead_letters"
 
     @property
     def embedded(self) -> bool:

@@ -39,6 +39,7 @@ class BatchSummary:
     """Counts of one batch's output, computed once and shared by every sink and the metrics."""
 
     batch_id: int
+    batch_time_ms: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
     topics: set[str] = field(default_factory=set)
     delivered_by_level: dict[int, int] = field(default_factory=dict)
@@ -64,5 +65,6 @@ class BatchSink(ABC):
     name: str = "sink"
 
     @abstractmethod
-    def write_batch(self, batch, summary: BatchSummary) -> None:
-        """Write the batch's rows (a persisted DataFrame of the OUTPUT layout)."""
+    def write_batch(self, sent, summary: BatchSummary) -> None:
+        """Record the batch's sent rows (a persisted DataFrame: the OUTPUT layout plus
+        `sent_ms`, the moment each row was released to Kafka)."""

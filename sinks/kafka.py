@@ -7,8 +7,12 @@ with its reason, instead of blocking the Kafka writer and failing every later ba
 """
 from __future__ import annotations
 
+import time
+
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType
 
 from sinks.base import BatchSink, BatchSummary  # noqa: F401
 from state import headers as H
@@ -79,8 +83,20 @@ class KafkaSink(BatchSink):
                             .otherwise(F.col("due_ms")))
                 .drop("_refused"))
 
-    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> None:
+    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> DataFrame:
+        """Send the batch's deliveries and dead letters, each at its due time. Returns what
+        was sent (with `sent_ms`, the moment each row was released), persisted for the
+        tables that record it; the caller unpersists it."""
         out = batch.filter(F.col("kind").isin("deliver", "dead"))
-        held = out.coalesce(self._parallelism).mapInPandas(hold_until_due, out.schema)
-        (held.select("topic", "partition", "key", "value", "headers")
+        schema = StructType(out.schema.fields + [StructField("sent_ms", LongType())])
+        sent = (out.coalesce(self._parallelism)
+                .mapInPandas(hold_and_stamp, schema)
+                .persist(StorageLevel.MEMORY_AND_DISK))
+        (sent.select("topic", "partition", "key", "value", "headers")
          .write.format("kafka").options(**self._options).save())
+        return sent
+
+
+def hold_and_stamp(frames):
+    for chunk in hold_until_due(frames):
+        yield chunk.assign(sent_ms=int(time.time() * 1000))

@@ -106,6 +106,65 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ms(text: str | None) -> int | None:
+    if not text:
+        return None
+    from datetime import datetime, timezone
+
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def _reader_session(settings):
+    from streaming.session import build_session
+
+    return build_session(settings, {"spark.master": "local[1]", "spark.ui.enabled": "false"})
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from streaming import lookup
+
+    settings = _settings(args)
+    spark = _reader_session(settings)
+    try:
+        if args.summary:
+            rows = lookup.summary(spark, settings.ledger_path, _ms(args.since), _ms(args.until))
+            print(f"{'level':>5} {'delivered':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'early':>6}")
+            for r in rows:
+                print(f"{r['level']:>5} {r['delivered']:>10} {r['p50_ms']:>8} {r['p99_ms']:>8} "
+                      f"{r['max_ms']:>8} {r['early']:>6}")
+            return 0
+        if not args.uniq_key:
+            raise SystemExit("delayq ledger: give a UNIQ_KEY or --summary")
+        checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_path
+        where = lookup.find(spark, args.uniq_key, settings.ledger_path,
+                            settings.dead_letter_path, checkpoint)
+        print(f"{args.uniq_key}: {where.status}")
+        for key, value in where.detail.items():
+            print(f"  {key:12} {value}")
+        return 0 if where.status != "unknown" else 1
+    finally:
+        spark.stop()
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    from streaming.maintenance import maintain
+
+    settings = _settings(args)
+    spark = _reader_session(settings)
+    try:
+        for path, column in ((settings.ledger_path, "sent_date"),
+                             (settings.dead_letter_path, "dead_date")):
+            print(maintain(spark, path, column, args.retain_days, args.vacuum_hours))
+    finally:
+        spark.stop()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="delayq",
@@ -141,6 +200,26 @@ def build_parser() -> argparse.ArgumentParser:
     offsets.add_argument("--checkpoint", help="checkpoint folder [default: <data_dir>/checkpoints/delivery]")
     _common(offsets)
     offsets.set_defaults(func=cmd_offsets)
+
+    ledger = sub.add_parser("ledger", help="where is a message: delivered, pending or dead-lettered; or --summary",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ledger.add_argument("uniq_key", nargs="?", help="the message's UNIQ_KEY")
+    ledger.add_argument("--summary", action="store_true", help="counts and lateness per level")
+    ledger.add_argument("--since", help="with --summary: from this ISO time (UTC if no zone)")
+    ledger.add_argument("--until", help="with --summary: before this ISO time")
+    ledger.add_argument("--checkpoint", help="checkpoint folder for pending lookups")
+    _common(ledger)
+    ledger.set_defaults(func=cmd_ledger)
+
+    tables = sub.add_parser("tables", help="maintain the ledger and dead-letter tables",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    tables.add_argument("action", choices=("maintain",))
+    tables.add_argument("--retain-days", type=int, default=None,
+                        help="delete rows older than this many days (default: keep all)")
+    tables.add_argument("--vacuum-hours", type=int, default=168,
+                        help="VACUUM files no longer in the table for this long")
+    _common(tables)
+    tables.set_defaults(func=cmd_tables)
 
     kafka = sub.add_parser("kafka", help="start, stop or inspect the embedded local Kafka broker")
     kafka.add_argument("action", choices=("start", "stop", "status"))

@@ -20,6 +20,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary
 from sinks.kafka import KafkaSink
+from sinks.ledger import DeadLetterTable, DeliveryLedger
 from state.envelope import Rules
 from state.errors import JobError
 from state.parse import make_parser
@@ -100,7 +101,7 @@ class BatchWriter:
             # One small aggregate, computed with the batch itself: every sink and the metrics
             # read their counts from it instead of running jobs of their own.
             rows = batch.groupBy("kind", "topic", "partition", "level", "reason").count().collect()
-            summary = BatchSummary(batch_id)
+            summary = BatchSummary(batch_id, int(time.time() * 1000))
             summary.topics = {r["topic"] for r in rows if r["kind"] == "deliver"}
             sizes = self.kafka.topic_sizes(summary.topics) if summary.topics else {}
             any_refused = False
@@ -114,9 +115,12 @@ class BatchWriter:
             if rows:
                 if any_refused:
                     batch = self.kafka.refuse_unknown_topics(batch, sizes)
-                self.kafka.write_batch(batch, summary)
-                for sink in self.sinks:
-                    sink.write_batch(batch, summary)
+                sent = self.kafka.write_batch(batch, summary)
+                try:
+                    for sink in self.sinks:
+                        sink.write_batch(sent, summary)
+                finally:
+                    sent.unpersist()
             if self.on_batch:
                 self.on_batch(summary)
         finally:
@@ -151,7 +155,11 @@ class DelayJob:
         self.query_name = query_name or f"{QUERY_NAME}-{settings.intake_topic}"
         self.spark = spark
         self.checkpoint = checkpoint or str(settings.checkpoint_path)
-        self._extra_sinks = sinks or []
+        if sinks is None:
+            sinks = [DeliveryLedger(settings.ledger_path, self.checkpoint),
+                     DeadLetterTable(settings.dead_letter_path, self.checkpoint)] \
+                if settings.ledger else []
+        self._extra_sinks = sinks
         self._on_batch = on_batch
         self.query = None
         self._heartbeat: Heartbeat | None = None

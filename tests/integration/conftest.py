@@ -36,7 +36,7 @@ def job_settings(test_settings, work_dir):
         tag = uuid.uuid4().hex[:8]
         base = dict(
             bootstrap_servers=test_settings.bootstrap_servers,
-            data_dir=test_settings.data_dir,
+            data_dir=work_dir / f"data-{tag}",
             delay_levels=test_settings.delay_levels,
             spark_master=test_settings.spark_master,
             spark_shuffle_partitions=test_settings.spark_shuffle_partitions,

@@ -117,7 +117,7 @@ def test_restart_keeps_pending_messages_and_offsets_agree(
 
 
 def test_bad_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
-        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log):
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log, spark):
     settings = job_settings()
     real = new_topic(**LOG_APPEND)
     start_job(settings)
@@ -152,6 +152,15 @@ def test_bad_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
     assert "not valid UTF-8" in reasons[b"utf8"]
     records = consume_all(kafka_bootstrap, real, expected=1, timeout_s=30)
     check_deliveries(records, sent, lateness_log=lateness_log)
+
+    # The dead-letter table holds the same records, once each, as they came and why.
+    table = spark.read.format("delta").load(str(settings.dead_letter_path)).collect()
+    assert sorted(r["value"] for r in table) == sorted(bad)
+    for row in table:
+        assert row["reason"] == reasons[bytes(row["value"])]
+        assert [(h["key"], bytes(h["value"])) for h in row["headers"]][:len(bad[bytes(row["value"])])] \
+            == bad[bytes(row["value"])] or row["reason"].startswith(("REAL_TOPIC 'does", "REAL_QID"))
+        assert row["intake_partition"] == 0
 
 
 def test_intake_without_log_append_time_is_refused(job_settings, spark, new_topic):

@@ -1,0 +1,91 @@
+"""`delayq ledger`: where is a message? Delivered (ledger), dead-lettered (dead-letter table),
+still pending (the wheel's state, read with Spark's state data source), or unknown.
+And `--summary`: counts and lateness percentiles per level over a time range."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from state.wheel import decode
+
+
+@dataclass
+class Whereabouts:
+    status: str            # delivered | dead | pending | unknown
+    detail: dict
+
+
+def _exists(path: Path) -> bool:
+    """A Delta table with at least one commit (its log folder appears before the first)."""
+    log = path / "_delta_log"
+    return log.is_dir() and any(p.suffix == ".json" for p in log.iterdir())
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
+         checkpoint: Path) -> Whereabouts:
+    if _exists(ledger):
+        rows = spark.read.format("delta").load(str(ledger)).filter(
+            F.col("uniq_key") == uniq_key).collect()
+        if rows:
+            r = rows[0]
+            return Whereabouts("delivered", {
+                "topic": r["topic"], "partition": r["partition"], "level": r["level"],
+                "due": _iso(r["due_ms"]), "delivered": _iso(r["sent_ms"]),
+                "lateness_ms": r["lateness_ms"], "batch_id": r["batch_id"],
+                "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+    if _exists(dead):
+        rows = spark.read.format("delta").load(str(dead)).filter(
+            F.col("uniq_key") == uniq_key).collect()
+        if rows:
+            r = rows[0]
+            return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["dead_ms"]),
+                                        "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+    pending = _pending(spark, uniq_key, checkpoint)
+    if pending:
+        return Whereabouts("pending", pending)
+    return Whereabouts("unknown", {})
+
+
+def _pending(spark: SparkSession, uniq_key: str, checkpoint: Path) -> dict | None:
+    if not (checkpoint / "state").is_dir():
+        return None
+    spark.streams.active  # starts the state store coordinator the reader needs
+    groups = spark.read.format("statestore").load(str(checkpoint))
+    for row in groups.select("value.groupState.blob").toLocalIterator():
+        if row["blob"] is None:
+            continue
+        table = decode(row["blob"])
+        keys = table.column("uniq_key").to_pylist()
+        if uniq_key in keys:
+            hit = table.slice(keys.index(uniq_key), 1).to_pylist()[0]
+            return {"topic": hit["topic"], "level": hit["level"], "due": _iso(hit["due_ms"]),
+                    "intake": f"{hit['ipart']}-{hit['ioff']}"}
+    return None
+
+
+def summary(spark: SparkSession, ledger: Path, since_ms: int | None, until_ms: int | None):
+    """Rows of (level, delivered, p50, p99, max lateness ms, early) over [since, until)."""
+    if not _exists(ledger):
+        return []
+    rows = spark.read.format("delta").load(str(ledger))
+    if since_ms is not None:
+        rows = rows.filter(F.col("sent_ms") >= since_ms)
+    if until_ms is not None:
+        rows = rows.filter(F.col("sent_ms") < until_ms)
+    return (rows.groupBy("level").agg(
+        F.count("*").alias("delivered"),
+        F.percentile_approx("lateness_ms", 0.5).alias("p50_ms"),
+        F.percentile_approx("lateness_ms", 0.99).alias("p99_ms"),
+        F.max("lateness_ms").alias("max_ms"),
+        F.sum(F.when(F.col("lateness_ms") < 0, 1).otherwise(0)).alias("early"),
+    ).orderBy("level").collect())

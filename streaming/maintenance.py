@@ -1,0 +1,26 @@
+"""Table maintenance for the ledger and the dead-letter table: compaction (OPTIMIZE),
+retention (DELETE old partitions) and VACUUM of the files that no longer belong to the table.
+
+Run it while the job runs or not; Delta's optimistic concurrency keeps both consistent."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+
+def maintain(spark: SparkSession, table: Path, date_column: str, retain_days: int | None,
+             vacuum_hours: int) -> dict:
+    if not (table / "_delta_log").is_dir():
+        return {"table": str(table), "skipped": "no table yet"}
+    result = {"table": str(table)}
+    if retain_days is not None:
+        cutoff = (datetime.now(timezone.utc) - timedelta(days=retain_days)).strftime("%Y-%m-%d")
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE {date_column} < '{cutoff}'")
+        result["deleted_before"] = cutoff
+    metrics = spark.sql(f"OPTIMIZE delta.`{table}`").collect()
+    result["optimize"] = metrics[0]["metrics"]["numFilesRemoved"] if metrics else 0
+    spark.sql(f"VACUUM delta.`{table}` RETAIN {vacuum_hours} HOURS")
+    result["vacuum_retain_hours"] = vacuum_hours
+    return result

@@ -1,0 +1,77 @@
+"""The delivery ledger and its lookup: delivered, pending and dead-lettered messages."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from kafka import KafkaProducer
+
+from streaming import lookup
+from streaming.producer import DelayProducer
+from tests.conftest import PROJECT
+from tests.support import assert_eventually, consume_all, header_map
+
+LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
+
+
+def test_lookup_finds_delivered_pending_and_dead(job_settings, start_job, new_topic,
+                                                 kafka_bootstrap, spark):
+    settings = job_settings(delay_levels="1s 2s 60s")
+    real = new_topic(**LOG_APPEND)
+    job = start_job(settings)
+    with DelayProducer(settings) as producer:
+        delivered = producer.send(real, b"soon", level=1)
+        pending = producer.send(real, b"later", level=3)
+    raw = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    raw.send(settings.intake_topic, b"bad", headers=[("DELAY", b"1"), ("UNIQ_KEY", b"bad-1")],
+             partition=0).get(timeout=30)
+    raw.close()
+    [record] = consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
+    assert header_map(record)["UNIQ_KEY"].decode() == delivered.uniq_key
+    consume_all(kafka_bootstrap, settings.dlq_topic, expected=1, timeout_s=30)
+
+    checkpoint = __import__("pathlib").Path(job.checkpoint)
+
+    def found(uniq):
+        where = lookup.find(spark, uniq, settings.ledger_path, settings.dead_letter_path,
+                            checkpoint)
+        return where if where.status != "unknown" else None
+
+    done = assert_eventually(lambda: found(delivered.uniq_key), timeout_s=30,
+                             message="ledger row of the delivered message")
+    assert done.status == "delivered"
+    assert done.detail["topic"] == real and done.detail["lateness_ms"] >= 0
+    dead = assert_eventually(lambda: found("bad-1"), timeout_s=30, message="dead-letter row")
+    assert (dead.status, dead.detail["reason"]) == ("dead", "header REAL_TOPIC is missing")
+    waiting = found(pending.uniq_key)
+    assert waiting is not None and waiting.status == "pending"
+    assert waiting.detail["level"] == 3 and waiting.detail["topic"] == real
+    assert found("never-sent") is None
+
+    # A fresh Spark session in another process, which wrote nothing, reads the same ledger.
+    env = {**os.environ, "DELAYQ_DATA_DIR": str(settings.data_dir),
+           "DELAYQ_BOOTSTRAP_SERVERS": kafka_bootstrap, "DELAYQ_DELAY_LEVELS": "1s 2s 60s"}
+    out = subprocess.run([sys.executable, "-m", "streaming.cli", "ledger", delivered.uniq_key,
+                          "--checkpoint", str(checkpoint)],
+                         capture_output=True, text=True, timeout=300, cwd=PROJECT, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{delivered.uniq_key}: delivered" in out.stdout
+    assert real in out.stdout
+
+
+def test_ledger_summary_per_level(job_settings, start_job, new_topic, kafka_bootstrap, spark):
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    start_job(settings)
+    with DelayProducer(settings) as producer:
+        for level in (1, 1, 2):
+            producer.send(real, b"x", level=level)
+    consume_all(kafka_bootstrap, real, expected=3, timeout_s=60)
+
+    def rows():
+        got = {r["level"]: r for r in lookup.summary(spark, settings.ledger_path, None, None)}
+        return got if sum(r["delivered"] for r in got.values()) == 3 else None
+    got = assert_eventually(rows, timeout_s=30, message="ledger summary of 3 deliveries")
+    assert (got[1]["delivered"], got[2]["delivered"]) == (2, 1)
+    assert all(r["early"] == 0 and r["p50_ms"] >= 0 for r in got.values())
