@@ -59,6 +59,9 @@ class Settings(BaseSettings):
 
     ledger: bool
 
+    metrics_host: str
+    metrics_port: int
+
     data_dir: Path
     jars_dir: str
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh machine (Python 3.11, Java 17 and Maven installed):
 #   - .venv with delayq and its pinned Python dependencies (from PyPI),
-#   - .lib/spark and .lib/kafka with the JVM jars, resolved by Maven (from Maven Central).
+#   - .lib/spark and .lib/kafka with the JVM jars, resolved by Maven (from Maven Central),
+#   - Prometheus (Debian package) for the metrics tests.
 # Safe to run again: each step is skipped when its inputs did not change.
 # Nothing is downloaded after this: the job and the broker start from these folders.
 set -euo pipefail
@@ -20,6 +21,18 @@ if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
   echo "setup: installing Python dependencies into .venv"
   .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
   touch .venv/.installed
+fi
+
+# Prometheus (server and promtool) for the tests that prove the dashboard's queries.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian's prometheus package"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "setup: prometheus not found; install Debian's 'prometheus' package (sudo apt-get install prometheus)" >&2
+    exit 1
+  fi
 fi
 
 for part in spark kafka; do

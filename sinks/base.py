@@ -44,8 +44,18 @@ class BatchSummary:
     topics: set[str] = field(default_factory=set)
     delivered_by_level: dict[int, int] = field(default_factory=dict)
     dead_by_reason: dict[str, int] = field(default_factory=dict)
+    received_by_level: dict[int, int] = field(default_factory=dict)
+    pending_delta_by_level: dict[int, int] = field(default_factory=dict)
+    # (cumulative counts per lateness bucket, total, sum of seconds) of this batch's deliveries
+    lateness: tuple[list[int], int, float] | None = None
 
-    def add(self, kind: str, level: int | None, reason: str | None, count: int) -> None:
+    def add(self, kind: str, level: int | None, reason: str | None, count: int,
+            received: int = 0, pending_delta: int = 0) -> None:
+        if kind == "tally":
+            self.received_by_level[level] = self.received_by_level.get(level, 0) + received
+            self.pending_delta_by_level[level] = \
+                self.pending_delta_by_level.get(level, 0) + pending_delta
+            return
         self.by_kind[kind] = self.by_kind.get(kind, 0) + count
         if kind == "deliver":
             self.delivered_by_level[level] = self.delivered_by_level.get(level, 0) + count
@@ -55,7 +65,12 @@ class BatchSummary:
 
     @property
     def empty(self) -> bool:
-        return not any(self.by_kind.values())
+        return not any(self.by_kind.values()) and not any(self.received_by_level.values())
+
+    @property
+    def sends(self) -> int:
+        """Rows this batch writes to Kafka."""
+        return self.count("deliver") + self.count("dead")
 
     def count(self, kind: str) -> int:
         return self.by_kind.get(kind, 0)

@@ -46,7 +46,7 @@ PENDING = pa.schema([
 
 # What the wheel emits, per batch: deliveries, dead letters and cancel outcomes.
 OUTPUT = pa.schema([
-    ("kind", pa.string()),       # deliver | dead | cancelled | cancel_unknown
+    ("kind", pa.string()),       # deliver | dead | cancelled | cancel_unknown | tally
     ("topic", pa.string()),
     ("partition", pa.int32()),
     ("key", pa.binary()),
@@ -59,6 +59,10 @@ OUTPUT = pa.schema([
     ("ipart", pa.int32()),
     ("ioff", pa.int64()),
     ("reason", pa.string()),
+    # tally rows only (one per wheel call and level): messages taken in, and the change of
+    # the group's pending count; they feed the metrics and never leave the job.
+    ("received", pa.int32()),
+    ("pending_delta", pa.int32()),
 ])
 
 # The wheel group's state: the pending messages as one Arrow IPC blob, so the state row

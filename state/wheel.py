@@ -83,7 +83,7 @@ def _deliveries(pending: pd.DataFrame, config: WheelConfig, now_ms: int) -> pd.D
         "key": pending["key"].values, "value": pending["value"].values, "headers": headers,
         "uniq_key": pending["uniq_key"].values, "level": pending["level"].values, "due_ms": due,
         "append_ms": pending["append_ms"].values, "ipart": pending["ipart"].values,
-        "ioff": pending["ioff"].values, "reason": None,
+        "ioff": pending["ioff"].values, "reason": None, "received": None, "pending_delta": None,
     }, columns=OUTPUT.names)
 
 
@@ -95,6 +95,7 @@ def _dead_letters(rows: pd.DataFrame, dlq_topic: str) -> pd.DataFrame:
         "value": rows["value"].values, "headers": headers, "uniq_key": rows["uniq_key"].values,
         "level": rows["level"].values, "due_ms": 0, "append_ms": rows["append_ms"].values,
         "ipart": rows["ipart"].values, "ioff": rows["ioff"].values, "reason": rows["reason"].values,
+        "received": None, "pending_delta": None,
     }, columns=OUTPUT.names)
 
 
@@ -105,7 +106,18 @@ def _cancel_outcomes(cancels: pd.DataFrame, found: set[str]) -> pd.DataFrame:
         "uniq_key": cancels["cancel_key"].values, "level": cancels["level"].values,
         "due_ms": cancels["due_ms"].values, "append_ms": cancels["append_ms"].values,
         "ipart": cancels["ipart"].values, "ioff": cancels["ioff"].values, "reason": None,
+        "received": None, "pending_delta": None,
     }, columns=OUTPUT.names)
+
+
+def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
+    """One row per level: (received, pending_delta); every other column null."""
+    rows = pd.DataFrame({name: [None] * len(levels) for name in OUTPUT.names})
+    rows["kind"] = "tally"
+    rows["level"] = list(levels)
+    rows["received"] = [r for r, _ in levels.values()]
+    rows["pending_delta"] = [d for _, d in levels.values()]
+    return rows
 
 
 def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
@@ -119,6 +131,10 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
 
         if bucket in (BUCKET_NOW, BUCKET_DEAD):
             if rows is not None:
+                taken = rows[rows["kind"] != Kind.HEARTBEAT]
+                if len(taken):
+                    counts = taken["level"].value_counts()
+                    yield _tally({int(lv): (int(n), 0) for lv, n in counts.items()})
                 dead = rows[rows["kind"] == Kind.DEAD]
                 if len(dead):
                     yield _dead_letters(dead, config.dlq_topic)
@@ -128,10 +144,14 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
             return
 
         parts: list[pa.Table] = []
+        before = 0
         if state.exists:
             parts.append(decode(state.get[0]))
+            before = parts[0].num_rows
+        received = 0
         if rows is not None:
             new = rows[rows["kind"] == Kind.DELAY]
+            received = len(new)
             if len(new):
                 parts.append(pa.Table.from_pandas(new[PENDING.names], schema=PENDING,
                                                   preserve_index=False))
@@ -152,6 +172,8 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
         if due.any():
             yield _deliveries(pending[due], config, now_ms)
         rest = pending[~due]
+        if received or len(rest) != before:
+            yield _tally({bucket: (received, len(rest) - before)})
         if len(rest):
             table = pa.Table.from_pandas(rest[PENDING.names], schema=PENDING, preserve_index=False)
             earliest = int(rest["due_ms"].min())

@@ -61,7 +61,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with running_job(settings) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
-              f"checkpoint {job.checkpoint}, Spark UI http://127.0.0.1:4040. Ctrl-C stops.")
+              f"checkpoint {job.checkpoint}, metrics http://{settings.metrics_host}:"
+              f"{settings.metrics_port}/metrics, Spark UI http://127.0.0.1:4040. Ctrl-C stops.",
+              flush=True)
         wait(job, stop)
     print("delayq stopped; pending messages stay in the checkpoint until the next run")
     return 0
@@ -165,6 +167,21 @@ def cmd_tables(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from streaming.status import fetch, render
+
+    settings = _settings(args)
+    url = args.url or f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
+    try:
+        samples = fetch(url)
+    except OSError as exc:
+        print(f"delayq status: no exporter at {url} ({exc}); is `delayq run` running?",
+              file=sys.stderr)
+        return 3
+    print(render(samples))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="delayq",
@@ -220,6 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="VACUUM files no longer in the table for this long")
     _common(tables)
     tables.set_defaults(func=cmd_tables)
+
+    status = sub.add_parser("status", help="headline figures from the running job's exporter")
+    status.add_argument("--url", help="exporter URL [default: http://<metrics_host>:<metrics_port>/metrics]")
+    _common(status)
+    status.set_defaults(func=cmd_status)
 
     kafka = sub.add_parser("kafka", help="start, stop or inspect the embedded local Kafka broker")
     kafka.add_argument("action", choices=("start", "stop", "status"))

@@ -21,6 +21,7 @@ from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary
 from sinks.kafka import KafkaSink
 from sinks.ledger import DeadLetterTable, DeliveryLedger
+from sinks.metrics import LATENESS_BUCKETS, Metrics, lateness_aggregates
 from state.envelope import Rules
 from state.errors import JobError
 from state.parse import make_parser
@@ -28,6 +29,7 @@ from state.wheel import WheelConfig, make_wheel
 from streaming import admin as kadmin
 from streaming.heartbeat import Heartbeat
 from streaming.kafka_config import spark_options
+from streaming.listener import ProgressListener
 from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,9 @@ class BatchWriter:
         try:
             # One small aggregate, computed with the batch itself: every sink and the metrics
             # read their counts from it instead of running jobs of their own.
-            rows = batch.groupBy("kind", "topic", "partition", "level", "reason").count().collect()
+            rows = (batch.groupBy("kind", "topic", "partition", "level", "reason")
+                    .agg(F.count("*").alias("count"), F.sum("received").alias("received"),
+                         F.sum("pending_delta").alias("pending_delta")).collect())
             summary = BatchSummary(batch_id, int(time.time() * 1000))
             summary.topics = {r["topic"] for r in rows if r["kind"] == "deliver"}
             sizes = self.kafka.topic_sizes(summary.topics) if summary.topics else {}
@@ -111,12 +115,15 @@ class BatchWriter:
                     refusal = self.kafka.refusal(row["topic"], row["partition"], sizes)
                     if refusal:
                         kind, reason, any_refused = "dead", refusal, True
-                summary.add(kind, row["level"], reason, row["count"])
-            if rows:
+                summary.add(kind, row["level"], reason, row["count"],
+                            row["received"] or 0, row["pending_delta"] or 0)
+            if summary.sends:
                 if any_refused:
                     batch = self.kafka.refuse_unknown_topics(batch, sizes)
                 sent = self.kafka.write_batch(batch, summary)
                 try:
+                    if summary.count("deliver"):
+                        summary.lateness = _lateness(sent)
                     for sink in self.sinks:
                         sink.write_batch(sent, summary)
                 finally:
@@ -125,6 +132,25 @@ class BatchWriter:
                 self.on_batch(summary)
         finally:
             batch.unpersist()
+
+
+def pending_by_level(spark: SparkSession, checkpoint: str) -> dict[int, int]:
+    """Messages held in the checkpoint's wheel per level (bucket), read with Spark's state
+    data source; {} for a new checkpoint."""
+    from pathlib import Path
+
+    if not (Path(checkpoint) / "state" / "0").is_dir() or not (Path(checkpoint) / "commits").is_dir():
+        return {}
+    spark.streams.active  # the state reader needs the state store coordinator
+    groups = spark.read.format("statestore").load(checkpoint)
+    rows = groups.groupBy("key.bucket").agg(F.sum("value.groupState.count").alias("n")).collect()
+    return {int(r["bucket"]): int(r["n"] or 0) for r in rows}
+
+
+def _lateness(sent: DataFrame) -> tuple[list[int], int, float]:
+    row = sent.filter(F.col("kind") == "deliver").agg(*lateness_aggregates()).collect()[0]
+    cumulative = [int(row[f"le_{i}"] or 0) for i in range(len(LATENESS_BUCKETS))]
+    return cumulative, int(row["total"] or 0), float(row["seconds"] or 0.0)
 
 
 def _is_kafka_metrics_npe(failure) -> bool:
@@ -150,8 +176,10 @@ class DelayJob:
     def __init__(self, settings: Settings, spark: SparkSession, checkpoint: str | None = None,
                  sinks: list[BatchSink] | None = None,
                  on_batch: Callable[[BatchSummary], None] | None = None,
-                 query_name: str | None = None):
+                 query_name: str | None = None, metrics: Metrics | None = None):
         self.settings = settings
+        self.metrics = metrics
+        self._listener = None
         self.query_name = query_name or f"{QUERY_NAME}-{settings.intake_topic}"
         self.spark = spark
         self.checkpoint = checkpoint or str(settings.checkpoint_path)
@@ -173,7 +201,13 @@ class DelayJob:
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
                           kadmin.TopicCatalog(self._admin),
                           self.spark.sparkContext.defaultParallelism)
-        writer = BatchWriter(kafka, self._extra_sinks, self._on_batch)
+        writer = BatchWriter(kafka, self._extra_sinks, self._observer())
+        if self.metrics is not None:
+            self.metrics.seed_pending(pending_by_level(self.spark, self.checkpoint))
+            self._listener = ProgressListener(self.metrics, self.query_name,
+                                              self.settings.late_tolerance_ms,
+                                              self.settings.intake_topic)
+            self.spark.streams.addListener(self._listener)
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
         for attempt in (1, 2):
@@ -196,6 +230,17 @@ class DelayJob:
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         return self.query
 
+    def _observer(self) -> Callable[[BatchSummary], None] | None:
+        hooks = [h for h in (self.metrics.observe_batch if self.metrics else None,
+                             self._on_batch) if h]
+        if not hooks:
+            return None
+
+        def observe(summary: BatchSummary) -> None:
+            for hook in hooks:
+                hook(summary)
+        return observe
+
     def _first_batch(self, timeout_s: float):
         """Wait for the first completed batch; return the query's error if it died first."""
         deadline = time.monotonic() + timeout_s
@@ -211,6 +256,9 @@ class DelayJob:
         try:
             if self.query is not None:
                 self.query.stop()
+            if self._listener is not None:
+                self.spark.streams.removeListener(self._listener)
+                self._listener = None
         finally:
             if self._heartbeat is not None:
                 self._heartbeat.stop()

@@ -32,15 +32,21 @@ def embedded_broker(settings: Settings) -> Iterator[None]:
 
 @contextlib.contextmanager
 def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
+    """The job with its Prometheus endpoint, on the embedded broker when none is configured."""
+    from streaming.exporter import build_metrics, serve
+
     with embedded_broker(settings):
+        metrics = build_metrics()
+        server, _ = serve(settings, metrics)
         spark = build_session(settings)
-        job = DelayJob(settings, spark, **job_args)
-        job.start()
+        job = DelayJob(settings, spark, metrics=metrics, **job_args)
         try:
+            job.start()
             yield job
         finally:
             job.stop()
             spark.stop()
+            server.shutdown()
 
 
 def stop_on_signals(stop: threading.Event) -> None:

@@ -48,6 +48,9 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.sql.warehouse.dir": str(settings.data_path / "warehouse"),
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",
+        "spark.metrics.conf": str(CONF_DIR / "spark-metrics.properties"),
+        "spark.ui.prometheus.enabled": "true",
+        "spark.sql.streaming.metricsEnabled": "true",
         # The driver's Python and the workers' Python must be the same interpreter.
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,

@@ -3,7 +3,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from state.columns import ENVELOPE
+from state.columns import ENVELOPE, OUTPUT
 from state.envelope import Rules
 from state.parse import parse_frame
 from state.wheel import BUCKET_DEAD, BUCKET_NOW, WheelConfig, decode, make_wheel
@@ -37,7 +37,11 @@ def run(frame, st, clock_ms=NOW):
     wheel = make_wheel(CONFIG, clock=lambda: clock_ms / 1000)
     key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else (2, 0)
     out = list(wheel(key, iter([frame] if len(frame) else []), st))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+    for part in out:  # what Spark will do with each frame: convert it to the OUTPUT layout
+        pa.Table.from_pandas(part, schema=OUTPUT, preserve_index=False)
+    rows = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["kind"])
+    run.tally = rows[rows["kind"] == "tally"]
+    return rows[rows["kind"] != "tally"].reset_index(drop=True)
 
 
 def envelopes(*rows):
@@ -49,6 +53,7 @@ def test_delayed_messages_wait_in_state_with_a_timer_lead_before_due():
     st = state(watermark_ms=NOW - 10_000)   # real watermark == NOW
     out = run(frame, st)
     assert out.empty, "due in 2 s, lead 0.5 s: nothing fires yet"
+    assert list(zip(run.tally["level"], run.tally["received"], run.tally["pending_delta"])) == [(2, 1, 1)]
     assert st.exists
     blob, count, earliest = st.get
     assert (count, earliest) == (1, NOW + 2_000)
@@ -70,6 +75,7 @@ def test_timeout_releases_messages_due_before_the_horizon_with_delivery_headers(
     assert [h["key"] for h in row["headers"]] == ["u", "UNIQ_KEY", "DELIVER_MS"]
     assert row["headers"][-1]["value"] == str(NOW + 2_000).encode()
     assert fired._removed
+    assert list(run.tally["pending_delta"]) == [-1]
 
 
 def test_messages_beyond_the_horizon_stay_with_a_new_timer():
@@ -92,6 +98,7 @@ def test_immediate_and_dead_pass_through_without_state():
         assert not st.exists
         if bucket == BUCKET_NOW:
             assert list(out["kind"]) == ["deliver"], "heartbeats are dropped"
+            assert list(zip(run.tally["level"], run.tally["received"])) == [(0, 1)]
         else:
             assert list(out["kind"]) == ["dead"]
             assert out.iloc[0]["topic"] == "in.DLQ"

@@ -1,0 +1,122 @@
+"""Every Prometheus metric of the service, built in one place on an injected registry
+(DESIGN.md section 7: names are contract). Tests build a fresh registry and read samples.
+
+Values come from what the batches really did: the batch summary (counts), the sent rows
+(lateness) and Spark's progress reports (watermark, batch duration, offsets)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from sinks.base import BatchSummary
+
+# Delays are seconds to hours; lateness is what we judge: 10 ms … 60 s.
+LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+                    20.0, 30.0, 60.0)
+BATCH_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class LatenessHistogram(Collector):
+    """A histogram fed with per-batch bucket counts computed in Spark (the observations
+    themselves never reach the driver)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]):
+        self.name, self.documentation, self.buckets = name, documentation, buckets
+        self.counts = [0] * (len(buckets) + 1)  # cumulative ≤ bucket, then +Inf
+        self.sum = 0.0
+
+    def add(self, cumulative: list[int], total: int, seconds_sum: float) -> None:
+        for i, n in enumerate(cumulative):
+            self.counts[i] += n
+        self.counts[-1] += total
+        self.sum += seconds_sum
+
+    def collect(self):
+        family = HistogramMetricFamily(self.name, self.documentation)
+        bounds = [str(b) for b in self.buckets] + ["+Inf"]
+        family.add_metric([], list(zip(bounds, self.counts)), self.sum)
+        yield family
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, *, version: str, spark_version: str):
+        self.registry = registry
+        r = dict(registry=registry)
+        self.received = Counter("delayq_messages_received", "Intake messages taken in, by delay level (0: immediate, -1: timer).", ["level"], **r)
+        self.delivered = Counter("delayq_messages_delivered", "Messages sent to their real topic, by level.", ["level"], **r)
+        self.dead = Counter("delayq_messages_dead_lettered", "Messages sent to the dead-letter topic, by reason.", ["reason"], **r)
+        self.cancelled = Counter("delayq_messages_cancelled", "Pending messages dropped by a cancel.", **r)
+        self.cancel_misses = Counter("delayq_cancel_misses", "Cancels of messages not pending (already delivered or unknown).", **r)
+        self.pending = Gauge("delayq_pending_messages", "Messages held in the wheel, by level.", ["level"], **r)
+        self.lateness = LatenessHistogram("delayq_delivery_lateness_seconds", "Delivery time minus due time.", LATENESS_BUCKETS)
+        registry.register(self.lateness)
+        self.watermark_lag = Gauge("delayq_watermark_lag_seconds", "Wall clock minus the job's event-time watermark.", **r)
+        self.batch_duration = Histogram("delayq_batch_duration_seconds", "Duration of a micro-batch.", buckets=BATCH_BUCKETS, **r)
+        self.offsets_behind = Gauge("delayq_intake_offsets_behind", "Intake records written but not yet read by the job.", **r)
+        self.delay_offset = Gauge("delayq_delay_offset", "Next intake offset of each level's partition (RocketMQ's delayOffset).", ["level"], **r)
+        self.build = Gauge("delayq_build_info", "Build information.", ["version", "spark_version"], **r)
+        self.build.labels(version=version, spark_version=spark_version).set(1)
+        self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds", "When the last micro-batch finished.", **r)
+
+    def seed_pending(self, by_level: dict[int, int]) -> None:
+        for level, n in by_level.items():
+            self.pending.labels(level=str(level)).set(n)
+
+    def observe_batch(self, summary: BatchSummary) -> None:
+        for level, n in summary.received_by_level.items():
+            self.received.labels(level=str(level)).inc(n)
+        for level, n in summary.delivered_by_level.items():
+            self.delivered.labels(level=str(level)).inc(n)
+        for reason, n in summary.dead_by_reason.items():
+            self.dead.labels(reason=reason).inc(n)
+        self.cancelled.inc(summary.count("cancelled"))
+        self.cancel_misses.inc(summary.count("cancel_unknown"))
+        for level, delta in summary.pending_delta_by_level.items():
+            self.pending.labels(level=str(level)).inc(delta)
+        if summary.lateness is not None:
+            self.lateness.add(*summary.lateness)
+
+    def observe_progress(self, progress: dict, late_tolerance_ms: int, intake_topic: str,
+                         now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        duration = progress.get("durationMs", {}).get("triggerExecution")
+        if duration is not None:
+            self.batch_duration.observe(duration / 1000.0)
+        self.last_batch_ms.set(now)
+        watermark = progress.get("eventTime", {}).get("watermark")
+        if watermark and not watermark.startswith("1970-01-01"):
+            from datetime import datetime
+
+            ms = datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp() * 1000
+            self.watermark_lag.set(max(0.0, now - (ms + late_tolerance_ms) / 1000.0))
+        for source in progress.get("sources", []):
+            end, latest = _offsets(source.get("endOffset"), intake_topic), _offsets(source.get("latestOffset"), intake_topic)
+            for partition, offset in end.items():
+                self.delay_offset.labels(level=str(partition + 1)).set(offset)
+            if latest:
+                self.offsets_behind.set(sum(max(0, latest[p] - end.get(p, 0)) for p in latest))
+
+
+def _offsets(value, topic: str) -> dict[int, int]:
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return {int(p): int(o) for p, o in (value.get(topic) or {}).items()}
+
+
+def lateness_aggregates(buckets: Iterable[float] = LATENESS_BUCKETS):
+    """Spark column expressions: cumulative bucket counts, total and sum of lateness (s)."""
+    from pyspark.sql import functions as F
+
+    seconds = (F.col("sent_ms") - F.col("due_ms")) / 1000.0
+    cols = [F.sum(F.when(seconds <= b, 1).otherwise(0)).alias(f"le_{i}") for i, b in enumerate(buckets)]
+    return cols + [F.count("*").alias("total"), F.sum(seconds).alias("seconds")]

@@ -1,0 +1,39 @@
+"""Spark's progress reports → metrics: a StreamingQueryListener for one query."""
+from __future__ import annotations
+
+import json
+import logging
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from sinks.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class ProgressListener(StreamingQueryListener):
+    def __init__(self, metrics: Metrics, query_name: str, late_tolerance_ms: int,
+                 intake_topic: str):
+        self._metrics = metrics
+        self._name = query_name
+        self._late_tolerance_ms = late_tolerance_ms
+        self._intake = intake_topic
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        progress = event.progress
+        if progress.name != self._name:
+            return
+        try:
+            self._metrics.observe_progress(json.loads(progress.json), self._late_tolerance_ms,
+                                           self._intake)
+        except Exception:  # a metrics bug must never stop delivery
+            log.exception("could not read a progress report into metrics")
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass

@@ -1,0 +1,82 @@
+from prometheus_client import CollectorRegistry
+
+from sinks.base import BatchSummary
+from sinks.metrics import LATENESS_BUCKETS, Metrics
+from streaming.status import quantile, render
+
+
+def fresh():
+    return Metrics(CollectorRegistry(), version="1.2.3", spark_version="4.1.1")
+
+
+def test_batch_counts_become_counters_and_gauges():
+    m = fresh()
+    s = BatchSummary(3)
+    s.add("tally", 2, None, 1, received=5, pending_delta=5)
+    s.add("tally", 0, None, 1, received=2, pending_delta=0)
+    s.add("deliver", 0, None, 2)
+    s.add("dead", 0, "REAL_TOPIC 'x' does not exist", 1)
+    s.add("cancelled", 2, None, 1)
+    m.observe_batch(s)
+    r = m.registry
+    assert r.get_sample_value("delayq_messages_received_total", {"level": "2"}) == 5
+    assert r.get_sample_value("delayq_messages_delivered_total", {"level": "0"}) == 2
+    assert r.get_sample_value("delayq_messages_dead_lettered_total", {"reason": "unknown_topic"}) == 1
+    assert r.get_sample_value("delayq_messages_cancelled_total") == 1
+    assert r.get_sample_value("delayq_pending_messages", {"level": "2"}) == 5
+    assert r.get_sample_value("delayq_build_info", {"version": "1.2.3", "spark_version": "4.1.1"}) == 1
+
+
+def test_pending_is_seeded_then_moves_with_deltas():
+    m = fresh()
+    m.seed_pending({3: 10})
+    s = BatchSummary(1)
+    s.add("tally", 3, None, 1, received=0, pending_delta=-4)
+    m.observe_batch(s)
+    assert m.registry.get_sample_value("delayq_pending_messages", {"level": "3"}) == 6
+
+
+def test_lateness_histogram_accumulates_bucket_counts():
+    m = fresh()
+    s = BatchSummary(1)
+    cumulative = [0, 0, 1, 2] + [3] * (len(LATENESS_BUCKETS) - 4)
+    s.lateness = (cumulative, 3, 0.2)
+    m.observe_batch(s)
+    m.observe_batch(s)
+    r = m.registry
+    assert r.get_sample_value("delayq_delivery_lateness_seconds_bucket", {"le": "0.05"}) == 2
+    assert r.get_sample_value("delayq_delivery_lateness_seconds_bucket", {"le": "+Inf"}) == 6
+    assert r.get_sample_value("delayq_delivery_lateness_seconds_count") == 6
+    assert abs(r.get_sample_value("delayq_delivery_lateness_seconds_sum") - 0.4) < 1e-9
+
+
+def test_progress_report_sets_watermark_lag_offsets_and_batch_duration():
+    m = fresh()
+    progress = {
+        "durationMs": {"triggerExecution": 750},
+        "eventTime": {"watermark": "2026-11-15T12:00:00.000Z"},
+        "sources": [{"endOffset": {"in": {"0": 10, "2": 7}},
+                     "latestOffset": {"in": {"0": 12, "2": 7}}}],
+    }
+    now = 1_795_348_801.5  # 2026-11-22T12:00:01.5Z
+    m.observe_progress(progress, late_tolerance_ms=7 * 86_400_000, intake_topic="in", now=now)
+    r = m.registry
+    assert abs(r.get_sample_value("delayq_watermark_lag_seconds") - 1.5) < 1e-6
+    assert r.get_sample_value("delayq_delay_offset", {"level": "3"}) == 7
+    assert r.get_sample_value("delayq_intake_offsets_behind") == 2
+    assert r.get_sample_value("delayq_batch_duration_seconds_count") == 1
+
+
+def test_status_renders_headline_figures():
+    samples = {
+        "delayq_messages_received_total": [({"level": "1"}, 10.0)],
+        "delayq_messages_delivered_total": [({"level": "1"}, 8.0)],
+        "delayq_pending_messages": [({"level": "1"}, 2.0)],
+        "delayq_delivery_lateness_seconds_bucket": [({"le": "0.1"}, 4.0), ({"le": "0.5"}, 8.0),
+                                                    ({"le": "+Inf"}, 8.0)],
+    }
+    assert quantile(samples, "delayq_delivery_lateness_seconds", 0.5) == 0.1
+    assert quantile(samples, "delayq_delivery_lateness_seconds", 0.99) == 0.5
+    text = render(samples)
+    assert "received 10" in text and "delivered 8" in text
+    assert "p50 ≤0.1 s" in text
