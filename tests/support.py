@@ -35,9 +35,9 @@ def assert_eventually(check: Callable[[], T], timeout_s: float = 60.0, interval_
 
 
 def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0,
-                idle_s: float = 0.0) -> list:
-    """Read `topic` from the beginning until `expected` records arrived (and then `idle_s`
-    more seconds, to catch extras) or the deadline passes. Returns ConsumerRecords."""
+                idle_s: float = 0.0, done: Callable[[list], bool] | None = None) -> list:
+    """Read `topic` from the beginning until `expected` records arrived (or `done(records)`
+    holds), then `idle_s` more seconds to catch extras, or the deadline passes."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(
@@ -50,7 +50,8 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60
     records: list = []
     deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline and len(records) < expected:
+        finished = done or (lambda got: len(got) >= expected)
+        while time.monotonic() < deadline and not finished(records):
             records.extend(consumer)
         settle = time.monotonic() + idle_s
         while time.monotonic() < settle:
