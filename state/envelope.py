@@ -127,15 +127,10 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
 def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], uniq: str,
                    append_ms: int, rules: Rules, now_ms: int) -> Envelope:
     present = [name for name in H.DELAY_HEADERS if name in control]
+    if H.TIMER_DEL_UNIQKEY in control:
+        return _cancel(control, present, uniq, append_ms, rules, now_ms)
     if len(present) > 1:
         raise BadInput(f"more than one delay header: {', '.join(present)}")
-
-    if H.TIMER_DEL_UNIQKEY in control:
-        target = _text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
-        if not target:
-            raise BadInput("header TIMER_DEL_UNIQKEY is empty")
-        level, due = _due(control, present, append_ms, rules, now_ms)
-        return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
 
     if H.REAL_TOPIC not in control:
         raise BadInput("header REAL_TOPIC is missing")
@@ -152,6 +147,28 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
     return Envelope(kind, uniq, topic, qid, level, due, user)
+
+
+def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, append_ms: int,
+            rules: Rules, now_ms: int) -> Envelope:
+    """A cancel names the pending message (TIMER_DEL_UNIQKEY) and where it waits: its level
+    (DELAY, absent for a timer) and its due time (TIMER_DELIVER_MS, from the send's handle).
+    A cancel with only its original delay header is placed by that header alone, which finds
+    timers with an absolute time; for level messages the client always sends the due time."""
+    target = _text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
+    if not target:
+        raise BadInput("header TIMER_DEL_UNIQKEY is empty")
+    if H.DELAY in control and H.TIMER_DELIVER_MS in control and len(present) == 2:
+        level = clamp_level(_integer(H.DELAY, control[H.DELAY]), len(rules.level_delays_ms))
+        due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
+        return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
+    if len(present) > 1:
+        raise BadInput(f"more than one delay header: {', '.join(present)}")
+    if present == [H.TIMER_DELIVER_MS]:
+        due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
+        return Envelope(Kind.CANCEL, uniq, level=TIMER_LEVEL, due_ms=due, cancel_key=target)
+    level, due = _due(control, present, append_ms, rules, now_ms)
+    return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
 
 
 def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,

@@ -63,6 +63,16 @@ def decode(blob: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
 
 
+def _rows(n: int, **columns) -> pd.DataFrame:
+    """An OUTPUT frame of n rows; unnamed columns are null. (A scalar None given to pandas
+    becomes NaN, which Spark cannot convert to a list or string column, so build nulls as
+    object columns here.)"""
+    frame = pd.DataFrame({name: pd.Series([None] * n, dtype=object) for name in OUTPUT.names})
+    for name, value in columns.items():
+        frame[name] = value.values if isinstance(value, pd.Series) else value
+    return frame
+
+
 def _with_header(headers, extra: list[dict]) -> list[dict]:
     return [*(headers if headers is not None else ()), *extra]
 
@@ -78,46 +88,33 @@ def _deliveries(pending: pd.DataFrame, config: WheelConfig, now_ms: int) -> pd.D
                          {"key": H.DELIVER_MS, "value": str(d).encode()}])
         for h, u, d in zip(pending["headers"], pending["uniq_key"], due)
     ]
-    return pd.DataFrame({
-        "kind": "deliver", "topic": pending["topic"].values, "partition": pending["qid"].values,
-        "key": pending["key"].values, "value": pending["value"].values, "headers": headers,
-        "uniq_key": pending["uniq_key"].values, "level": pending["level"].values, "due_ms": due,
-        "append_ms": pending["append_ms"].values, "ipart": pending["ipart"].values,
-        "ioff": pending["ioff"].values, "reason": None, "received": None, "pending_delta": None,
-    }, columns=OUTPUT.names)
+    return _rows(len(pending), kind="deliver", topic=pending["topic"], partition=pending["qid"],
+                 key=pending["key"], value=pending["value"], headers=headers,
+                 uniq_key=pending["uniq_key"], level=pending["level"], due_ms=due,
+                 append_ms=pending["append_ms"], ipart=pending["ipart"], ioff=pending["ioff"])
 
 
 def _dead_letters(rows: pd.DataFrame, dlq_topic: str) -> pd.DataFrame:
     headers = [_with_header(h, [{"key": H.DLQ_REASON, "value": r.encode()}])
                for h, r in zip(rows["headers"], rows["reason"])]
-    return pd.DataFrame({
-        "kind": "dead", "topic": dlq_topic, "partition": None, "key": rows["key"].values,
-        "value": rows["value"].values, "headers": headers, "uniq_key": rows["uniq_key"].values,
-        "level": rows["level"].values, "due_ms": 0, "append_ms": rows["append_ms"].values,
-        "ipart": rows["ipart"].values, "ioff": rows["ioff"].values, "reason": rows["reason"].values,
-        "received": None, "pending_delta": None,
-    }, columns=OUTPUT.names)
+    return _rows(len(rows), kind="dead", topic=dlq_topic, key=rows["key"], value=rows["value"],
+                 headers=headers, uniq_key=rows["uniq_key"], level=rows["level"], due_ms=0,
+                 append_ms=rows["append_ms"], ipart=rows["ipart"], ioff=rows["ioff"],
+                 reason=rows["reason"])
 
 
 def _cancel_outcomes(cancels: pd.DataFrame, found: set[str]) -> pd.DataFrame:
-    return pd.DataFrame({
-        "kind": ["cancelled" if k in found else "cancel_unknown" for k in cancels["cancel_key"]],
-        "topic": None, "partition": None, "key": None, "value": None, "headers": None,
-        "uniq_key": cancels["cancel_key"].values, "level": cancels["level"].values,
-        "due_ms": cancels["due_ms"].values, "append_ms": cancels["append_ms"].values,
-        "ipart": cancels["ipart"].values, "ioff": cancels["ioff"].values, "reason": None,
-        "received": None, "pending_delta": None,
-    }, columns=OUTPUT.names)
+    return _rows(len(cancels),
+                 kind=["cancelled" if k in found else "cancel_unknown" for k in cancels["cancel_key"]],
+                 uniq_key=cancels["cancel_key"], level=cancels["level"], due_ms=cancels["due_ms"],
+                 append_ms=cancels["append_ms"], ipart=cancels["ipart"], ioff=cancels["ioff"])
 
 
 def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
     """One row per level: (received, pending_delta); every other column null."""
-    rows = pd.DataFrame({name: [None] * len(levels) for name in OUTPUT.names})
-    rows["kind"] = "tally"
-    rows["level"] = list(levels)
-    rows["received"] = [r for r, _ in levels.values()]
-    rows["pending_delta"] = [d for _, d in levels.values()]
-    return rows
+    return _rows(len(levels), kind="tally", level=list(levels),
+                 received=[r for r, _ in levels.values()],
+                 pending_delta=[d for _, d in levels.values()])
 
 
 def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):

@@ -97,6 +97,20 @@ def cmd_produce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from streaming.producer import DelayProducer, Handle
+
+    settings = _settings(args)
+    try:
+        handle = Handle.parse(args.handle)
+    except ValueError as exc:
+        raise SystemExit(f"delayq cancel: {exc}")
+    with DelayProducer(settings) as producer:
+        producer.cancel(handle)
+    print(f"cancel sent for {handle.uniq_key} (due {handle.due_ms})")
+    return 0
+
+
 def cmd_offsets(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -212,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     produce.add_argument("value", help="message value (UTF-8)")
     _common(produce)
     produce.set_defaults(func=cmd_produce)
+
+    cancel = sub.add_parser("cancel", help="cancel a pending message by the handle `produce` printed")
+    cancel.add_argument("handle", help="UNIQ_KEY@DUE_MS@LEVEL")
+    _common(cancel)
+    cancel.set_defaults(func=cmd_cancel)
 
     offsets = sub.add_parser("offsets", help="print the delayOffset table of the last committed batch")
     offsets.add_argument("--checkpoint", help="checkpoint folder [default: <data_dir>/checkpoints/delivery]")

@@ -123,6 +123,20 @@ class DelayProducer:
         return Handle(uniq, level, self._due(meta.timestamp, level, deliver_at_ms, delay_ms),
                       meta.partition, meta.offset)
 
+    def cancel(self, handle: "Handle | str") -> None:
+        """Drop a pending message (RocketMQ 5.3's recall). A cancel of a message already
+        delivered, or sent later than its due time minus the fire lead, changes nothing and
+        is counted (delayq_cancel_misses_total)."""
+        if isinstance(handle, str):
+            handle = Handle.parse(handle)
+        wire = [(H.TIMER_DEL_UNIQKEY, handle.uniq_key.encode()),
+                (H.TIMER_DELIVER_MS, str(handle.due_ms).encode())]
+        if handle.level > 0:
+            wire.insert(1, (H.DELAY, str(handle.level).encode()))
+        self._producer.send(self.settings.intake_topic, value=b"", headers=wire,
+                            partition=self.intake_partition(handle.level, handle.uniq_key),
+                            ).get(timeout=SEND_TIMEOUT_S)
+
     def _due(self, append_ms: int, level: int, deliver_at_ms, delay_ms) -> int:
         if level > 0:
             return append_ms + self.settings.level_delays_ms[level - 1]

@@ -102,3 +102,17 @@ def test_heartbeat_and_cancel():
 
 def test_dead_letter_keeps_uniq_key_when_readable():
     assert env(("UNIQ_KEY", b"id-7"), ("DELAY", b"1")).uniq_key == "id-7"
+
+
+def test_cancel_of_a_level_message_is_placed_by_its_level_and_due_time():
+    c = env(("TIMER_DEL_UNIQKEY", b"abc"), ("DELAY", b"2"), ("TIMER_DELIVER_MS", b"1700000009999"))
+    assert (c.kind, c.level, c.due_ms, c.cancel_key) == (Kind.CANCEL, 2, 1_700_000_009_999, "abc")
+
+
+def test_cancel_of_a_timer_is_placed_by_its_deliver_time():
+    c = env(("TIMER_DEL_UNIQKEY", b"t1"), ("TIMER_DELIVER_MS", b"1700000500000"))
+    assert (c.kind, c.level, c.due_ms) == (Kind.CANCEL, TIMER_LEVEL, 1_700_000_500_000)
+
+
+def test_a_message_with_two_delay_headers_is_still_refused():
+    assert env(("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("TIMER_DELIVER_MS", b"1")).kind == Kind.DEAD

@@ -7,7 +7,9 @@ from state.columns import ENVELOPE, OUTPUT
 from state.envelope import Rules
 from state.parse import parse_frame
 from state.wheel import BUCKET_DEAD, BUCKET_NOW, WheelConfig, decode, make_wheel
-from streaming.schema import STATE_SPARK
+from pyspark.sql.pandas.types import _create_converter_from_pandas
+
+from streaming.schema import OUTPUT_SPARK, STATE_SPARK
 
 NOW = 1_700_000_000_000
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ")
@@ -37,8 +39,9 @@ def run(frame, st, clock_ms=NOW):
     wheel = make_wheel(CONFIG, clock=lambda: clock_ms / 1000)
     key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else (2, 0)
     out = list(wheel(key, iter([frame] if len(frame) else []), st))
-    for part in out:  # what Spark will do with each frame: convert it to the OUTPUT layout
-        pa.Table.from_pandas(part, schema=OUTPUT, preserve_index=False)
+    for part in out:  # what PySpark's worker does with each frame: convert every column
+        for field in OUTPUT_SPARK.fields:
+            _create_converter_from_pandas(field.dataType, timezone="UTC")(part[field.name])
     rows = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["kind"])
     run.tally = rows[rows["kind"] == "tally"]
     return rows[rows["kind"] != "tally"].reset_index(drop=True)

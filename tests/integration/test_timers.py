@@ -1,0 +1,90 @@
+"""Timer messages (RocketMQ 5: any deliver time) and cancel (RocketMQ 5.3: recall)."""
+from __future__ import annotations
+
+import time
+
+from kafka import KafkaProducer
+
+from streaming.producer import DelayProducer
+from tests.integration.conftest import Sent
+from tests.support import check_deliveries, consume_all, header_map
+
+LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
+
+
+def test_absolute_relative_and_past_timers(job_settings, start_job, new_topic, kafka_bootstrap,
+                                           lateness_log):
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    start_job(settings)
+    sent = {}
+    with DelayProducer(settings) as producer:
+        now_ms = int(time.time() * 1000)
+        for name, kwargs in (("absolute", dict(deliver_at_ms=now_ms + 2_500)),
+                             ("relative", dict(delay_ms=1_500)),
+                             ("past", dict(deliver_at_ms=now_ms - 5_000))):
+            h = producer.send(real, name.encode(), key=name.encode(), **kwargs)
+            sent[h.uniq_key] = Sent(name.encode(), name.encode(), [], h.due_ms)
+        assert sent[h.uniq_key].due_ms >= now_ms - 5_000, "a past time is due at append time"
+    raw = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    meta = raw.send(settings.intake_topic, b"seconds", key=b"seconds", partition=1,
+                    headers=[("REAL_TOPIC", real.encode()), ("TIMER_DELAY_SEC", b"2"),
+                             ("UNIQ_KEY", b"sec-1")]).get(timeout=30)
+    raw.close()
+    sent["sec-1"] = Sent(b"seconds", b"seconds", [], meta.timestamp + 2_000)
+    records = consume_all(kafka_bootstrap, real, expected=4, timeout_s=60, idle_s=2)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+    past = next(r for r in records if r.value == b"past")
+    assert past.timestamp - sent[header_map(past)["UNIQ_KEY"].decode()].due_ms < 10_000
+
+
+def test_timer_beyond_the_maximum_is_dead_lettered(job_settings, start_job, new_topic,
+                                                   kafka_bootstrap):
+    settings = job_settings(max_delay="1m")
+    real = new_topic(**LOG_APPEND)
+    start_job(settings)
+    with DelayProducer(settings) as producer:
+        producer.send(real, b"too far", delay_ms=120_000)
+    [dead] = consume_all(kafka_bootstrap, settings.dlq_topic, expected=1, timeout_s=60)
+    assert "beyond the maximum delay of 60 s" in header_map(dead)["DLQ_REASON"].decode()
+
+
+def test_cancelled_messages_never_arrive_while_their_neighbours_do(
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log):
+    settings = job_settings(delay_levels="1s 2s 6s")
+    real = new_topic(**LOG_APPEND)
+    summaries = []
+    start_job(settings, on_batch=summaries.append)
+    sent, cancelled = {}, []
+    with DelayProducer(settings) as producer:
+        handles = [producer.send(real, f"m{i}".encode(), level=3) for i in range(6)]
+        timer = producer.send(real, b"timer", delay_ms=6_000)
+        for i, h in enumerate(handles):
+            if i % 3 == 0:
+                cancelled.append(h)
+            else:
+                sent[h.uniq_key] = Sent(None, f"m{i}".encode(), [], h.due_ms)
+        cancelled.append(timer)
+        for h in cancelled:
+            producer.cancel(h.token())  # the string form works as well as the Handle
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=60, idle_s=4)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+    assert sum(s.count("cancelled") for s in summaries) == len(cancelled)
+
+
+def test_cancel_after_delivery_is_counted_and_harmless(job_settings, start_job, new_topic,
+                                                       kafka_bootstrap):
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    summaries = []
+    job = start_job(settings, on_batch=summaries.append)
+    with DelayProducer(settings) as producer:
+        handle = producer.send(real, b"x", level=1)
+        consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
+        producer.cancel(handle)
+        producer.cancel("NEVER-SENT@1700000000000@2")
+        later = producer.send(real, b"y", level=1)
+    records = consume_all(kafka_bootstrap, real, expected=2, timeout_s=60)
+    assert {header_map(r)["UNIQ_KEY"].decode() for r in records} == {handle.uniq_key, later.uniq_key}
+    assert sum(s.count("cancel_unknown") for s in summaries) == 2
+    assert job.query.isActive
