@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     delay_levels: str
     max_delay: str
     clock_tolerance: str
+    near_horizon: str
+    cold_bucket: str
 
     slot_ms: int
     fire_lead_ms: int
@@ -92,7 +94,8 @@ class Settings(BaseSettings):
             raise DelayLevelError(f"setting delay_levels={value!r}: {exc}") from None
         return value
 
-    @field_validator("max_delay", "clock_tolerance", "late_tolerance")
+    @field_validator("max_delay", "clock_tolerance", "late_tolerance", "near_horizon",
+                     "cold_bucket")
     @classmethod
     def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
         try:
@@ -121,6 +124,18 @@ class Settings(BaseSettings):
     @property
     def clock_tolerance_ms(self) -> int:
         return parse_duration(self.clock_tolerance)
+
+    @property
+    def near_horizon_ms(self) -> int:
+        return parse_duration(self.near_horizon)
+
+    @property
+    def cold_bucket_ms(self) -> int:
+        return parse_duration(self.cold_bucket)
+
+    @property
+    def cold_path(self) -> Path:
+        return self.data_path / "tables" / "cold"
 
     @property
     def late_tolerance_ms(self) -> int:

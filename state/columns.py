@@ -24,6 +24,7 @@ ENVELOPE = pa.schema([
     ("headers", HEADERS),        # user headers; for dead letters, the original headers
     ("reason", pa.string()),
     ("cancel_key", pa.string()),
+    ("rolled", pa.bool_()),
     ("append_ms", pa.int64()),
     ("ipart", pa.int32()),
     ("ioff", pa.int64()),
@@ -46,7 +47,7 @@ PENDING = pa.schema([
 
 # What the wheel emits, per batch: deliveries, dead letters and cancel outcomes.
 OUTPUT = pa.schema([
-    ("kind", pa.string()),       # deliver | dead | cancelled | cancel_unknown | tally
+    ("kind", pa.string()),       # deliver | dead | cold | cancelled | cancel_unknown | tally
     ("topic", pa.string()),
     ("partition", pa.int32()),
     ("key", pa.binary()),

@@ -26,6 +26,7 @@ class Kind(str, Enum):
     DELAY = "delay"    # hold in the wheel until due
     CANCEL = "cancel"  # drop a pending message by UNIQ_KEY
     DEAD = "dead"      # bad input: dead-letter topic, with a reason
+    COLD = "cold"      # due beyond the near horizon: parked in the cold tier (Delta) for now
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class Rules:
     allowed_topics: frozenset[str] = frozenset()
     max_delay_ms: int = 30 * 86_400_000
     clock_tolerance_ms: int = 60_000
+    # The wheel holds messages due within near_horizon_ms of their append time; later ones
+    # wait in the cold tier, in buckets of cold_bucket_ms, until their bucket comes near.
+    near_horizon_ms: int = 10 * 60_000
+    cold_bucket_ms: int = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class Envelope:
     user_headers: tuple[Header, ...] = field(default_factory=tuple)
     reason: str | None = None
     cancel_key: str | None = None
+    rolled: bool = False      # came back from the cold tier (already counted as received)
 
 
 TIMER_LEVEL = -1
@@ -144,9 +150,23 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
         if qid < 0 or qid > 2**31 - 1:
             raise BadInput(f"header REAL_QID={qid} is not a partition number")
 
+    if H.ROLLED in control:
+        level = _integer(H.ROLLED, control[H.ROLLED])
+        due = _integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS, b"0"))
+        kind = Kind.DELAY if due > append_ms else Kind.NOW
+        return Envelope(kind, uniq, topic, qid, level, due, user, rolled=True)
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
+    if kind == Kind.DELAY and cold_bucket(due, rules.cold_bucket_ms) > append_ms + rules.near_horizon_ms:
+        kind = Kind.COLD
     return Envelope(kind, uniq, topic, qid, level, due, user)
+
+
+def cold_bucket(due_ms: int, bucket_ms: int) -> int:
+    """Start of the cold-tier bucket a due time falls in. A message is cold only when its
+    whole bucket starts beyond the near horizon, so a bucket that has come near (and been
+    loaded into the wheel) never receives new cold messages by this rule."""
+    return due_ms - due_ms % bucket_ms
 
 
 def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, append_ms: int,

@@ -12,10 +12,13 @@ DELIVER_MS = "DELIVER_MS"
 DLQ_REASON = "DLQ_REASON"
 # Internal: the job's own clock tick on the intake (moves the watermark when producers idle).
 HEARTBEAT = "DELAYQ_HEARTBEAT"
+# Internal: a message rolled back from the cold tier into the wheel; the value is its level.
+ROLLED = "DELAYQ_ROLLED"
 
 DELAY_HEADERS = (DELAY, TIMER_DELIVER_MS, TIMER_DELAY_MS, TIMER_DELAY_SEC)
 TIMER_HEADERS = (TIMER_DELIVER_MS, TIMER_DELAY_MS, TIMER_DELAY_SEC)
 # Removed on delivery, as RocketMQ clears PROPERTY_DELAY_TIME_LEVEL when it restores.
 CONTROL_HEADERS = frozenset(
-    (REAL_TOPIC, REAL_QID, *DELAY_HEADERS, UNIQ_KEY, TIMER_DEL_UNIQKEY, DELIVER_MS, HEARTBEAT)
+    (REAL_TOPIC, REAL_QID, *DELAY_HEADERS, UNIQ_KEY, TIMER_DEL_UNIQKEY, DELIVER_MS, HEARTBEAT,
+     ROLLED)
 )

@@ -48,6 +48,7 @@ def parse_frame(frame: pd.DataFrame, rules: Rules, slot_ms: int, spread: int,
         out["headers"].append(_as_dicts(raw if env.kind == Kind.DEAD else env.user_headers))
         out["reason"].append(env.reason)
         out["cancel_key"].append(env.cancel_key)
+        out["rolled"].append(env.rolled)
         out["append_ms"].append(append_ms)
         out["ipart"].append(ipart)
         out["ioff"].append(ioff)

@@ -24,6 +24,7 @@ from state.timing import correct_deliver_timestamp, fire_horizon, slot_of, timer
 BUCKET_NOW = 0
 BUCKET_DEAD = -2
 BUCKET_TIMER = -1  # == TIMER_LEVEL: timer messages share one bucket of slots
+BUCKET_COLD = -3   # pass-through: to the cold tier
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
     watermark would never see them."""
     if kind == Kind.DEAD:
         return BUCKET_DEAD, ioff % spread
+    if kind == Kind.COLD:
+        return BUCKET_COLD, ioff % spread
     if kind in (Kind.NOW, Kind.HEARTBEAT):
         return BUCKET_NOW, ioff % spread
     return level, slot_of(due_ms, slot_ms)
@@ -71,6 +74,14 @@ def _rows(n: int, **columns) -> pd.DataFrame:
     for name, value in columns.items():
         frame[name] = value.values if isinstance(value, pd.Series) else value
     return frame
+
+
+def _cold(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows for the cold tier: the message as the wheel would hold it, user headers only."""
+    return _rows(len(rows), kind="cold", topic=rows["topic"], partition=rows["qid"],
+                 key=rows["key"], value=rows["value"], headers=rows["headers"],
+                 uniq_key=rows["uniq_key"], level=rows["level"], due_ms=rows["due_ms"],
+                 append_ms=rows["append_ms"], ipart=rows["ipart"], ioff=rows["ioff"])
 
 
 def _with_header(headers, extra: list[dict]) -> list[dict]:
@@ -126,12 +137,17 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
         rows = pd.concat(incoming, ignore_index=True) if incoming else None
         now_ms = int(clock() * 1000)
 
-        if bucket in (BUCKET_NOW, BUCKET_DEAD):
+        if bucket in (BUCKET_NOW, BUCKET_DEAD, BUCKET_COLD):
             if rows is not None:
-                taken = rows[rows["kind"] != Kind.HEARTBEAT]
+                taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
                 if len(taken):
-                    counts = taken["level"].value_counts()
-                    yield _tally({int(lv): (int(n), 0) for lv, n in counts.items()})
+                    cold = taken["kind"] == Kind.COLD
+                    counts = taken.groupby("level")["kind"].count()
+                    colds = taken[cold].groupby("level")["kind"].count()
+                    yield _tally({int(lv): (int(n), int(colds.get(lv, 0))) for lv, n in counts.items()})
+                if bucket == BUCKET_COLD:
+                    yield _cold(rows[rows["kind"] == Kind.COLD])
+                    return
                 dead = rows[rows["kind"] == Kind.DEAD]
                 if len(dead):
                     yield _dead_letters(dead, config.dlq_topic)
@@ -145,14 +161,18 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
         if state.exists:
             parts.append(decode(state.get[0]))
             before = parts[0].num_rows
-        received = 0
+        received = rolled = 0
         if rows is not None:
             new = rows[rows["kind"] == Kind.DELAY]
-            received = len(new)
+            rolled = int(new["rolled"].astype(bool).sum())
+            received = len(new) - rolled
             if len(new):
                 parts.append(pa.Table.from_pandas(new[PENDING.names], schema=PENDING,
                                                   preserve_index=False))
         pending = pa.concat_tables(parts).to_pandas() if parts else pd.DataFrame(columns=PENDING.names)
+        if len(parts) > 1:
+            # A message rolled in twice (a retried roll after a crash) is held once.
+            pending = pending.drop_duplicates("uniq_key", keep="first")
 
         if rows is not None:
             cancels = rows[rows["kind"] == Kind.CANCEL]
@@ -169,8 +189,9 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
         if due.any():
             yield _deliveries(pending[due], config, now_ms)
         rest = pending[~due]
-        if received or len(rest) != before:
-            yield _tally({bucket: (received, len(rest) - before)})
+        if received or rolled or len(rest) != before:
+            # Rolled messages were pending already (in the cold tier): not new, not more.
+            yield _tally({bucket: (received, len(rest) - before - rolled)})
         if len(rest):
             table = pa.Table.from_pandas(rest[PENDING.names], schema=PENDING, preserve_index=False)
             earliest = int(rest["due_ms"].min())

@@ -19,6 +19,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary
+from sinks.cold import ColdTier
 from sinks.kafka import KafkaSink
 from sinks.ledger import DeadLetterTable, DeliveryLedger
 from sinks.metrics import LATENESS_BUCKETS, Metrics, lateness_aggregates
@@ -44,6 +45,8 @@ def rules_of(settings: Settings) -> Rules:
         allowed_topics=settings.allowed_topic_set,
         max_delay_ms=settings.max_delay_ms,
         clock_tolerance_ms=settings.clock_tolerance_ms,
+        near_horizon_ms=settings.near_horizon_ms,
+        cold_bucket_ms=settings.cold_bucket_ms,
     )
 
 
@@ -96,6 +99,7 @@ class BatchWriter:
     kafka: KafkaSink
     sinks: list[BatchSink] = field(default_factory=list)
     on_batch: Callable[[BatchSummary], None] | None = None
+    cold: "ColdTier | None" = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist(StorageLevel.MEMORY_AND_DISK)
@@ -117,6 +121,9 @@ class BatchWriter:
                         kind, reason, any_refused = "dead", refusal, True
                 summary.add(kind, row["level"], reason, row["count"],
                             row["received"] or 0, row["pending_delta"] or 0)
+            if self.cold is not None:
+                self.cold.park(batch, summary)
+                self.cold.advance()
             if summary.sends:
                 if any_refused:
                     batch = self.kafka.refuse_unknown_topics(batch, sizes)
@@ -201,7 +208,14 @@ class DelayJob:
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
                           kadmin.TopicCatalog(self._admin),
                           self.spark.sparkContext.defaultParallelism)
-        writer = BatchWriter(kafka, self._extra_sinks, self._observer())
+        cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint,
+                        self.settings.intake_topic,
+                        kadmin.TopicCatalog(self._admin).partitions(
+                            [self.settings.intake_topic])[self.settings.intake_topic]
+                        or len(self.settings.level_delays_ms),
+                        spark_options(self.settings), self.settings.cold_bucket_ms,
+                        self.settings.near_horizon_ms)
+        writer = BatchWriter(kafka, self._extra_sinks, self._observer(), cold)
         if self.metrics is not None:
             self.metrics.seed_pending(pending_by_level(self.spark, self.checkpoint))
             self._listener = ProgressListener(self.metrics, self.query_name,

@@ -88,3 +88,34 @@ def test_cancel_after_delivery_is_counted_and_harmless(job_settings, start_job, 
     assert {header_map(r)["UNIQ_KEY"].decode() for r in records} == {handle.uniq_key, later.uniq_key}
     assert sum(s.count("cancel_unknown") for s in summaries) == 2
     assert job.query.isActive
+
+
+def test_far_future_messages_survive_a_restart_and_the_roll_from_the_cold_tier(
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log, work_dir):
+    from pathlib import Path
+
+    # Due in ~30 s, parked cold (horizon 8 s), the job restarted meanwhile: the roll into the
+    # wheel happens after the restart, and the messages still arrive on time.
+    settings = job_settings(delay_levels="1s 2s 28s", near_horizon="8s", cold_bucket="2s")
+    real = new_topic(**LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-cold-{settings.intake_topic}")
+    job = start_job(settings, checkpoint=checkpoint)
+    sent = {}
+    with DelayProducer(settings) as producer:
+        for name, kwargs in (("timer", dict(delay_ms=30_000)), ("level", dict(level=3))):
+            h = producer.send(real, name.encode(), key=name.encode(),
+                              headers=[("trace", name.encode())], **kwargs)
+            sent[h.uniq_key] = Sent(name.encode(), name.encode(), [("trace", name.encode())],
+                                    h.due_ms)
+    cold = Path(settings.cold_path) / "_delta_log"
+    from tests.support import assert_eventually
+    assert_eventually(lambda: cold.is_dir() and any(p.suffix == ".json" for p in cold.iterdir()),
+                      timeout_s=30, message="far messages parked in the cold tier")
+    job.stop()
+    start_job(settings, checkpoint=checkpoint)
+    with DelayProducer(settings) as producer:
+        h = producer.send(real, b"near", key=b"near", headers=[("trace", b"near")], level=1)
+        sent[h.uniq_key] = Sent(b"near", b"near", [("trace", b"near")], h.due_ms)
+    records = consume_all(kafka_bootstrap, real, expected=3, timeout_s=90, idle_s=2)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+    assert all(k != "DELAYQ_ROLLED" for r in records for k, _ in r.headers)

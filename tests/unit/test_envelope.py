@@ -116,3 +116,28 @@ def test_cancel_of_a_timer_is_placed_by_its_deliver_time():
 
 def test_a_message_with_two_delay_headers_is_still_refused():
     assert env(("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("TIMER_DELIVER_MS", b"1")).kind == Kind.DEAD
+
+
+COLD_RULES = Rules(**{**RULES.__dict__, "near_horizon_ms": 600_000, "cold_bucket_ms": 3_600_000})
+
+
+def test_far_messages_go_cold_only_when_their_whole_bucket_is_beyond_the_horizon():
+    hour = 3_600_000
+    base = APPEND - APPEND % hour                 # the hour APPEND falls in
+    far = env(("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(base + 3 * hour + 5).encode()),
+              rules=COLD_RULES)
+    assert far.kind == Kind.COLD and far.due_ms == base + 3 * hour + 5
+    # Due in 20 minutes, but its bucket (this hour or the next) starts within 10 minutes or
+    # already started: the wheel keeps it.
+    near = env(("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", str(20 * 60_000).encode()),
+               rules=COLD_RULES)
+    bucket = (APPEND + 20 * 60_000) - (APPEND + 20 * 60_000) % hour
+    assert near.kind == (Kind.COLD if bucket > APPEND + 600_000 else Kind.DELAY)
+
+
+def test_rolled_messages_come_back_to_their_level_with_their_due_time():
+    rolled = env(("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"u1"), ("TIMER_DELIVER_MS", str(APPEND + 9_000).encode()),
+                 ("DELAYQ_ROLLED", b"3"), ("trace", b"x"), rules=COLD_RULES)
+    assert (rolled.kind, rolled.level, rolled.due_ms, rolled.uniq_key, rolled.rolled) == \
+        (Kind.DELAY, 3, APPEND + 9_000, "u1", True)
+    assert rolled.user_headers == (("trace", b"x"),)

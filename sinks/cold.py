@@ -1,0 +1,106 @@
+"""The cold tier: messages due beyond the near horizon wait in a Delta table partitioned by
+due bucket (default one hour), not in Spark state, so the wheel's per-batch timeout scan stays
+as small as the near horizon whatever the backlog. When a bucket comes within the horizon the
+driver rolls its messages back onto the intake (RocketMQ 5's "roll"), with their due time
+(TIMER_DELIVER_MS), their level (DELAYQ_ROLLED) and their UNIQ_KEY, and they enter the wheel.
+
+Never lost: a bucket is marked loaded (a small file in the checkpoint) only after its roll;
+a cold message whose bucket is already loaded is rolled at once instead of parked. A roll
+retried after a crash is held once: the wheel drops a UNIQ_KEY it already holds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sinks.base import BatchSummary
+from sinks.delta import query_id
+from state import headers as H
+
+COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
+           "append_ms", "ipart", "ioff")
+
+
+def _header(name: str, value: F.Column) -> F.Column:
+    return F.struct(F.lit(name).alias("key"), F.encode(value, "UTF-8").alias("value"))
+
+
+class ColdTier:
+    def __init__(self, spark: SparkSession, path: Path, checkpoint: str, intake_topic: str,
+                 intake_partitions: int, kafka_options: dict[str, str], bucket_ms: int,
+                 horizon_ms: int, clock=time.time):
+        self.spark, self.path, self.checkpoint = spark, str(path), checkpoint
+        self.intake, self.partitions = intake_topic, max(1, intake_partitions)
+        self.options, self.bucket_ms, self.horizon_ms = kafka_options, bucket_ms, horizon_ms
+        self.clock = clock
+        self.marker = Path(checkpoint) / "cold" / "loaded_until"
+
+    # ---- the marker: every bucket up to and including it is in the wheel ----------------
+    def loaded_until(self) -> int:
+        try:
+            return int(json.loads(self.marker.read_text())["loaded_until"])
+        except FileNotFoundError:
+            first = self._horizon_bucket()
+            self._set_loaded(first)
+            return first
+
+    def _horizon_bucket(self) -> int:
+        edge = int(self.clock() * 1000) + self.horizon_ms
+        return edge - edge % self.bucket_ms
+
+    def _set_loaded(self, bucket: int) -> None:
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"loaded_until": bucket}))
+        os.replace(tmp, self.marker)
+
+    # ---- per batch ------------------------------------------------------------------------
+    def park(self, batch: DataFrame, summary: BatchSummary) -> None:
+        """Write the batch's cold rows to the table (or roll them, if their bucket is in)."""
+        if not summary.count("cold"):
+            return
+        loaded = self.loaded_until()
+        rows = (batch.filter(F.col("kind") == "cold").select(*COLUMNS)
+                .withColumn("due_bucket", F.col("due_ms") - F.pmod("due_ms", F.lit(self.bucket_ms))))
+        self.roll(rows.filter(F.col("due_bucket") <= loaded))
+        (rows.filter(F.col("due_bucket") > loaded).write.format("delta").mode("append")
+         .option("txnAppId", query_id(self.checkpoint)).option("txnVersion", summary.batch_id)
+         .partitionBy("due_bucket").save(self.path))
+
+    def advance(self) -> int:
+        """Roll every bucket that came within the horizon; returns how many were rolled."""
+        loaded, edge, rolled = self.loaded_until(), self._horizon_bucket(), 0
+        while loaded + self.bucket_ms <= edge:
+            nxt = loaded + self.bucket_ms
+            if self._table_exists():
+                self.roll(self.spark.read.format("delta").load(self.path)
+                          .filter(F.col("due_bucket") == nxt))
+            self._set_loaded(nxt)
+            loaded, rolled = nxt, rolled + 1
+        return rolled
+
+    def _table_exists(self) -> bool:
+        log = Path(self.path) / "_delta_log"
+        return log.is_dir() and any(p.suffix == ".json" for p in log.iterdir())
+
+    def roll(self, rows: DataFrame) -> None:
+        """Put cold messages back on the intake, addressed to their wheel group."""
+        headers = F.concat(
+            F.coalesce(F.col("headers"), F.array().cast("array<struct<key:string,value:binary>>")),
+            F.filter(F.array(
+                _header(H.REAL_TOPIC, F.col("topic")),
+                _header(H.REAL_QID, F.col("partition").cast("string")),
+                _header(H.UNIQ_KEY, F.col("uniq_key")),
+                _header(H.TIMER_DELIVER_MS, F.col("due_ms").cast("string")),
+                _header(H.ROLLED, F.col("level").cast("string")),
+            ), lambda h: h["value"].isNotNull()))
+        partition = F.when(F.col("level") > 0, F.pmod(F.col("level") - 1, F.lit(self.partitions))) \
+            .otherwise(F.pmod(F.hash("uniq_key"), F.lit(self.partitions)))
+        (rows.select(F.lit(self.intake).alias("topic"), partition.cast("int").alias("partition"),
+                     "key", "value", headers.alias("headers"))
+         .write.format("kafka").options(**self.options).save())
