@@ -68,13 +68,11 @@ def backlog(settings, count, payload=256):
                              batch_size=1 << 20, acks=1)
     now = int(time.time() * 1000)
     lo, hi = now + 2 * 3_600_000, now + 30 * 86_400_000 - 3_600_000
-    # Distinct random bodies: a repeated body would compress away in the cold tier's Parquet
-    # files and understate the bytes kept per message.
-    pool = os.urandom(payload * 1024)
+    # A random body per message: a repeated one would compress away in the cold tier's
+    # Parquet files and understate the bytes kept per message.
     t0 = time.time()
     for i in range(count):
-        offset = random.randrange(0, len(pool) - payload)
-        body = pool[offset:offset + payload]
+        body = os.urandom(payload)
         producer.send(settings.intake_topic, value=body, partition=i % 3, headers=[
             ("REAL_TOPIC", b"bench-far"), ("UNIQ_KEY", f"far-{i}".encode()),
             ("TIMER_DELIVER_MS", str(random.randint(lo, hi)).encode())])
