@@ -48,6 +48,8 @@ class BatchSummary:
     pending_delta_by_level: dict[int, int] = field(default_factory=dict)
     # (cumulative counts per lateness bucket, total, sum of seconds) of this batch's deliveries
     lateness: tuple[list[int], int, float] | None = None
+    # seconds spent per step of the batch, for profiling (step -> seconds)
+    timings: dict[str, float] = field(default_factory=dict)
 
     def add(self, kind: str, level: int | None, reason: str | None, count: int,
             received: int = 0, pending_delta: int = 0) -> None:

@@ -32,6 +32,21 @@ class DeltaBatchTable(BatchSink):
     def rows(self, sent: DataFrame, summary: BatchSummary) -> DataFrame | None:
         raise NotImplementedError
 
+    def ensure_table(self, spark, sent_schema) -> None:
+        """Create the (empty) table before the first batch, so that batch pays no Delta
+        table creation on top of its deliveries."""
+        log = Path(self.path) / "_delta_log"
+        if log.is_dir() and any(p.suffix == ".json" for p in log.iterdir()):
+            return
+        empty = spark.createDataFrame([], sent_schema)
+        writer = self.select(empty, BatchSummary(-1)).write.format("delta").mode("append")
+        if self.partition_by:
+            writer = writer.partitionBy(*self.partition_by)
+        writer.save(self.path)
+
+    def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
+        raise NotImplementedError
+
     def write_batch(self, sent: DataFrame, summary: BatchSummary) -> None:
         rows = self.rows(sent, summary)
         if rows is None:

@@ -83,12 +83,26 @@ class KafkaSink(BatchSink):
                             .otherwise(F.col("due_ms")))
                 .drop("_refused"))
 
+    def warm_up(self, spark, intake_topic: str) -> None:
+        """Write one heartbeat to the intake through this sink's Kafka writer, so the first
+        batch with deliveries does not also pay for creating the executors' producer."""
+        from state import headers as H
+
+        (spark.createDataFrame([(intake_topic, 0, None, b"", [(H.HEARTBEAT, b"1")])],
+                               "topic string, partition int, key binary, value binary, "
+                               "headers array<struct<key:string,value:binary>>")
+         .write.format("kafka").options(**self._options).save())
+
+    @staticmethod
+    def sent_schema(batch_schema: StructType) -> StructType:
+        return StructType(batch_schema.fields + [StructField("sent_ms", LongType())])
+
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> DataFrame:
         """Send the batch's deliveries and dead letters, each at its due time. Returns what
         was sent (with `sent_ms`, the moment each row was released), persisted for the
         tables that record it; the caller unpersists it."""
         out = batch.filter(F.col("kind").isin("deliver", "dead"))
-        schema = StructType(out.schema.fields + [StructField("sent_ms", LongType())])
+        schema = self.sent_schema(out.schema)
         sent = (out.coalesce(self._parallelism)
                 .mapInPandas(hold_and_stamp, schema)
                 .persist(StorageLevel.MEMORY_AND_DISK))

@@ -22,8 +22,9 @@ class DeliveryLedger(DeltaBatchTable):
     partition_by = ("sent_date",)
 
     def rows(self, sent: DataFrame, summary: BatchSummary) -> DataFrame | None:
-        if not summary.count("deliver"):
-            return None
+        return self.select(sent, summary) if summary.count("deliver") else None
+
+    def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
         return (sent.filter(F.col("kind") == "deliver").select(
             "uniq_key", "topic", "partition", "level",
             F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),
@@ -43,8 +44,9 @@ class DeadLetterTable(DeltaBatchTable):
     partition_by = ("dead_date",)
 
     def rows(self, sent: DataFrame, summary: BatchSummary) -> DataFrame | None:
-        if not summary.count("dead"):
-            return None
+        return self.select(sent, summary) if summary.count("dead") else None
+
+    def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
         return (sent.filter(F.col("kind") == "dead").select(
             "uniq_key", "key", "value", "headers", "reason",
             F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),

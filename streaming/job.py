@@ -103,13 +103,22 @@ class BatchWriter:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist(StorageLevel.MEMORY_AND_DISK)
+        clock = time.monotonic()
+        timings = {}
+
+        def lap(step: str) -> None:
+            nonlocal clock
+            now = time.monotonic()
+            timings[step] = round(now - clock, 3)
+            clock = now
         try:
             # One small aggregate, computed with the batch itself: every sink and the metrics
             # read their counts from it instead of running jobs of their own.
             rows = (batch.groupBy("kind", "topic", "partition", "level", "reason")
                     .agg(F.count("*").alias("count"), F.sum("received").alias("received"),
                          F.sum("pending_delta").alias("pending_delta")).collect())
-            summary = BatchSummary(batch_id, int(time.time() * 1000))
+            summary = BatchSummary(batch_id, int(time.time() * 1000), timings=timings)
+            lap("wheel")
             summary.topics = {r["topic"] for r in rows if r["kind"] == "deliver"}
             sizes = self.kafka.topic_sizes(summary.topics) if summary.topics else {}
             any_refused = False
@@ -124,15 +133,19 @@ class BatchWriter:
             if self.cold is not None:
                 self.cold.park(batch, summary)
                 self.cold.advance()
+                lap("cold")
             if summary.sends:
                 if any_refused:
                     batch = self.kafka.refuse_unknown_topics(batch, sizes)
                 sent = self.kafka.write_batch(batch, summary)
+                lap("kafka")
                 try:
                     if summary.count("deliver"):
                         summary.lateness = _lateness(sent)
+                        lap("lateness")
                     for sink in self.sinks:
                         sink.write_batch(sent, summary)
+                        lap(sink.name)
                 finally:
                     sent.unpersist()
             if self.on_batch:
@@ -216,6 +229,13 @@ class DelayJob:
                         spark_options(self.settings), self.settings.cold_bucket_ms,
                         self.settings.near_horizon_ms)
         writer = BatchWriter(kafka, self._extra_sinks, self._observer(), cold)
+        # First-batch costs paid here, not by the first deliveries: Delta tables, the
+        # executors' Kafka producer.
+        sent_schema = KafkaSink.sent_schema(OUTPUT_SPARK)
+        for sink in self._extra_sinks:
+            if hasattr(sink, "ensure_table"):
+                sink.ensure_table(self.spark, sent_schema)
+        kafka.warm_up(self.spark, self.settings.intake_topic)
         if self.metrics is not None:
             self.metrics.seed_pending(pending_by_level(self.spark, self.checkpoint))
             self._listener = ProgressListener(self.metrics, self.query_name,
