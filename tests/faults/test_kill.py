@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
-from tests.support import consume_all, header_map
+from tests.support import assert_eventually, consume_all, header_map
 
 KILLS = 2
 
@@ -58,6 +58,11 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     every_key = lambda got: {header_map(r)["UNIQ_KEY"].decode() for r in got} >= set(sent)
     records = consume_all(settings.bootstrap, real, expected=len(sent), timeout_s=180,
                           idle_s=5, done=every_key)
+    # The ledger is written after Kafka in each batch: let the last batch finish first.
+    ledger_keys = lambda: {r["uniq_key"] for r in spark.read.format("delta")
+                           .load(str(settings.ledger_path)).select("uniq_key").collect()}
+    assert_eventually(lambda: ledger_keys() >= set(sent), timeout_s=60,
+                      message="ledger rows for every delivered message")
     job.stop()
     counts: dict[str, int] = {}
     for record in records:

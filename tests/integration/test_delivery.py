@@ -153,8 +153,12 @@ def test_bad_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
     records = consume_all(kafka_bootstrap, real, expected=1, timeout_s=30)
     check_deliveries(records, sent, lateness_log=lateness_log)
 
-    # The dead-letter table holds the same records, once each, as they came and why.
-    table = spark.read.format("delta").load(str(settings.dead_letter_path)).collect()
+    # The dead-letter table holds the same records, once each, as they came and why. It is
+    # written after the topic in the same batch, so give it a moment.
+    def dead_rows():
+        rows = spark.read.format("delta").load(str(settings.dead_letter_path)).collect()
+        return rows if len(rows) >= len(bad) else None
+    table = assert_eventually(dead_rows, timeout_s=30, message="dead-letter table rows")
     assert sorted(r["value"] for r in table) == sorted(bad)
     for row in table:
         assert row["reason"] == reasons[bytes(row["value"])]
