@@ -171,10 +171,19 @@ def _java(spec: BrokerSpec, main_class: str, *args: str) -> list[str]:
     ]
 
 
+def new_cluster_id() -> str:
+    """A Kafka cluster id: 16 random bytes, URL-safe base64. Like Kafka's Uuid.randomUuid,
+    never one starting with '-', which the storage tool would read as an option."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def _format_storage(spec: BrokerSpec) -> None:
     if (spec.data_dir / "meta.properties").exists():
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    cluster_id = new_cluster_id()
     command = _java(
         spec, "kafka.tools.StorageTool", "format", "--standalone",
         "-t", cluster_id, "-c", str(spec.properties_file),
