@@ -19,15 +19,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary
-from sinks.delta import query_id
+from sinks.delta import query_id, table_exists
+from sinks.kafka import header_struct
 from state import headers as H
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
            "append_ms", "ipart", "ioff")
-
-
-def _header(name: str, value: F.Column) -> F.Column:
-    return F.struct(F.lit(name).alias("key"), F.encode(value, "UTF-8").alias("value"))
 
 
 class ColdTier:
@@ -77,27 +74,23 @@ class ColdTier:
         loaded, edge, rolled = self.loaded_until(), self._horizon_bucket(), 0
         while loaded + self.bucket_ms <= edge:
             nxt = loaded + self.bucket_ms
-            if self._table_exists():
+            if table_exists(self.path):
                 self.roll(self.spark.read.format("delta").load(self.path)
                           .filter(F.col("due_bucket") == nxt))
             self._set_loaded(nxt)
             loaded, rolled = nxt, rolled + 1
         return rolled
 
-    def _table_exists(self) -> bool:
-        log = Path(self.path) / "_delta_log"
-        return log.is_dir() and any(p.suffix == ".json" for p in log.iterdir())
-
     def roll(self, rows: DataFrame) -> None:
         """Put cold messages back on the intake, addressed to their wheel group."""
         headers = F.concat(
             F.coalesce(F.col("headers"), F.array().cast("array<struct<key:string,value:binary>>")),
             F.filter(F.array(
-                _header(H.REAL_TOPIC, F.col("topic")),
-                _header(H.REAL_QID, F.col("partition").cast("string")),
-                _header(H.UNIQ_KEY, F.col("uniq_key")),
-                _header(H.TIMER_DELIVER_MS, F.col("due_ms").cast("string")),
-                _header(H.ROLLED, F.col("level").cast("string")),
+                header_struct(H.REAL_TOPIC, F.col("topic")),
+                header_struct(H.REAL_QID, F.col("partition").cast("string")),
+                header_struct(H.UNIQ_KEY, F.col("uniq_key")),
+                header_struct(H.TIMER_DELIVER_MS, F.col("due_ms").cast("string")),
+                header_struct(H.ROLLED, F.col("level").cast("string")),
             ), lambda h: h["value"].isNotNull()))
         partition = F.when(F.col("level") > 0, F.pmod(F.col("level") - 1, F.lit(self.partitions))) \
             .otherwise(F.pmod(F.hash("uniq_key"), F.lit(self.partitions)))

@@ -14,6 +14,12 @@ from pyspark.sql import DataFrame
 from sinks.base import BatchSink, BatchSummary
 
 
+def table_exists(path: str | Path) -> bool:
+    """A Delta table with at least one commit (its log folder appears before the first)."""
+    log = Path(path) / "_delta_log"
+    return log.is_dir() and any(p.suffix == ".json" for p in log.iterdir())
+
+
 def query_id(checkpoint: str | Path) -> str:
     """The streaming query's id, kept in the checkpoint's metadata file."""
     return json.loads((Path(checkpoint) / "metadata").read_text())["id"]
@@ -35,8 +41,7 @@ class DeltaBatchTable(BatchSink):
     def ensure_table(self, spark, sent_schema) -> None:
         """Create the (empty) table before the first batch, so that batch pays no Delta
         table creation on top of its deliveries."""
-        log = Path(self.path) / "_delta_log"
-        if log.is_dir() and any(p.suffix == ".json" for p in log.iterdir()):
+        if table_exists(self.path):
             return
         empty = spark.createDataFrame([], sent_schema)
         writer = self.select(empty, BatchSummary(-1)).write.format("delta").mode("append")

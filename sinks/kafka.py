@@ -22,7 +22,8 @@ from state.hold import hold_until_due
 PRODUCER_OPTIONS = {"kafka.linger.ms": "1", "kafka.acks": "all", "kafka.max.block.ms": "30000"}
 
 
-def _header(name: str, value) -> F.Column:
+def header_struct(name: str, value: F.Column) -> F.Column:
+    """A Kafka header (name, UTF-8 text of a column), as Spark's Kafka sink takes it."""
     return F.struct(F.lit(name).alias("key"), F.encode(value, "UTF-8").alias("value"))
 
 
@@ -66,9 +67,9 @@ class KafkaSink(BatchSink):
         if not missing and not known:
             return batch
         extra = F.filter(F.array(
-            _header(H.REAL_TOPIC, F.col("topic")),
-            _header(H.REAL_QID, F.col("partition").cast("string")),
-            _header(H.DLQ_REASON, F.col("_refused")),
+            header_struct(H.REAL_TOPIC, F.col("topic")),
+            header_struct(H.REAL_QID, F.col("partition").cast("string")),
+            header_struct(H.DLQ_REASON, F.col("_refused")),
         ), lambda h: h["value"].isNotNull())
         refused = F.col("_refused").isNotNull()
         return (batch.withColumn("_refused", reason)

@@ -298,14 +298,3 @@ class DelayJob:
                 self._heartbeat.stop()
             if self._admin is not None:
                 self._admin.close()
-
-    def run_until_stopped(self, poll_s: float = 1.0) -> None:
-        """Block while the query runs; raise its error if it fails."""
-        try:
-            while self.query.isActive:
-                self.query.awaitTermination(poll_s)
-            exc = self.query.exception()
-            if exc is not None:
-                raise exc
-        finally:
-            self.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sinks.delta import table_exists
 from state.wheel import decode
 
 
@@ -17,12 +18,6 @@ from state.wheel import decode
 class Whereabouts:
     status: str            # delivered | dead | pending | unknown
     detail: dict
-
-
-def _exists(path: Path) -> bool:
-    """A Delta table with at least one commit (its log folder appears before the first)."""
-    log = path / "_delta_log"
-    return log.is_dir() and any(p.suffix == ".json" for p in log.iterdir())
 
 
 def _iso(ms: int | None) -> str:
@@ -33,7 +28,7 @@ def _iso(ms: int | None) -> str:
 
 def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
          checkpoint: Path) -> Whereabouts:
-    if _exists(ledger):
+    if table_exists(ledger):
         rows = spark.read.format("delta").load(str(ledger)).filter(
             F.col("uniq_key") == uniq_key).collect()
         if rows:
@@ -43,7 +38,7 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
                 "due": _iso(r["due_ms"]), "delivered": _iso(r["sent_ms"]),
                 "lateness_ms": r["lateness_ms"], "batch_id": r["batch_id"],
                 "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
-    if _exists(dead):
+    if table_exists(dead):
         rows = spark.read.format("delta").load(str(dead)).filter(
             F.col("uniq_key") == uniq_key).collect()
         if rows:
@@ -75,7 +70,7 @@ def _pending(spark: SparkSession, uniq_key: str, checkpoint: Path) -> dict | Non
 
 def summary(spark: SparkSession, ledger: Path, since_ms: int | None, until_ms: int | None):
     """Rows of (level, delivered, p50, p99, max lateness ms, early) over [since, until)."""
-    if not _exists(ledger):
+    if not table_exists(ledger):
         return []
     rows = spark.read.format("delta").load(str(ledger))
     if since_ms is not None:

@@ -65,7 +65,7 @@ def header_map(record) -> dict[str, bytes]:
     return {k: v for k, v in record.headers}
 
 
-def check_deliveries(records, sent: dict, level_delay_ms=None, lateness_log=None) -> None:
+def check_deliveries(records, sent: dict, lateness_log=None) -> None:
     """Every record is one of `sent`, exactly once, as sent, never early; all arrived.
 
     `sent` maps UNIQ_KEY → tests.integration.conftest.Sent. A record's lateness is its
