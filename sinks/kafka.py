@@ -42,8 +42,7 @@ class KafkaSink(BatchSink):
 
     @staticmethod
     def refusal(topic: str, partition: int | None, sizes: dict[str, int | None]) -> str | None:
-        """The dead-letter reason for a delivery the cluster cannot take, else None.
-        (The same rule as refuse_unknown_topics, for counting on the driver.)"""
+        """The dead-letter reason for a delivery the cluster cannot take, else None."""
         size = sizes.get(topic)
         if size is None:
             return f"REAL_TOPIC '{topic}' does not exist"
@@ -51,21 +50,17 @@ class KafkaSink(BatchSink):
             return f"REAL_QID {partition} is out of range: topic '{topic}' has {size} partitions"
         return None
 
-    def refuse_unknown_topics(self, batch: DataFrame, sizes: dict[str, int | None]) -> DataFrame:
-        """Turn deliveries to missing topics or partitions into dead letters with a reason."""
-        missing = [t for t, n in sizes.items() if n is None]
-        known = [x for t, n in sizes.items() if n is not None for x in (F.lit(t), F.lit(n))]
-        size = F.element_at(F.create_map(*known), F.col("topic")) if known else F.lit(None)
-        deliver = F.col("kind") == "deliver"
-        reason = (
-            F.when(deliver & F.col("topic").isin(missing),
-                   F.format_string("REAL_TOPIC '%s' does not exist", F.col("topic")))
-            .when(deliver & F.col("partition").isNotNull() & (F.col("partition") >= size),
-                  F.format_string("REAL_QID %d is out of range: topic '%s' has %d partitions",
-                                  F.col("partition"), F.col("topic"), size))
-        )
-        if not missing and not known:
+    def refuse_unknown_topics(self, batch: DataFrame,
+                              refusals: dict[tuple[str, int | None], str]) -> DataFrame:
+        """Turn the batch's deliveries to the refused (topic, partition) pairs into dead
+        letters. The pairs and reasons come from `refusal`, decided once on the driver from
+        the batch's aggregate, so the rule lives in one place."""
+        if not refusals:
             return batch
+        pairs = [x for (topic, part), why in refusals.items()
+                 for x in (F.lit(f"{topic}|{'' if part is None else part}"), F.lit(why))]
+        place = F.concat_ws("|", "topic", F.coalesce(F.col("partition").cast("string"), F.lit("")))
+        reason = F.when(F.col("kind") == "deliver", F.try_element_at(F.create_map(*pairs), place))
         extra = F.filter(F.array(
             header_struct(H.REAL_TOPIC, F.col("topic")),
             header_struct(H.REAL_QID, F.col("partition").cast("string")),

@@ -121,13 +121,14 @@ class BatchWriter:
             lap("wheel")
             summary.topics = {r["topic"] for r in rows if r["kind"] == "deliver"}
             sizes = self.kafka.topic_sizes(summary.topics) if summary.topics else {}
-            any_refused = False
+            refusals: dict[tuple[str, int | None], str] = {}
             for row in rows:
                 kind, reason = row["kind"], row["reason"]
                 if kind == "deliver":
                     refusal = self.kafka.refusal(row["topic"], row["partition"], sizes)
                     if refusal:
-                        kind, reason, any_refused = "dead", refusal, True
+                        kind, reason = "dead", refusal
+                        refusals[(row["topic"], row["partition"])] = refusal
                 summary.add(kind, row["level"], reason, row["count"],
                             row["received"] or 0, row["pending_delta"] or 0)
             if self.cold is not None:
@@ -135,8 +136,7 @@ class BatchWriter:
                 self.cold.advance()
                 lap("cold")
             if summary.sends:
-                if any_refused:
-                    batch = self.kafka.refuse_unknown_topics(batch, sizes)
+                batch = self.kafka.refuse_unknown_topics(batch, refusals)
                 sent = self.kafka.write_batch(batch, summary)
                 lap("kafka")
                 try:
