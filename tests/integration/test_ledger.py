@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 import subprocess
 import sys
 
@@ -75,3 +76,11 @@ def test_ledger_summary_per_level(job_settings, start_job, new_topic, kafka_boot
     got = assert_eventually(rows, timeout_s=30, message="ledger summary of 3 deliveries")
     assert (got[1]["delivered"], got[2]["delivered"]) == (2, 1)
     assert all(r["early"] == 0 and r["p50_ms"] >= 0 for r in got.values())
+
+    # Maintenance (retention, OPTIMIZE, VACUUM) keeps today's rows and the table readable.
+    from streaming.maintenance import maintain
+
+    result = maintain(spark, settings.ledger_path, "sent_date", retain_days=30, vacuum_hours=168)
+    assert result["deleted_before"] < time.strftime("%Y-%m-%d")
+    assert spark.read.format("delta").load(str(settings.ledger_path)).count() == 3
+    assert maintain(spark, settings.data_path / "tables" / "none", "d", None, 168)["skipped"]

@@ -95,6 +95,11 @@ def test_dashboard_queries_return_data_and_figures_agree(job_settings, start_job
         assert scalar(url, 'delayq_messages_dead_lettered_total{reason="unknown_topic"}') == 1
         assert scalar(url, 'delayq_delivery_lateness_seconds_count') == 6
 
+        # `delayq status` reads the same endpoint.
+        from streaming.status import fetch, render
+        headline = render(fetch(f"http://127.0.0.1:{settings.metrics_port}/metrics"))
+        assert "received 11   delivered 6   dead-lettered 1" in headline
+
         time.sleep(3)  # two more scrapes, so every rate() has two samples in its window
         exprs = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
         assert len(exprs) >= 10
