@@ -2,12 +2,14 @@
 topic. At-least-once: a replayed batch sends its messages again, with the same UNIQ_KEY.
 
 Before writing it checks every real topic against the cluster's metadata: a message for a
-topic that does not exist, or for a partition beyond the topic's last, becomes a dead letter
-with its reason, instead of blocking the Kafka writer and failing every later batch.
+topic that does not exist, for a partition beyond the topic's last, or larger than the topic
+takes (max.message.bytes), becomes a dead letter with its reason, instead of failing the
+Kafka writer, and with it this batch and every replay of it.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
@@ -20,6 +22,35 @@ from state.hold import hold_until_due
 
 # Send as soon as a held row is released: lateness, not throughput, is what this writer buys.
 PRODUCER_OPTIONS = {"kafka.linger.ms": "1", "kafka.acks": "all", "kafka.max.block.ms": "30000"}
+# Kafka's bound for one record written alone: batch header (DefaultRecordBatch, 61 bytes),
+# record header (DefaultRecord.MAX_RECORD_OVERHEAD, 21), varint lengths of key, value and the
+# header count (5 each), and per header its two varint lengths (10).
+_BATCH_OVERHEAD = 61 + 21 + 15
+_HEADER_OVERHEAD = 10
+
+
+def record_size() -> F.Column:
+    """The bytes Kafka counts against max.message.bytes for this row, at most (uncompressed)."""
+    headers = F.aggregate(
+        F.coalesce("headers", F.array().cast("array<struct<key:string,value:binary>>")),
+        F.lit(0).cast("long"),
+        lambda acc, h: acc + F.octet_length(h["key"])
+        + F.coalesce(F.octet_length(h["value"]), F.lit(0)) + _HEADER_OVERHEAD)
+    return (F.lit(_BATCH_OVERHEAD) + F.coalesce(F.octet_length("key"), F.lit(0))
+            + F.coalesce(F.octet_length("value"), F.lit(0)) + headers)
+
+
+@dataclass
+class Refusals:
+    """Deliveries the cluster cannot take, decided once on the driver from the batch's
+    aggregate: whole (topic, partition) pairs with their reason, and per topic the largest
+    record it takes, for topics where some row of the batch is larger."""
+
+    pairs: dict[tuple[str, int | None], str] = field(default_factory=dict)
+    limits: dict[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.pairs or self.limits)
 
 
 def header_struct(name: str, value: F.Column) -> F.Column:
@@ -30,8 +61,12 @@ def header_struct(name: str, value: F.Column) -> F.Column:
 class KafkaSink(BatchSink):
     name = "kafka"
 
-    def __init__(self, options: dict[str, str], dlq_topic: str, catalog, parallelism: int):
-        self._options = {**PRODUCER_OPTIONS, **options}
+    def __init__(self, options: dict[str, str], dlq_topic: str, catalog, parallelism: int,
+                 max_request_bytes: int = 1_048_576):
+        # The producer must take the largest record the dead-letter topic takes.
+        self._max_request = max_request_bytes
+        self._options = {**PRODUCER_OPTIONS, "kafka.max.request.size": str(max_request_bytes),
+                         **options}
         self._dlq = dlq_topic
         self._catalog = catalog
         self._parallelism = max(1, parallelism)
@@ -39,6 +74,23 @@ class KafkaSink(BatchSink):
     def topic_sizes(self, topics) -> dict[str, int | None]:
         """Partition count of each real topic (None: the topic does not exist)."""
         return self._catalog.partitions(sorted(topics))
+
+    def plan(self, rows) -> Refusals:
+        """Refusals for a batch, from its aggregate rows (kind, topic, partition, largest)."""
+        deliveries = [r for r in rows if r["kind"] == "deliver"]
+        sizes = self.topic_sizes({r["topic"] for r in deliveries}) if deliveries else {}
+        refusals = Refusals()
+        for row in deliveries:
+            topic, part = row["topic"], row["partition"]
+            why = self.refusal(topic, part, sizes)
+            if why:
+                refusals.pairs[(topic, part)] = why
+                continue
+            limit = min(self._catalog.max_message_bytes(topic) or self._max_request,
+                        self._max_request)
+            if (row["largest"] or 0) > limit:
+                refusals.limits[topic] = limit
+        return refusals
 
     @staticmethod
     def refusal(topic: str, partition: int | None, sizes: dict[str, int | None]) -> str | None:
@@ -50,17 +102,27 @@ class KafkaSink(BatchSink):
             return f"REAL_QID {partition} is out of range: topic '{topic}' has {size} partitions"
         return None
 
-    def refuse_unknown_topics(self, batch: DataFrame,
-                              refusals: dict[tuple[str, int | None], str]) -> DataFrame:
-        """Turn the batch's deliveries to the refused (topic, partition) pairs into dead
-        letters. The pairs and reasons come from `refusal`, decided once on the driver from
-        the batch's aggregate, so the rule lives in one place."""
+    def refuse(self, batch: DataFrame, refusals: Refusals) -> DataFrame:
+        """Turn the batch's deliveries the cluster refuses into dead letters: those to the
+        refused (topic, partition) pairs, and those larger than their topic takes. The
+        decisions come from `plan`, so the rule lives in one place."""
         if not refusals:
             return batch
-        pairs = [x for (topic, part), why in refusals.items()
-                 for x in (F.lit(f"{topic}|{'' if part is None else part}"), F.lit(why))]
         place = F.concat_ws("|", "topic", F.coalesce(F.col("partition").cast("string"), F.lit("")))
-        reason = F.when(F.col("kind") == "deliver", F.try_element_at(F.create_map(*pairs), place))
+        pair_reason = F.lit(None).cast("string")
+        if refusals.pairs:
+            pairs = [x for (topic, part), why in refusals.pairs.items()
+                     for x in (F.lit(f"{topic}|{'' if part is None else part}"), F.lit(why))]
+            pair_reason = F.try_element_at(F.create_map(*pairs), place)
+        size_reason = F.lit(None).cast("string")
+        if refusals.limits:
+            limits = F.create_map(*[x for topic, limit in refusals.limits.items()
+                                    for x in (F.lit(topic), F.lit(limit))])
+            limit = F.try_element_at(limits, F.col("topic"))
+            size_reason = F.when(record_size() > limit, F.format_string(
+                "message of %d bytes is too large for topic '%s' (it takes %d)",
+                record_size(), F.col("topic"), limit))
+        reason = F.when(F.col("kind") == "deliver", F.coalesce(pair_reason, size_reason))
         extra = F.filter(F.array(
             header_struct(H.REAL_TOPIC, F.col("topic")),
             header_struct(H.REAL_QID, F.col("partition").cast("string")),

@@ -13,6 +13,11 @@ from state.errors import JobError
 from streaming.kafka_config import python_client_config
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
+# Room for what the service adds to a record on its way out (DLQ_REASON, UNIQ_KEY, DELIVER_MS
+# and Kafka's batch framing), so whatever the intake took, the dead-letter topic takes too.
+DLQ_HEADROOM_BYTES = 16_384
+# Kafka's broker default for message.max.bytes (and a topic's max.message.bytes).
+KAFKA_DEFAULT_MAX_MESSAGE = 1_048_588
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:
@@ -34,23 +39,41 @@ def _single_broker(admin: KafkaAdminClient) -> bool:
     return len(admin.describe_cluster().get("brokers", [])) <= 1
 
 
-def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> None:
-    """The intake (one partition per level, LogAppendTime) and the dead-letter topic."""
+def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> int:
+    """The intake (one partition per level, LogAppendTime) and the dead-letter topic, which
+    takes any record the intake took plus the headers the service adds. Returns the largest
+    record the service must be able to write (the dead-letter topic's limit)."""
     own = admin is None
     admin = admin or admin_client(settings)
     try:
         create_topic(admin, settings.intake_topic, len(settings.level_delays_ms), LOG_APPEND_TIME)
-        create_topic(admin, settings.dlq_topic, 1)
+        intake_max = max_message_bytes(admin, settings.intake_topic) or KAFKA_DEFAULT_MAX_MESSAGE
+        wanted = max(intake_max + DLQ_HEADROOM_BYTES, KAFKA_DEFAULT_MAX_MESSAGE)
+        create_topic(admin, settings.dlq_topic, 1, {"max.message.bytes": str(wanted)})
+        return max_message_bytes(admin, settings.dlq_topic) or wanted
     finally:
         if own:
             admin.close()
 
 
-def timestamp_type(admin: KafkaAdminClient, topic: str) -> str | None:
+def topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str | None:
+    """One effective topic setting (its own value, else the broker's default)."""
     resource = ConfigResource(ConfigResourceType.TOPIC, topic)
     answer = admin.describe_configs([resource], config_filter="all")
-    entry = answer.get("topic", {}).get(topic, {}).get("message.timestamp.type")
+    entry = answer.get("topic", {}).get(topic, {}).get(key)
     return entry.get("value") if entry else None
+
+
+def timestamp_type(admin: KafkaAdminClient, topic: str) -> str | None:
+    return topic_config(admin, topic, "message.timestamp.type")
+
+
+def max_message_bytes(admin: KafkaAdminClient, topic: str) -> int | None:
+    try:
+        value = topic_config(admin, topic, "max.message.bytes")
+    except KafkaError:
+        return None
+    return int(value) if value else None
 
 
 def check_intake(settings: Settings, admin: KafkaAdminClient) -> None:
@@ -69,11 +92,22 @@ class TopicCatalog:
     """Partition counts of real topics, cached; an unknown topic is looked up again at most
     every `recheck_s` so a topic created later is found without a restart."""
 
-    def __init__(self, admin: KafkaAdminClient, recheck_s: float = 5.0):
+    def __init__(self, admin: KafkaAdminClient, recheck_s: float = 5.0, limit_ttl_s: float = 60.0):
         self._admin = admin
         self._known: dict[str, int] = {}
         self._missing: dict[str, float] = {}
         self._recheck_s = recheck_s
+        self._limits: dict[str, tuple[int | None, float]] = {}
+        self._limit_ttl_s = limit_ttl_s
+
+    def max_message_bytes(self, topic: str) -> int | None:
+        """The topic's max.message.bytes, cached for `limit_ttl_s` (an operator may raise it)."""
+        now = time.monotonic()
+        cached = self._limits.get(topic)
+        if cached is None or now - cached[1] >= self._limit_ttl_s:
+            cached = (max_message_bytes(self._admin, topic), now)
+            self._limits[topic] = cached
+        return cached[0]
 
     def partitions(self, topics: list[str]) -> dict[str, int | None]:
         now = time.monotonic()

@@ -20,7 +20,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary
 from sinks.cold import ColdTier
-from sinks.kafka import KafkaSink
+from sinks.kafka import KafkaSink, record_size
 from sinks.ledger import DeadLetterTable, DeliveryLedger
 from sinks.metrics import LATENESS_BUCKETS, Metrics, lateness_aggregates
 from state.envelope import Rules
@@ -102,7 +102,7 @@ class BatchWriter:
     cold: "ColdTier | None" = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        batch.persist(StorageLevel.MEMORY_AND_DISK)
+        base = batch.persist(StorageLevel.MEMORY_AND_DISK)
         clock = time.monotonic()
         timings = {}
 
@@ -114,29 +114,24 @@ class BatchWriter:
         try:
             # One small aggregate, computed with the batch itself: every sink and the metrics
             # read their counts from it instead of running jobs of their own.
-            rows = (batch.groupBy("kind", "topic", "partition", "level", "reason")
-                    .agg(F.count("*").alias("count"), F.sum("received").alias("received"),
-                         F.sum("pending_delta").alias("pending_delta")).collect())
-            summary = BatchSummary(batch_id, int(time.time() * 1000), timings=timings)
+            rows = _aggregate(batch)
             lap("wheel")
+            refusals = self.kafka.plan(rows)
+            if refusals:
+                # Rare (bad input): rewrite the refused deliveries as dead letters, count again.
+                batch = self.kafka.refuse(batch, refusals)
+                rows = _aggregate(batch)
+                lap("refuse")
+            summary = BatchSummary(batch_id, int(time.time() * 1000), timings=timings)
             summary.topics = {r["topic"] for r in rows if r["kind"] == "deliver"}
-            sizes = self.kafka.topic_sizes(summary.topics) if summary.topics else {}
-            refusals: dict[tuple[str, int | None], str] = {}
             for row in rows:
-                kind, reason = row["kind"], row["reason"]
-                if kind == "deliver":
-                    refusal = self.kafka.refusal(row["topic"], row["partition"], sizes)
-                    if refusal:
-                        kind, reason = "dead", refusal
-                        refusals[(row["topic"], row["partition"])] = refusal
-                summary.add(kind, row["level"], reason, row["count"],
+                summary.add(row["kind"], row["level"], row["reason"], row["count"],
                             row["received"] or 0, row["pending_delta"] or 0)
             if self.cold is not None:
                 self.cold.park(batch, summary)
                 self.cold.advance()
                 lap("cold")
             if summary.sends:
-                batch = self.kafka.refuse_unknown_topics(batch, refusals)
                 sent = self.kafka.write_batch(batch, summary)
                 lap("kafka")
                 try:
@@ -151,7 +146,15 @@ class BatchWriter:
             if self.on_batch:
                 self.on_batch(summary)
         finally:
-            batch.unpersist()
+            base.unpersist()
+
+
+def _aggregate(batch: DataFrame) -> list:
+    return (batch.groupBy("kind", "topic", "partition", "level", "reason")
+            .agg(F.count("*").alias("count"), F.sum("received").alias("received"),
+                 F.sum("pending_delta").alias("pending_delta"),
+                 F.max(F.when(F.col("kind") == "deliver", record_size())).alias("largest"))
+            .collect())
 
 
 def pending_by_level(spark: SparkSession, checkpoint: str) -> dict[int, int]:
@@ -216,11 +219,12 @@ class DelayJob:
     def start(self, first_batch_timeout_s: float = 180.0):
         """Start the query and return it once its first batch completed."""
         self._admin = kadmin.admin_client(self.settings)
-        kadmin.ensure_topics(self.settings, self._admin)
+        largest = kadmin.ensure_topics(self.settings, self._admin)
         kadmin.check_intake(self.settings, self._admin)
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
                           kadmin.TopicCatalog(self._admin),
-                          self.spark.sparkContext.defaultParallelism)
+                          self.spark.sparkContext.defaultParallelism,
+                          max_request_bytes=max(largest, 1_048_576))
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint,
                         self.settings.intake_topic,
                         kadmin.TopicCatalog(self._admin).partitions(

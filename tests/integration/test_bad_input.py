@@ -1,0 +1,132 @@
+"""Bad input, drawn by hypothesis, through the real job: every record a producer can write
+(any contract header with good or bad values, random names, bytes and encodings, random
+keys and values, any producer timestamp) is either delivered on time or dead-lettered with
+its reason, and the stream keeps flowing. The expected outcome of each record comes from the
+pure header rules (`state.envelope.parse`) at the broker's append time, plus what only the
+cluster knows (topic exists, partition in range, record small enough)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from kafka import KafkaProducer
+
+from state import headers as H
+from state.envelope import Kind, parse
+from streaming.job import rules_of
+from tests.support import consume_all, header_map
+
+LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
+SMALL_LIMIT = 2048  # max.message.bytes of the "big" topic: records of 3 KiB are too large
+
+
+def record_strategy(real: str, small: str, intake: str, dlq: str):
+    topics = st.one_of(
+        st.sampled_from([real, real, small, intake, dlq, "__consumer_offsets", "no-such-topic",
+                         "bad topic!", ""]).map(str.encode),
+        st.binary(max_size=12))
+    numbers = st.one_of(st.integers(-3, 5), st.integers(-5000, 5000)).map(lambda n: str(n).encode())
+    junk = st.one_of(st.sampled_from([b"", b"abc", b"\xff\xfe", b" 2 ", b"1.5", b"0x1"]),
+                     st.binary(max_size=8))
+    header = st.one_of(
+        st.tuples(st.just(H.REAL_TOPIC), topics),
+        st.tuples(st.just(H.REAL_QID), st.one_of(st.sampled_from([b"0", b"1", b"7"]), junk)),
+        st.tuples(st.sampled_from([H.DELAY, H.TIMER_DELAY_MS]), st.one_of(numbers, junk)),
+        st.tuples(st.just(H.TIMER_DELAY_SEC), st.one_of(st.integers(-2, 4).map(lambda n: str(n).encode()), junk)),
+        # An absolute time near now: filled in at send time from the offset drawn here.
+        st.tuples(st.just(H.TIMER_DELIVER_MS), st.integers(-90_000, 4_000).map(lambda n: ("now", n))),
+        st.tuples(st.just(H.DELIVER_MS), numbers),
+        st.tuples(st.text(max_size=8).filter(lambda n: n not in H.CONTROL_HEADERS), junk),
+    )
+    return st.lists(st.fixed_dictionaries({
+        "headers": st.lists(header, max_size=5),
+        "key": st.one_of(st.none(), st.binary(max_size=16)),
+        "body": st.one_of(st.binary(max_size=64), st.just(b"x" * 3072)),  # 3 KiB: too large for `small`
+        # Any producer timestamp, up to years ahead: LogAppendTime makes the broker ignore it.
+        "timestamp_ms": st.one_of(st.none(), st.integers(0, 2**42)),
+    }), min_size=15, max_size=30)
+
+
+@pytest.fixture
+def bad_input_stack(job_settings, start_job, new_topic):
+    settings = job_settings()
+    real = new_topic(partitions=2, **LOG_APPEND)
+    small = new_topic(max_message_bytes=str(SMALL_LIMIT), **LOG_APPEND)
+    start_job(settings)
+    return settings, real, small
+
+
+def expected_outcome(record, meta, settings, real, small):
+    """('deliver', due_ms) or ('dead', reason or reason fragment) for one sent record."""
+    envelope = parse(record["sent_headers"], meta.partition, meta.offset, meta.timestamp,
+                     rules_of(settings), now_ms=meta.timestamp)
+    if envelope.kind == Kind.DEAD:
+        return "dead", envelope.reason
+    assert envelope.kind in (Kind.NOW, Kind.DELAY), envelope
+    partitions = {real: 2, small: 1}.get(envelope.real_topic)
+    if partitions is None:
+        return "dead", "does not exist"
+    if envelope.real_qid is not None and envelope.real_qid >= partitions:
+        return "dead", "out of range"
+    if envelope.real_topic == small and len(record["body"]) > SMALL_LIMIT:
+        return "dead", "too large"
+    return "deliver", envelope.due_ms
+
+
+@settings(max_examples=3, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_any_input_is_delivered_on_time_or_dead_lettered_with_its_reason(data, bad_input_stack,
+                                                                          kafka_bootstrap):
+    settings, real, small = bad_input_stack
+    records = data.draw(record_strategy(real, small, settings.intake_topic, settings.dlq_topic))
+    # Always among them: one too large for its topic between two good ones for the same topic.
+    records += [{"headers": [(H.REAL_TOPIC, small.encode()), (H.DELAY, level)], "key": b"k",
+                 "body": body, "timestamp_ms": None}
+                for level, body in ((b"1", b"ok"), (b"1", b"x" * 3072), (b"2", b"ok"))]
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=8192)
+    tag = f"{time.time_ns()}"
+    futures = []
+    for i, record in enumerate(records):
+        now = int(time.time() * 1000)
+        record["sent_headers"] = [
+            (name, str(now + value[1]).encode() if isinstance(value, tuple) else value)
+            for name, value in record["headers"]]
+        # A unique prefix finds each record again, wherever it ends up.
+        record["value"] = f"{tag}-{i}|".encode() + record["body"]
+        futures.append(producer.send(settings.intake_topic, record["value"], key=record["key"],
+                                     headers=record["sent_headers"],
+                                     timestamp_ms=record["timestamp_ms"]))
+    producer.flush()
+    metas = [f.get(timeout=30) for f in futures]
+    producer.close()
+    expected = {r["value"]: expected_outcome(r, m, settings, real, small)
+                for r, m in zip(records, metas)}
+    want_dead = {v for v, (kind, _) in expected.items() if kind == "dead"}
+    want_sent = {v for v, (kind, _) in expected.items() if kind == "deliver"}
+
+    def mine(got):
+        return [r for r in got if r.value.startswith(f"{tag}-".encode())]
+    dead = mine(consume_all(kafka_bootstrap, settings.dlq_topic, expected=0, timeout_s=60,
+                            idle_s=1, done=lambda got: {r.value for r in mine(got)} >= want_dead))
+    def delivered_now():
+        return mine(consume_all(kafka_bootstrap, real, expected=0, idle_s=1.5)
+                    + consume_all(kafka_bootstrap, small, expected=0, idle_s=1.5))
+    deadline = time.monotonic() + 60
+    delivered = delivered_now()
+    while {r.value for r in delivered} < want_sent and time.monotonic() < deadline:
+        delivered = delivered_now()
+    time.sleep(2)  # a duplicate would show up now
+    delivered = delivered_now()
+
+    assert sorted(r.value for r in dead) == sorted(want_dead), "each bad record, once, on the DLQ"
+    for record in dead:
+        reason = header_map(record)[H.DLQ_REASON].decode()
+        assert expected[record.value][1] in reason, (record.value[:40], reason)
+    assert sorted(r.value for r in delivered) == sorted(want_sent), "each good record, once"
+    for record in delivered:
+        due = expected[record.value][1]
+        assert int(header_map(record)[H.DELIVER_MS]) == due
+        assert record.timestamp >= due, f"{due - record.timestamp} ms early"
