@@ -59,7 +59,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     stop = threading.Event()
-    with running_job(settings) as job:
+    with running_job(settings, allow_fresh_checkpoint=args.allow_fresh_checkpoint,
+                     allow_config_change=args.allow_config_change) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
               f"checkpoint {job.checkpoint}, metrics http://{settings.metrics_host}:"
               f"{settings.metrics_port}/metrics, Spark UI http://127.0.0.1:4040. Ctrl-C stops.",
@@ -206,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the delivery job (embedded broker unless Kafka is configured)")
     _common(run)
+    run.add_argument("--allow-fresh-checkpoint", action="store_true",
+                     help="start a new checkpoint although the consumer group shows an earlier "
+                          "run (replays the intake; pending messages of that run are lost)")
+    run.add_argument("--allow-config-change", action="store_true",
+                     help="start on a checkpoint written with other level, slot or partition settings")
     run.set_defaults(func=cmd_run)
 
     demo = sub.add_parser("demo", help="run the service and show deliveries of a wave of demo messages")

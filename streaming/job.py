@@ -30,7 +30,8 @@ from state.wheel import WheelConfig, make_wheel
 from streaming import admin as kadmin
 from streaming.heartbeat import Heartbeat
 from streaming.kafka_config import spark_options
-from streaming.listener import ProgressListener
+from streaming import checkpoint as ckpt
+from streaming.listener import OffsetMirror, ProgressListener
 from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK
 
 log = logging.getLogger(__name__)
@@ -199,8 +200,13 @@ class DelayJob:
     def __init__(self, settings: Settings, spark: SparkSession, checkpoint: str | None = None,
                  sinks: list[BatchSink] | None = None,
                  on_batch: Callable[[BatchSummary], None] | None = None,
-                 query_name: str | None = None, metrics: Metrics | None = None):
+                 query_name: str | None = None, metrics: Metrics | None = None,
+                 allow_fresh_checkpoint: bool = False, allow_config_change: bool = False):
         self.settings = settings
+        self._allow_fresh = allow_fresh_checkpoint
+        self._allow_config_change = allow_config_change
+        self._mirror = None
+        self._mirror_admin = None
         self.metrics = metrics
         self._listener = None
         self.query_name = query_name or f"{QUERY_NAME}-{settings.intake_topic}"
@@ -221,6 +227,10 @@ class DelayJob:
         self._admin = kadmin.admin_client(self.settings)
         largest = kadmin.ensure_topics(self.settings, self._admin)
         kadmin.check_intake(self.settings, self._admin)
+        ckpt.check(self.settings, self.checkpoint,
+                   ckpt.read_group_offsets(self._admin, self.settings),
+                   allow_fresh=self._allow_fresh, allow_config_change=self._allow_config_change)
+        ckpt.write_stamp(self.settings, self.checkpoint)
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
                           kadmin.TopicCatalog(self._admin),
                           self.spark.sparkContext.defaultParallelism,
@@ -246,6 +256,11 @@ class DelayJob:
                                               self.settings.late_tolerance_ms,
                                               self.settings.intake_topic)
             self.spark.streams.addListener(self._listener)
+        self._mirror_admin = kadmin.admin_client(self.settings)
+        self._mirror = OffsetMirror(
+            self.query_name, self.settings.intake_topic,
+            lambda offsets: ckpt.mirror_offsets(self._mirror_admin, self.settings, offsets))
+        self.spark.streams.addListener(self._mirror)
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
         for attempt in (1, 2):
@@ -294,10 +309,14 @@ class DelayJob:
         try:
             if self.query is not None:
                 self.query.stop()
-            if self._listener is not None:
-                self.spark.streams.removeListener(self._listener)
-                self._listener = None
+            for listener in (self._listener, self._mirror):
+                if listener is not None:
+                    self.spark.streams.removeListener(listener)
+            self._listener = self._mirror = None
         finally:
+            if self._mirror_admin is not None:
+                self._mirror_admin.close()
+                self._mirror_admin = None
             if self._heartbeat is not None:
                 self._heartbeat.stop()
             if self._admin is not None:

@@ -1,0 +1,187 @@
+"""Guarding the checkpoint: the job's pending messages and its delayOffset live there, so a
+checkpoint that is missing, unreadable or written under other settings is refused with a
+clear reason instead of being silently reset (which would replay or drop everything).
+
+Three signals:
+- the stamp `<checkpoint>/delayq.json`, written at each start, holds the settings that shape
+  the checkpoint (levels, slot width, partitions, …); a start under other values is refused;
+- Spark's own files (`metadata`, the last `offsets/N` and `commits/N`) must be readable;
+- the consumer group `delayq.<intake>` mirrors the checkpoint's intake offsets in Kafka after
+  every batch (so standard Kafka tools show the job's lag, as RocketMQ's delayOffset does). An
+  empty checkpoint while the group has offsets means the checkpoint was lost or moved.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from conf.settings import Settings
+from state.errors import JobError
+
+log = logging.getLogger(__name__)
+
+STAMP = "delayq.json"
+# Settings frozen into the checkpoint: the wheel's grouping (levels, slot width), Spark's
+# state partitioning, the watermark's delay and the cold tier's bucket layout.
+SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "spark_shuffle_partitions",
+           "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms")
+
+
+class CheckpointError(JobError):
+    """The checkpoint cannot be used as it is; the message says why and what to do."""
+
+
+def group_id(settings: Settings) -> str:
+    return f"delayq.{settings.intake_topic}"
+
+
+def fingerprint(settings: Settings) -> dict:
+    return {key: _plain(getattr(settings, key)) for key in SHAPING}
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def is_local(checkpoint: str) -> bool:
+    return "://" not in checkpoint or checkpoint.startswith("file:")
+
+
+def _local_path(checkpoint: str) -> Path:
+    return Path(checkpoint.removeprefix("file://").removeprefix("file:"))
+
+
+def has_progress(path: Path) -> bool:
+    """True once a batch has been planned into this checkpoint."""
+    offsets = path / "offsets"
+    return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
+
+
+def _latest(folder: Path) -> Path | None:
+    ids = sorted((int(p.name), p) for p in folder.iterdir() if p.name.isdigit()) \
+        if folder.is_dir() else []
+    return ids[-1][1] if ids else None
+
+
+def check_readable(path: Path) -> None:
+    """Refuse a checkpoint this process cannot read and write, or whose Spark files are torn."""
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is unreadable: it is not a folder")
+    targets = [path, *(path / name for name in ("offsets", "commits", "state", "sources"))]
+    for target in (t for t in targets if t.exists()):
+        if not os.access(target, os.R_OK | os.W_OK | os.X_OK):
+            raise CheckpointError(
+                f"checkpoint {path} is unreadable: no read/write access to {target} for this "
+                f"user (uid {os.getuid()}). Fix its permissions; delayq will not start over.")
+    metadata = path / "metadata"
+    if metadata.exists():
+        try:
+            json.loads(metadata.read_text().splitlines()[0])["id"]
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            raise CheckpointError(f"checkpoint {path} is unreadable: {metadata} is not Spark "
+                                  f"query metadata ({exc})") from None
+    for folder in ("offsets", "commits"):
+        latest = _latest(path / folder)
+        if latest is None:
+            continue
+        try:
+            lines = latest.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"checkpoint {path} is unreadable: {latest}: {exc}") from None
+        if not lines or not lines[0].startswith("v") or \
+                not all(_is_json(line) for line in lines[1:] if line.strip()):
+            raise CheckpointError(
+                f"checkpoint {path} is unreadable: {latest} is torn or not a Spark {folder} "
+                f"log. Restore the checkpoint from a backup; delayq will not start over.")
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def config_differences(stamp: dict, settings: Settings) -> dict[str, tuple]:
+    """Setting → (value in the checkpoint, value now), for every shaping setting that moved."""
+    now = fingerprint(settings)
+    was = stamp.get("settings", {})
+    return {key: (was[key], now[key]) for key in SHAPING if key in was and was[key] != now[key]}
+
+
+def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
+          allow_fresh: bool = False, allow_config_change: bool = False) -> str:
+    """Decide whether the job may start on `checkpoint`. Returns "fresh" or "resume";
+    raises CheckpointError with the reason and the way out otherwise."""
+    if not is_local(checkpoint):
+        log.info("checkpoint %s is not a local path; its guard checks are skipped", checkpoint)
+        return "resume"
+    path = _local_path(checkpoint)
+    if path.exists() and not path.is_dir():
+        check_readable(path)
+    if not path.exists() or not has_progress(path):
+        if group_offsets and not allow_fresh:
+            shown = ", ".join(f"{p}:{o}" for p, o in sorted(group_offsets.items()))
+            raise CheckpointError(
+                f"checkpoint {path} is missing or empty, but consumer group "
+                f"{group_id(settings)} shows a run of this job read intake "
+                f"{settings.intake_topic} up to offsets {shown}. Starting over would replay "
+                f"the intake and lose the pending messages. Restore the checkpoint (or point "
+                f"--checkpoint / DELAYQ_DATA_DIR at it); to start over anyway, run with "
+                f"--allow-fresh-checkpoint.")
+        if path.exists():
+            check_readable(path)
+        return "fresh"
+    check_readable(path)
+    stamp_file = path / STAMP
+    if stamp_file.exists():
+        try:
+            stamp = json.loads(stamp_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {path} is unreadable: {stamp_file}: {exc}") from None
+        moved = config_differences(stamp, settings)
+        if moved and not allow_config_change:
+            lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in moved.items())
+            raise CheckpointError(
+                f"checkpoint {path} was written with other settings ({lines}). Spark keeps "
+                f"state laid out by the old values, so pending messages could be misplaced. "
+                f"Put the settings back, or start a new checkpoint for the new settings and "
+                f"let this one drain; --allow-config-change overrides this check.")
+    return "resume"
+
+
+def write_stamp(settings: Settings, checkpoint: str) -> None:
+    if not is_local(checkpoint):
+        return
+    path = _local_path(checkpoint)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / STAMP).write_text(json.dumps({"settings": fingerprint(settings)}, indent=1) + "\n")
+
+
+# ---- the consumer-group mirror of the checkpoint's offsets ------------------------------
+
+def read_group_offsets(admin, settings: Settings) -> dict[int, int]:
+    """Intake partition → committed offset of the job's consumer group ({} when none)."""
+    from kafka.errors import KafkaError
+
+    group = group_id(settings)
+    try:
+        answer = admin.list_group_offsets({group: None}).get(group, {})
+    except KafkaError as exc:
+        log.warning("could not read consumer group %s: %s", group, exc)
+        return {}
+    return {tp.partition: meta.offset for tp, meta in answer.items()
+            if tp.topic == settings.intake_topic and meta.offset >= 0}
+
+
+def mirror_offsets(admin, settings: Settings, offsets: dict[int, int]) -> None:
+    """Commit the checkpoint's intake offsets to the job's consumer group."""
+    from kafka import TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    admin.alter_group_offsets(group_id(settings), {
+        TopicPartition(settings.intake_topic, p): OffsetAndMetadata(o, "", -1)
+        for p, o in offsets.items()})

@@ -1,0 +1,85 @@
+"""The checkpoint guard: a missing, unreadable or differently configured checkpoint is refused
+with its reason, never silently reset."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conf import load_settings
+from streaming.checkpoint import CheckpointError, check, write_stamp
+
+SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
+                         delay_levels="1s 2s 3s")
+
+
+def spark_checkpoint(path, batches=2):
+    """The files Spark writes for a query that committed `batches` batches."""
+    (path / "offsets").mkdir(parents=True)
+    (path / "commits").mkdir()
+    (path / "metadata").write_text(json.dumps({"id": "8c0c6b6e-3b4f-4f43-9a59-3c5c3a1d7c11"}) + "\n")
+    for n in range(batches):
+        (path / "offsets" / str(n)).write_text(
+            'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1}\n{"intake":{"0":%d}}\n' % n)
+        (path / "commits" / str(n)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    return str(path)
+
+
+def test_a_new_checkpoint_on_a_new_intake_starts_fresh(tmp_path):
+    assert check(SETTINGS, str(tmp_path / "ckpt"), {}) == "fresh"
+
+
+def test_a_lost_checkpoint_is_refused_while_the_group_shows_an_earlier_run(tmp_path):
+    with pytest.raises(CheckpointError, match=r"missing or empty.*0:42.*allow-fresh-checkpoint"):
+        check(SETTINGS, str(tmp_path / "ckpt"), {0: 42})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="missing or empty"):
+        check(SETTINGS, str(tmp_path / "empty"), {0: 42})
+    assert check(SETTINGS, str(tmp_path / "ckpt"), {0: 42}, allow_fresh=True) == "fresh"
+
+
+def test_an_existing_checkpoint_resumes_under_the_same_settings(tmp_path):
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    write_stamp(SETTINGS, ckpt)
+    assert check(SETTINGS, ckpt, {0: 1}) == "resume"
+
+
+def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    write_stamp(SETTINGS, ckpt)
+    moved = load_settings(**{**SETTINGS.model_dump(), "delay_levels": "1s 5s 10s",
+                             "slot_ms": 500})
+    with pytest.raises(CheckpointError) as err:
+        check(moved, ckpt, {0: 1})
+    assert "level_delays_ms: [1000, 2000, 3000] in the checkpoint, [1000, 5000, 10000] now" in str(err.value)
+    assert "slot_ms: 1000 in the checkpoint, 500 now" in str(err.value)
+    assert check(moved, ckpt, {0: 1}, allow_config_change=True) == "resume"
+
+
+@pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])
+def test_a_torn_checkpoint_is_refused(tmp_path, damage):
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    target = {"offsets": tmp_path / "ckpt" / "offsets" / "1",
+              "commits": tmp_path / "ckpt" / "commits" / "1",
+              "metadata": tmp_path / "ckpt" / "metadata"}[damage]
+    target.write_bytes(b"\x00\x00garbage{")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        check(SETTINGS, ckpt, {})
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_a_checkpoint_without_access_is_refused(tmp_path):
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    os.chmod(tmp_path / "ckpt" / "offsets", 0)
+    try:
+        with pytest.raises(CheckpointError, match="no read/write access"):
+            check(SETTINGS, ckpt, {})
+    finally:
+        os.chmod(tmp_path / "ckpt" / "offsets", 0o755)
+
+
+def test_a_checkpoint_that_is_not_a_folder_is_refused(tmp_path):
+    (tmp_path / "ckpt").write_text("not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a folder"):
+        check(SETTINGS, str(tmp_path / "ckpt"), {0: 1})
