@@ -161,7 +161,9 @@ class KafkaSink(BatchSink):
         tables that record it; the caller unpersists it."""
         out = batch.filter(F.col("kind").isin("deliver", "dead"))
         schema = self.sent_schema(out.schema)
-        sent = (out.coalesce(self._parallelism)
+        # One task per level: a level's messages leave in due order (the hold sorts each
+        # task's rows), which matters when a restart finds many overdue at once.
+        sent = (out.repartition(self._parallelism, "level")
                 .mapInPandas(hold_and_stamp, schema)
                 .persist(StorageLevel.MEMORY_AND_DISK))
         (sent.select("topic", "partition", "key", "value", "headers")

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -82,3 +85,70 @@ def job_process(kafka_bootstrap, work_dir):
     yield make
     for proc in procs:
         proc.kill()
+
+
+class SteadyLoad(threading.Thread):
+    """Messages of random levels to one real topic, one every `interval_s`, until stopped.
+    Only acknowledged sends count as sent; a send the broker refused (it may be down) is
+    retried as a new message, as a real producer would."""
+
+    def __init__(self, settings, real: str, levels=(0, 1, 2, 3), interval_s: float = 0.02):
+        super().__init__(name="steady-load", daemon=True)
+        self.settings, self.real, self.levels, self.interval_s = settings, real, levels, interval_s
+        self.sent: dict[str, int] = {}  # UNIQ_KEY -> due_ms
+        self.level_of: dict[str, int] = {}
+        self.failed = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        from kafka.errors import KafkaError
+
+        from streaming.producer import DelayProducer
+
+        rng = random.Random(11)
+        with DelayProducer(self.settings) as producer:
+            i = 0
+            while not self._stop_event.is_set():
+                try:
+                    handle = producer.send(self.real, f"m{i}".encode(), key=str(i).encode(),
+                                           level=rng.choice(self.levels))
+                    self.sent[handle.uniq_key] = handle.due_ms
+                    self.level_of[handle.uniq_key] = handle.level
+                except KafkaError:
+                    self.failed += 1
+                i += 1
+                self._stop_event.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=120)
+
+
+@dataclass
+class Outcome:
+    records: list
+    duplicates: int
+    lateness_ms: list[int] = field(default_factory=list)
+
+
+def check_all_delivered(settings, real: str, sent: dict[str, int], timeout_s: float = 180) -> Outcome:
+    """Every sent UNIQ_KEY delivered to `real` with its due time, none early; duplicates only
+    with the same UNIQ_KEY (any other key fails). Returns what arrived."""
+    from tests.support import consume_all, header_map
+
+    every_key = lambda got: {header_map(r)["UNIQ_KEY"].decode() for r in got} >= set(sent)
+    records = consume_all(settings.bootstrap, real, expected=len(sent), timeout_s=timeout_s,
+                          idle_s=5, done=every_key)
+    counts: dict[str, int] = {}
+    lateness = []
+    for record in records:
+        headers = header_map(record)
+        uniq = headers["UNIQ_KEY"].decode()
+        assert uniq in sent, f"unknown delivery {uniq}"
+        assert int(headers["DELIVER_MS"]) == sent[uniq]
+        assert record.timestamp >= sent[uniq], f"{uniq} early by {sent[uniq] - record.timestamp} ms"
+        counts[uniq] = counts.get(uniq, 0) + 1
+        lateness.append(record.timestamp - sent[uniq])
+    lost = set(sent) - set(counts)
+    assert not lost, f"{len(lost)} of {len(sent)} lost, e.g. {sorted(lost)[:5]}"
+    return Outcome(records, sum(n - 1 for n in counts.values()), lateness)

@@ -1,0 +1,105 @@
+"""Outages around the job: the broker stopped and started under load, and the job stopped for
+longer than its messages' delays. Nothing is lost, nothing is early."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from streaming import broker
+from streaming.admin import admin_client, create_topic
+from streaming.producer import DelayProducer
+from tests.conftest import PROJECT
+from tests.faults.conftest import SteadyLoad, check_all_delivered
+from tests.support import assert_eventually, free_port, header_map
+
+LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
+
+
+@pytest.fixture
+def own_broker(work_dir):
+    """A broker of this test's own, so it can be stopped without stopping the others."""
+    spec = broker.BrokerSpec(home=work_dir / f"kafka-{uuid.uuid4().hex[:6]}",
+                             jars=PROJECT / ".lib" / "kafka", port=free_port(),
+                             controller_port=free_port(), heap="512m")
+    broker.start(spec)
+    yield spec
+    broker.stop(spec)
+
+
+def test_broker_stopped_and_started_under_load_loses_nothing(own_broker, job_process, capsys):
+    job, settings = job_process(bootstrap_servers=own_broker.bootstrap)
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 2, LOG_APPEND)
+    admin.close()
+    job.start()
+    load = SteadyLoad(settings, real, interval_s=0.05)
+    load.start()
+    time.sleep(6)
+    before = len(load.sent)
+    broker.stop(own_broker)
+    down_at = time.time()
+    time.sleep(10)
+    broker.start(own_broker)
+    down_s = time.time() - down_at
+    time.sleep(8)
+    load.stop()
+    assert job.proc.poll() is None, f"the job died with the broker:\n{job.log.read_text()[-3000:]}"
+    assert len(load.sent) > before, "the producer got through after the restart"
+    outcome = check_all_delivered(settings, real, load.sent)
+    job.stop()
+    with capsys.disabled():
+        print(f"\nbroker restart: broker down {down_s:.1f} s, {len(load.sent)} messages, lost 0, "
+              f"early 0, duplicates {outcome.duplicates}, max lateness "
+              f"{max(outcome.lateness_ms)} ms, sends refused while down {load.failed}")
+
+
+def test_job_stopped_longer_than_the_delays_delivers_overdue_at_once_in_due_order(
+        job_process, spark, capsys):
+    job, settings = job_process()
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 1, LOG_APPEND)
+    admin.close()
+    job.start()
+    sent: dict[str, int] = {}
+    level_of: dict[str, int] = {}
+    with DelayProducer(settings) as producer:
+        for i in range(60):
+            handle = producer.send(real, f"m{i}".encode(), level=1 + i % 3)
+            sent[handle.uniq_key], level_of[handle.uniq_key] = handle.due_ms, handle.level
+    job.stop()  # SIGTERM: a clean stop, with messages due in 1, 2 and 3 s still pending
+    stopped_at = int(time.time() * 1000)
+    time.sleep(8)
+    job.start()
+    restarted_at = int(time.time() * 1000)
+    overdue = {k for k, due in sent.items() if due < restarted_at}
+    outcome = check_all_delivered(settings, real, sent, timeout_s=120)
+
+    first: dict[str, object] = {}
+    for record in sorted(outcome.records, key=lambda r: r.offset):
+        first.setdefault(header_map(record)["UNIQ_KEY"].decode(), record)
+    after = [r for r in first.values() if r.timestamp >= restarted_at]
+    assert after, "messages held over the stop were delivered after the restart"
+    for level in (1, 2, 3):
+        dues = [sent[header_map(r)["UNIQ_KEY"].decode()] for r in sorted(after, key=lambda r: r.offset)
+                if level_of[header_map(r)["UNIQ_KEY"].decode()] == level]
+        assert dues == sorted(dues), f"level {level} delivered out of due order"
+    held = [k for k, r in first.items() if r.timestamp >= restarted_at and k in overdue]
+    # The ledger counts each overdue delivery as late, by at least the time the job was away.
+    ledger = assert_eventually(
+        lambda: (lambda rows: rows if len(rows) >= len(sent) else None)(
+            {r["uniq_key"]: r["lateness_ms"] for r in spark.read.format("delta")
+             .load(str(settings.ledger_path)).select("uniq_key", "lateness_ms").collect()}),
+        timeout_s=60, message="ledger rows for every message")
+    job.stop()
+    for key in held:
+        assert ledger[key] >= restarted_at - sent[key] - 1000 > 0, (key, ledger[key])
+    with capsys.disabled():
+        lateness = sorted(ledger[k] for k in held)
+        print(f"\njob away {(restarted_at - stopped_at) / 1000:.1f} s (stop to ready): {len(sent)} messages, "
+              f"{len(held)} overdue at restart, delivered in due order per level, lateness of "
+              f"those {lateness[0]}..{lateness[-1]} ms, lost 0, early 0, "
+              f"duplicates {outcome.duplicates}")
