@@ -21,7 +21,28 @@ KAFKA_DEFAULT_MAX_MESSAGE = 1_048_588
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:
-    return KafkaAdminClient(**python_client_config(settings))
+    """An admin client, or a JobError that says why Kafka could not be reached."""
+    try:
+        return KafkaAdminClient(**python_client_config(settings))
+    except KafkaError as exc:
+        raise JobError(unreachable_reason(settings, exc)) from None
+
+
+def unreachable_reason(settings: Settings, exc: Exception) -> str:
+    """Why a client could not bootstrap: nothing listens, or the handshake failed (kafka-python
+    reports a failed SASL login or TLS handshake only as a bootstrap timeout)."""
+    from streaming.broker import port_open
+
+    who = f"security_protocol={settings.security_protocol}"
+    if settings.security_protocol.startswith("SASL"):
+        who += f", sasl_mechanism={settings.sasl_mechanism}, user {settings.sasl_username!r}"
+    answering = [a for a in settings.bootstrap.split(",")
+                 if ":" in a and port_open(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1]))]
+    if answering:
+        return (f"Kafka at {', '.join(answering)} accepts connections but the client could not "
+                f"log in ({who}): authentication failed, or the security protocol does not "
+                f"match the listener. Check the credentials and DELAYQ_SECURITY_PROTOCOL. ({exc})")
+    return f"no Kafka broker answers at {settings.bootstrap} ({who}): {exc}"
 
 
 def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
