@@ -72,6 +72,13 @@ class Settings(BaseSettings):
     spark_driver_memory: str
     spark_shuffle_partitions: int
     spark_log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"]
+    spark_executor_memory: str
+    cluster_host: str
+    cluster_port: int
+    cluster_webui_port: int
+    cluster_workers: int
+    cluster_worker_cores: int
+    cluster_worker_memory: str
 
     @classmethod
     def settings_customise_sources(
@@ -105,7 +112,8 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("spark_shuffle_partitions", "kafka_port", "kafka_controller_port",
-                     "slot_ms", "heartbeat_ms")
+                     "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
+                     "cluster_workers", "cluster_worker_cores")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value <= 0:

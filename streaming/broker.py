@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -17,6 +15,8 @@ from pathlib import Path
 
 from conf.settings import CONF_DIR
 from state.errors import BrokerError
+from streaming import process
+from streaming.process import port_open  # noqa: F401  (callers use broker.port_open)
 
 # A cold JVM on 2 busy cores takes 5-15 s to open its listener; 90 s leaves room for CI.
 READY_TIMEOUT_S = 90.0
@@ -99,35 +99,8 @@ def server_properties(spec: BrokerSpec) -> dict[str, str]:
     return props
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
-
-
 def read_pid(spec: BrokerSpec) -> int | None:
-    try:
-        pid = int(spec.pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if _pid_alive(pid) else None
-
-
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+    return process.read_pid(spec.pid_file)
 
 
 def broker_answers(bootstrap: str, timeout_s: float = 5.0, **client_config) -> bool:
@@ -230,7 +203,7 @@ def wait_ready(spec: BrokerSpec, pid: int, timeout_s: float = READY_TIMEOUT_S) -
     deadline = time.monotonic() + timeout_s
     delay = 0.2
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not process.pid_alive(pid):
             raise BrokerError(
                 f"the Kafka broker (pid {pid}) exited while starting; last log lines:\n"
                 + tail(spec, 30)
@@ -247,31 +220,7 @@ def wait_ready(spec: BrokerSpec, pid: int, timeout_s: float = READY_TIMEOUT_S) -
 
 def stop(spec: BrokerSpec, timeout_s: float = STOP_TIMEOUT_S) -> bool:
     """Stop the broker with SIGTERM (SIGKILL after timeout_s). False if it was not running."""
-    pid = read_pid(spec)
-    if pid is None:
-        spec.pid_file.unlink(missing_ok=True)
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _pid_alive(pid):
-        _reap(pid)
-        time.sleep(0.2)
-    if _pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
-        while _pid_alive(pid):
-            _reap(pid)
-            time.sleep(0.1)
-    _reap(pid)
-    spec.pid_file.unlink(missing_ok=True)
-    return True
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status when the broker is our own child (tests start it so)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
+    return process.terminate(spec.pid_file, timeout_s)
 
 
 def status(spec: BrokerSpec) -> dict[str, object]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from conf.settings import ENV_PREFIX, load_settings
@@ -24,13 +25,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--intake-topic", help=f"intake topic [{_env('intake_topic')}]")
 
 
-def _settings(args: argparse.Namespace):
-    overrides = {
+def _overrides(args: argparse.Namespace) -> dict[str, str]:
+    return {
         key: value
         for key in ("bootstrap_servers", "data_dir", "intake_topic", "delay_levels")
         if (value := getattr(args, key, None)) is not None
     }
-    return load_settings(**overrides)
+
+
+def _settings(args: argparse.Namespace):
+    return load_settings(**_overrides(args))
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
@@ -67,6 +71,47 @@ def cmd_run(args: argparse.Namespace) -> int:
               flush=True)
         wait(job, stop)
     print("delayq stopped; pending messages stay in the checkpoint until the next run")
+    return 0
+
+
+def _run_flags(args: argparse.Namespace) -> list[str]:
+    return [flag for flag, on in (("--allow-fresh-checkpoint", args.allow_fresh_checkpoint),
+                                  ("--allow-config-change", args.allow_config_change)) if on]
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from streaming import cluster
+    from streaming.submit import submit, submit_command
+
+    settings = _settings(args)
+    master = args.master or cluster.spec_from_settings(settings).master_url
+    options = dict(deploy_mode=args.deploy_mode, total_cores=args.total_executor_cores,
+                   run_args=_run_flags(args))
+    if args.dry_run:
+        print(" ".join(submit_command(settings, master, **options)))
+        return 0
+    # The driver spark-submit starts reads its settings from the environment, like `run`.
+    os.environ.update({_env(k): str(v) for k, v in _overrides(args).items()})
+    submit(settings, master, **options)
+    return 0  # not reached: spark-submit replaced this process
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    from streaming import cluster
+
+    spec = cluster.spec_from_settings(_settings(args))
+    if args.action == "start":
+        state = cluster.start(spec)
+        print(f"spark cluster running: master {spec.master_url}, web UI {spec.webui}, "
+              f"{cluster.alive_workers(state)} workers alive, {state.get('cores')} cores, "
+              f"logs in {spec.home}")
+    elif args.action == "stop":
+        stopped = cluster.stop(spec)
+        print(f"spark cluster stopped ({', '.join(stopped)})" if stopped
+              else "spark cluster was not running")
+    else:
+        for key, value in cluster.status(spec).items():
+            print(f"{key:15} {value}")
     return 0
 
 
@@ -213,6 +258,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-config-change", action="store_true",
                      help="start on a checkpoint written with other level, slot or partition settings")
     run.set_defaults(func=cmd_run)
+
+    submit = sub.add_parser("submit", help="run the delivery job through spark-submit on a master")
+    _common(submit)
+    submit.add_argument("--master", help="spark://host:port, k8s://https://host:port or local[N] "
+                                         "[default: the local cluster of `delayq cluster start`]")
+    submit.add_argument("--deploy-mode", choices=("client", "cluster"), default="client",
+                        help="where the driver runs (standalone clusters run Python drivers in client mode)")
+    submit.add_argument("--total-executor-cores", type=int, help="cores the job takes from the cluster")
+    submit.add_argument("--dry-run", action="store_true", help="print the spark-submit command only")
+    for flag in ("--allow-fresh-checkpoint", "--allow-config-change"):
+        submit.add_argument(flag, action="store_true", help=f"passed to `delayq run` (see run --help)")
+    submit.set_defaults(func=cmd_submit)
+
+    cluster_cmd = sub.add_parser("cluster", help="a local Spark standalone cluster (Master + Workers)")
+    _common(cluster_cmd)
+    cluster_cmd.add_argument("action", choices=("start", "stop", "status"))
+    cluster_cmd.set_defaults(func=cmd_cluster)
 
     demo = sub.add_parser("demo", help="run the service and show deliveries of a wave of demo messages")
     _common(demo)

@@ -20,8 +20,9 @@ READY_LINE = "delayq running"
 
 
 class JobProcess:
-    def __init__(self, env: dict[str, str], log: Path):
+    def __init__(self, env: dict[str, str], log: Path, command: list[str]):
         self.env = env
+        self.command = command
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.starts = 0
@@ -32,7 +33,7 @@ class JobProcess:
         out.write(f"\n==== start {self.starts} ====\n")
         out.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streaming.cli", "run"], cwd=PROJECT, env=self.env,
+            [sys.executable, "-m", "streaming.cli", *self.command], cwd=PROJECT, env=self.env,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         deadline = time.monotonic() + timeout_s
@@ -62,12 +63,13 @@ class JobProcess:
 
 @pytest.fixture
 def job_process(kafka_bootstrap, work_dir):
-    """Factory: a `delayq run` process on fresh topics; returns (JobProcess, settings)."""
+    """Factory: a `delayq run` process (or `command`, e.g. ["submit", …]) on fresh topics;
+    returns (JobProcess, settings)."""
     from conf import load_settings
 
     procs = []
 
-    def make(**overrides):
+    def make(command: list[str] | None = None, **overrides):
         tag = uuid.uuid4().hex[:8]
         values = dict(bootstrap_servers=kafka_bootstrap, data_dir=str(work_dir / f"fault-{tag}"),
                       intake_topic=f"intake-{tag}", dlq_topic=f"intake-{tag}.DLQ",
@@ -78,7 +80,7 @@ def job_process(kafka_bootstrap, work_dir):
         env.update({f"DELAYQ_{k.upper()}": str(v) for k, v in values.items()})
         env["PYTHONUNBUFFERED"] = "1"
         settings = load_settings(**values)
-        proc = JobProcess(env, work_dir / f"job-{tag}.log")
+        proc = JobProcess(env, work_dir / f"job-{tag}.log", command or ["run"])
         procs.append(proc)
         return proc, settings
 

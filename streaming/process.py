@@ -1,0 +1,70 @@
+"""Background JVM processes the CLI starts and stops (the local broker, the local Spark
+cluster): pid files, liveness, a stop that escalates from SIGTERM to SIGKILL."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
+def read_pid(pid_file: Path) -> int | None:
+    """The pid in `pid_file` if that process is alive."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid_alive(pid) else None
+
+
+def reap(pid: int) -> None:
+    """Collect the exit status when the process is our own child (tests start it so)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def terminate(pid_file: Path, timeout_s: float) -> bool:
+    """SIGTERM the process of `pid_file`, SIGKILL after timeout_s; False if none ran."""
+    pid = read_pid(pid_file)
+    if pid is None:
+        pid_file.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and pid_alive(pid):
+        reap(pid)
+        time.sleep(0.2)
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+        while pid_alive(pid):
+            reap(pid)
+            time.sleep(0.1)
+    reap(pid)
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,74 @@
+"""`delayq submit`: the delivery job through spark-submit, on any master.
+
+    delayq submit --master spark://127.0.0.1:7077     # a standalone cluster (client mode)
+    delayq submit --master local[2]                   # the same path on one machine
+
+The project's Python packages are zipped into `<data_dir>/dist/delayq-py.zip` and shipped
+with --py-files, so executors need no installed copy; the Maven-resolved jars go with --jars.
+Settings reach the driver through the environment (every DELAYQ_* variable, as for
+`delayq run`), so a submitted job reads the same configuration as a local one.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+from conf.settings import CONF_DIR, Settings
+from streaming.cluster import spark_home
+from streaming.session import spark_jars
+
+PROJECT = CONF_DIR.parent
+PACKAGES = ("conf", "state", "streaming", "sinks")
+MAIN = PROJECT / "deploy" / "spark" / "main.py"
+
+
+def build_zip(settings: Settings) -> Path:
+    """The project's packages (code and conf files) as one zip for --py-files."""
+    target = settings.data_path / "dist" / "delayq-py.zip"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+        for package in PACKAGES:
+            for path in sorted((PROJECT / package).rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    archive.write(path, path.relative_to(PROJECT).as_posix())
+    tmp.replace(target)
+    return target
+
+
+def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
+                   total_cores: int | None = None, run_args: list[str] | None = None,
+                   py_zip: Path | None = None) -> list[str]:
+    command = [
+        str(spark_home() / "bin" / "spark-submit"),
+        "--master", master,
+        "--deploy-mode", deploy_mode,
+        "--name", settings.spark_app_name,
+        "--jars", ",".join(str(j) for j in spark_jars(settings)),
+        "--py-files", str(py_zip or build_zip(settings)),
+        "--driver-memory", settings.spark_driver_memory,
+        "--executor-memory", settings.spark_executor_memory,
+        "--conf", f"spark.pyspark.python={sys.executable}",
+        "--conf", f"spark.pyspark.driver.python={sys.executable}",
+    ]
+    if total_cores:
+        command += ["--total-executor-cores", str(total_cores)]
+    return command + [str(MAIN), *(run_args or [])]
+
+
+def submit_env(settings: Settings, master: str) -> dict[str, str]:
+    env = {**os.environ, "DELAYQ_SPARK_MASTER": master, "SPARK_HOME": str(spark_home()),
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    host = master.split("://", 1)[-1].split(":", 1)[0]
+    if master.startswith("local") or host in ("127.0.0.1", "localhost"):
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return env
+
+
+def submit(settings: Settings, master: str, **kwargs) -> None:
+    """Replace this process with spark-submit (signals then reach it directly)."""
+    command = submit_command(settings, master, **kwargs)
+    print("delayq submit:", " ".join(command), flush=True)
+    os.execve(command[0], command, submit_env(settings, master))

@@ -1,0 +1,70 @@
+"""The cluster path: a real Spark standalone cluster (one Master, two Workers of one core
+each, on loopback), the job submitted with `delayq submit` (code shipped as a zip, jars with
+--jars), a mixed load delivered on time and completely, and one Worker killed (with its
+executor, like a lost host) while messages are pending: nothing lost, nothing early."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+from streaming import cluster, process
+from streaming.admin import admin_client, create_topic
+from streaming.producer import DelayProducer
+from tests.faults.conftest import SteadyLoad, check_all_delivered
+from tests.support import assert_eventually, free_port
+
+
+@pytest.fixture
+def local_cluster(work_dir):
+    spec = cluster.ClusterSpec(home=work_dir / f"spark-cluster-{uuid.uuid4().hex[:6]}",
+                               port=free_port(), webui_port=free_port(), workers=2,
+                               worker_cores=1, worker_memory="1g")
+    cluster.start(spec)
+    yield spec
+    cluster.stop(spec)
+
+
+def test_submitted_job_delivers_everything_and_survives_a_lost_worker(
+        local_cluster, job_process, capsys):
+    spec = local_cluster
+    job, settings = job_process(
+        command=["submit", "--master", spec.master_url, "--total-executor-cores", "2"],
+        spark_master=spec.master_url, spark_executor_memory="768m")
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
+    admin.close()
+    job.start(timeout_s=300)
+
+    def executors_on_both():
+        apps = (cluster.master_state(spec) or {}).get("activeapps", [])
+        return apps if apps and apps[0].get("cores") == 2 else None
+    apps = assert_eventually(executors_on_both, timeout_s=60, message="the job on both workers")
+    assert apps[0]["name"] == settings.spark_app_name
+
+    load = SteadyLoad(settings, real, levels=(0, 1, 2, 3), interval_s=0.05)
+    load.start()
+    load_started = time.time()
+    timers: dict[str, int] = {}
+    with DelayProducer(settings) as producer:
+        for i in range(10):
+            handle = producer.send(real, f"t{i}".encode(), delay_ms=1500 + 500 * i)
+            timers[handle.uniq_key] = handle.due_ms
+    time.sleep(8)
+    victim = process.read_pid(spec.pid_file("worker-2"))
+    os.killpg(victim, signal.SIGKILL)  # the Worker and the executor it launched
+    killed_after = time.time() - load_started
+    time.sleep(10)
+    load.stop()
+    assert job.proc.poll() is None, f"the job died with a worker:\n{job.log.read_text()[-3000:]}"
+    sent = {**load.sent, **timers}
+    outcome = check_all_delivered(settings, real, sent, timeout_s=240)
+    job.stop()
+    with capsys.disabled():
+        print(f"\nstandalone cluster (2 workers x 1 core): {len(sent)} messages, worker-2 killed "
+              f"{killed_after:.0f} s into the load, lost 0, early 0, "
+              f"duplicates {outcome.duplicates}, lateness max {max(outcome.lateness_ms)} ms")
