@@ -76,8 +76,9 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
     first = consume_all(kafka_bootstrap, real, expected=2, timeout_s=60)
     assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in first) == sorted(positions)
 
-    # A replay (a second job reading the same intake from scratch) assigns the same ids.
-    start_job(settings, query_name="replay")
+    # A replay (a second job reading the same intake from scratch, which the checkpoint guard
+    # allows only when asked) assigns the same ids.
+    start_job(settings, query_name="replay", allow_fresh_checkpoint=True)
     both = consume_all(kafka_bootstrap, real, expected=4, timeout_s=60)
     assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in both) == sorted(positions * 2)
 
