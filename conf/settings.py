@@ -185,15 +185,22 @@ class Settings(BaseSettings):
         return frozenset(t for t in self.allowed_topics.replace(",", " ").split() if t)
 
 
+def _shown(error: dict) -> str:
+    """The offending value for an error report; never a secret, never the whole input."""
+    if error["type"] == "missing" or isinstance(error.get("input"), dict):
+        return ""
+    if any("password" in str(p) for p in error["loc"]):
+        return " (got ***)"
+    return f" (got {error.get('input')!r})"
+
+
 def load_settings(**overrides: object) -> Settings:
     """Build the settings, turning pydantic's report into one ConfigError an operator reads."""
     try:
         return Settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}{_shown(e)}" for e in exc.errors())
         raise ConfigError(
             f"invalid settings: {problems}. Fix conf/defaults.toml or the "
             f"{ENV_PREFIX}* environment variable."

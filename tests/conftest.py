@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port
+from tests.support import free_ports
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -42,11 +42,12 @@ def kafka_bootstrap(work_dir):
         return
     from streaming import broker
 
+    port, controller_port = free_ports(2)
     spec = broker.BrokerSpec(
         home=work_dir / "kafka",
         jars=PROJECT / ".lib" / "kafka",
-        port=free_port(),
-        controller_port=free_port(),
+        port=port,
+        controller_port=controller_port,
         heap="768m",
     )
     broker.start(spec)

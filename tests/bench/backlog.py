@@ -94,11 +94,12 @@ def main() -> None:
     from streaming.admin import admin_client, create_topic
     from streaming.job import DelayJob
     from streaming.session import build_session
-    from tests.support import free_port
+    from tests.support import free_ports
 
     home = Path(tempfile.mkdtemp(prefix="delayq-bench-"))
+    ports = free_ports(2)
     spec = broker.BrokerSpec(home=home / "kafka", jars=PROJECT / ".lib" / "kafka",
-                             port=free_port(), controller_port=free_port(), heap="1g")
+                             port=ports[0], controller_port=ports[1], heap="1g")
     broker.start(spec)
     try:
         tag = uuid.uuid4().hex[:6]

@@ -15,13 +15,14 @@ from streaming import cluster, process
 from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.faults.conftest import SteadyLoad, check_all_delivered
-from tests.support import assert_eventually, free_port
+from tests.support import assert_eventually, free_ports
 
 
 @pytest.fixture
 def local_cluster(work_dir):
+    port, webui_port = free_ports(2)
     spec = cluster.ClusterSpec(home=work_dir / f"spark-cluster-{uuid.uuid4().hex[:6]}",
-                               port=free_port(), webui_port=free_port(), workers=2,
+                               port=port, webui_port=webui_port, workers=2,
                                worker_cores=1, worker_memory="1g")
     cluster.start(spec)
     yield spec

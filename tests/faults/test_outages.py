@@ -12,7 +12,7 @@ from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
 from tests.faults.conftest import SteadyLoad, check_all_delivered
-from tests.support import assert_eventually, free_port, header_map
+from tests.support import assert_eventually, free_ports, header_map
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 
@@ -20,9 +20,10 @@ LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 @pytest.fixture
 def own_broker(work_dir):
     """A broker of this test's own, so it can be stopped without stopping the others."""
+    port, controller_port = free_ports(2)
     spec = broker.BrokerSpec(home=work_dir / f"kafka-{uuid.uuid4().hex[:6]}",
-                             jars=PROJECT / ".lib" / "kafka", port=free_port(),
-                             controller_port=free_port(), heap="512m")
+                             jars=PROJECT / ".lib" / "kafka", port=port,
+                             controller_port=controller_port, heap="512m")
     broker.start(spec)
     yield spec
     broker.stop(spec)

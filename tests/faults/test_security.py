@@ -13,7 +13,7 @@ from streaming.admin import create_topic
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
 from tests.integration.conftest import Sent
-from tests.support import check_deliveries, consume_all, free_port
+from tests.support import check_deliveries, consume_all, free_ports
 
 PASSWORD = "pw-" + uuid.uuid4().hex
 
@@ -22,13 +22,13 @@ PASSWORD = "pw-" + uuid.uuid4().hex
 def sasl_broker(work_dir):
     """PLAINTEXT for the broker's own traffic (and the test's reader), SASL_PLAINTEXT for
     everyone else, with users admin and delayq."""
-    sasl_port = free_port()
+    sasl_port, port, controller_port = free_ports(3)
     jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
             'username="admin" password="admin-pw" user_admin="admin-pw" '
             f'user_delayq="{PASSWORD}";')
     spec = broker.BrokerSpec(
         home=work_dir / f"kafka-sasl-{uuid.uuid4().hex[:6]}", jars=PROJECT / ".lib" / "kafka",
-        port=free_port(), controller_port=free_port(), heap="512m",
+        port=port, controller_port=controller_port, heap="512m",
         listeners={"SASL": ("SASL_PLAINTEXT", sasl_port)},
         extra={"sasl.enabled.mechanisms": "PLAIN",
                "listener.name.sasl.plain.sasl.jaas.config": jaas})

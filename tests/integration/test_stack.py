@@ -6,15 +6,16 @@ import time
 
 from kafka import KafkaProducer
 
-from tests.support import assert_eventually, consume_all, free_port
+from tests.support import assert_eventually, consume_all, free_ports
 
 
 def test_broker_starts_stops_and_restarts_with_its_data(work_dir):
     from streaming import broker
     from tests.conftest import PROJECT
 
+    ports = free_ports(2)
     spec = broker.BrokerSpec(home=work_dir / "own-broker", jars=PROJECT / ".lib" / "kafka",
-                             port=free_port(), controller_port=free_port(), heap="256m")
+                             port=ports[0], controller_port=ports[1], heap="256m")
     pid = broker.start(spec)
     try:
         assert broker.start(spec) == pid, "a second start reuses the running broker"
