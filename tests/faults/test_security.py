@@ -1,5 +1,5 @@
-"""Kafka security end to end: a local broker that takes only SASL (PLAIN) clients on its
-public listener; the whole path (admin, producer, Spark source and sink, heartbeat, cold tier)
+"""Kafka security end to end: a local broker that takes only SASL clients (PLAIN and
+SCRAM-SHA-256) on its public listener; the whole path (admin, producer, Spark source and sink, heartbeat, cold tier)
 works with the right credentials, is refused with the wrong ones, and the password is never
 written to the job's output."""
 from __future__ import annotations
@@ -21,7 +21,8 @@ PASSWORD = "pw-" + uuid.uuid4().hex
 @pytest.fixture
 def sasl_broker(work_dir):
     """PLAINTEXT for the broker's own traffic (and the test's reader), SASL_PLAINTEXT for
-    everyone else, with users admin and delayq."""
+    everyone else, with user delayq for PLAIN (in the JAAS config) and for SCRAM-SHA-256
+    (a credential stored in the cluster metadata)."""
     sasl_port, port, controller_port = free_ports(3)
     jaas = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
             'username="admin" password="admin-pw" user_admin="admin-pw" '
@@ -30,17 +31,29 @@ def sasl_broker(work_dir):
         home=work_dir / f"kafka-sasl-{uuid.uuid4().hex[:6]}", jars=PROJECT / ".lib" / "kafka",
         port=port, controller_port=controller_port, heap="512m",
         listeners={"SASL": ("SASL_PLAINTEXT", sasl_port)},
-        extra={"sasl.enabled.mechanisms": "PLAIN",
-               "listener.name.sasl.plain.sasl.jaas.config": jaas})
+        extra={"sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256",
+               "listener.name.sasl.plain.sasl.jaas.config": jaas,
+               "listener.name.sasl.scram-sha-256.sasl.jaas.config":
+                   "org.apache.kafka.common.security.scram.ScramLoginModule required;"})
     broker.start(spec)
+    from kafka import KafkaAdminClient
+    from kafka.admin import UserScramCredentialUpsertion
+
+    admin = KafkaAdminClient(bootstrap_servers=spec.bootstrap)
+    errors = admin.alter_user_scram_credentials(
+        [UserScramCredentialUpsertion("delayq", "SCRAM-SHA-256", PASSWORD)])
+    admin.close()
+    assert not any(errors.values()), errors
     yield spec, f"127.0.0.1:{sasl_port}"
     broker.stop(spec)
 
 
-def test_sasl_broker_works_only_with_the_right_credentials(sasl_broker, job_process, capsys):
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_sasl_broker_works_only_with_the_right_credentials(sasl_broker, job_process, capsys,
+                                                            mechanism):
     spec, sasl_bootstrap = sasl_broker
     secure = dict(bootstrap_servers=sasl_bootstrap, security_protocol="SASL_PLAINTEXT",
-                  sasl_mechanism="PLAIN", sasl_username="delayq")
+                  sasl_mechanism=mechanism, sasl_username="delayq")
 
     wrong, _ = job_process(**secure, sasl_password="not-" + PASSWORD)
     with pytest.raises(AssertionError, match="exited"):
@@ -67,5 +80,5 @@ def test_sasl_broker_works_only_with_the_right_credentials(sasl_broker, job_proc
     output = job.log.read_text(errors="replace") + refused
     assert PASSWORD not in output, "the SASL password appeared in the job's output"
     with capsys.disabled():
-        print(f"\nSASL/PLAIN: wrong password refused at start; right one delivered "
+        print(f"\nSASL/{mechanism}: wrong password refused at start; right one delivered "
               f"{len(records)} of {len(sent)}; password absent from {len(output)} bytes of output")
