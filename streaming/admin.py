@@ -36,12 +36,15 @@ def unreachable_reason(settings: Settings, exc: Exception) -> str:
     who = f"security_protocol={settings.security_protocol}"
     if settings.security_protocol.startswith("SASL"):
         who += f", sasl_mechanism={settings.sasl_mechanism}, user {settings.sasl_username!r}"
+    if settings.security_protocol.endswith("SSL"):
+        who += f", ssl_cafile={settings.ssl_cafile or '(system CAs)'}"
     answering = [a for a in settings.bootstrap.split(",")
                  if ":" in a and port_open(a.rsplit(":", 1)[0], int(a.rsplit(":", 1)[1]))]
     if answering:
         return (f"Kafka at {', '.join(answering)} accepts connections but the client could not "
-                f"log in ({who}): authentication failed, or the security protocol does not "
-                f"match the listener. Check the credentials and DELAYQ_SECURITY_PROTOCOL. ({exc})")
+                f"log in ({who}): authentication failed, the broker's TLS certificate is not "
+                f"trusted, or the security protocol does not match the listener. Check the "
+                f"credentials, DELAYQ_SSL_CAFILE and DELAYQ_SECURITY_PROTOCOL. ({exc})")
     return f"no Kafka broker answers at {settings.bootstrap} ({who}): {exc}"
 
 

@@ -1,9 +1,10 @@
 """Kafka security end to end: a local broker that takes only SASL clients (PLAIN and
-SCRAM-SHA-256) on its public listener; the whole path (admin, producer, Spark source and sink, heartbeat, cold tier)
-works with the right credentials, is refused with the wrong ones, and the password is never
-written to the job's output."""
+SCRAM-SHA-256), or only TLS clients, on its public listener; the whole path (admin, producer,
+Spark source and sink, heartbeat, cold tier) works with the right credentials or CA, is refused
+with the wrong ones, and the password is never written to the job's output."""
 from __future__ import annotations
 
+import subprocess
 import uuid
 
 import pytest
@@ -82,3 +83,64 @@ def test_sasl_broker_works_only_with_the_right_credentials(sasl_broker, job_proc
     with capsys.disabled():
         print(f"\nSASL/{mechanism}: wrong password refused at start; right one delivered "
               f"{len(records)} of {len(sent)}; password absent from {len(output)} bytes of output")
+
+
+@pytest.fixture
+def tls_broker(work_dir):
+    """An SSL listener with a self-signed certificate for 127.0.0.1 (the job must be given it
+    as its CA), PLAINTEXT for the broker's own traffic and the test's reader."""
+    home = work_dir / f"kafka-tls-{uuid.uuid4().hex[:6]}"
+    home.mkdir(parents=True)
+    keystore, ca = home / "broker.p12", home / "ca.pem"
+    store_pw = "store-" + uuid.uuid4().hex[:8]
+    subprocess.run(["keytool", "-genkeypair", "-alias", "broker", "-keyalg", "RSA",
+                    "-keysize", "2048", "-validity", "2", "-dname", "CN=127.0.0.1",
+                    "-ext", "SAN=IP:127.0.0.1,DNS:localhost", "-keystore", str(keystore),
+                    "-storetype", "PKCS12", "-storepass", store_pw, "-keypass", store_pw],
+                   check=True, capture_output=True)
+    subprocess.run(["keytool", "-exportcert", "-alias", "broker", "-rfc", "-keystore",
+                    str(keystore), "-storepass", store_pw, "-file", str(ca)],
+                   check=True, capture_output=True)
+    tls_port, port, controller_port = free_ports(3)
+    spec = broker.BrokerSpec(
+        home=home / "broker", jars=PROJECT / ".lib" / "kafka",
+        port=port, controller_port=controller_port, heap="512m",
+        listeners={"TLS": ("SSL", tls_port)},
+        extra={"listener.name.tls.ssl.keystore.location": str(keystore),
+               "listener.name.tls.ssl.keystore.type": "PKCS12",
+               "listener.name.tls.ssl.keystore.password": store_pw,
+               "listener.name.tls.ssl.key.password": store_pw})
+    broker.start(spec)
+    yield spec, f"127.0.0.1:{tls_port}", ca
+    broker.stop(spec)
+
+
+def test_tls_broker_works_only_when_its_certificate_is_trusted(tls_broker, job_process, capsys):
+    spec, tls_bootstrap, ca = tls_broker
+
+    untrusting, _ = job_process(bootstrap_servers=tls_bootstrap, security_protocol="SSL")
+    with pytest.raises(AssertionError, match="exited"):
+        untrusting.start(timeout_s=120)
+    refused = untrusting.log.read_text(errors="replace")
+    assert "certificate is not trusted" in refused and "ssl_cafile=(system CAs)" in refused, \
+        refused[-2000:]
+
+    job, settings = job_process(bootstrap_servers=tls_bootstrap, security_protocol="SSL",
+                                ssl_cafile=str(ca))
+    from kafka import KafkaAdminClient
+    admin = KafkaAdminClient(bootstrap_servers=spec.bootstrap)
+    real = f"real-{uuid.uuid4().hex[:6]}"
+    create_topic(admin, real, 1, {"message.timestamp.type": "LogAppendTime"})
+    admin.close()
+    job.start()
+    sent: dict[str, Sent] = {}
+    with DelayProducer(settings) as producer:  # over TLS too
+        for level in (0, 1, 2):
+            handle = producer.send(real, f"tls {level}".encode(), key=b"k", level=level)
+            sent[handle.uniq_key] = Sent(b"k", f"tls {level}".encode(), [], handle.due_ms)
+    records = consume_all(spec.bootstrap, real, expected=len(sent), timeout_s=90, idle_s=2)
+    check_deliveries(records, sent)
+    job.stop()
+    with capsys.disabled():
+        print(f"\nTLS: without the broker's CA refused at start; with it delivered "
+              f"{len(records)} of {len(sent)}")
