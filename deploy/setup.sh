@@ -19,7 +19,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
   echo "setup: installing Python dependencies into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[test,bench]'
   touch .venv/.installed
 fi
 

@@ -6,9 +6,11 @@ the defaults shown come from conf/defaults.toml.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 
 from conf.settings import ENV_PREFIX, load_settings
 from state.errors import DelayqError
@@ -242,6 +244,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from streaming.bench import Plan, main as bench
+
+    plan = Plan.short() if args.short else Plan()
+    changes = {name: getattr(args, name) for name in
+               ("size", "drain", "rate", "seconds", "burst", "burst_lead_s")
+               if getattr(args, name) is not None}
+    if args.scenarios:
+        changes["scenarios"] = tuple(args.scenarios.split(","))
+    if args.levels:
+        changes["levels"] = tuple(int(v) for v in args.levels.split(","))
+    plan = dataclasses.replace(plan, **changes)
+    overrides = {**_overrides(args), "spark_driver_memory": args.driver_memory}
+    if args.no_ledger:
+        overrides["ledger"] = "false"
+    return bench(overrides, plan, Path(args.out) if args.out else None,
+                 Path(args.plot) if args.plot else None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="delayq",
@@ -329,6 +350,25 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--url", help="exporter URL [default: http://<metrics_host>:<metrics_port>/metrics]")
     _common(status)
     status.set_defaults(func=cmd_status)
+
+    bench = sub.add_parser("bench", help="throughput and lateness against the raw Kafka pipe "
+                                         "(own broker unless Kafka is configured)")
+    bench.add_argument("--short", action="store_true",
+                       help="the CI form: small counts, no restart scenario")
+    bench.add_argument("--scenarios", help="comma separated: raw,drain,steady,burst,restart")
+    bench.add_argument("--size", type=int, help="message value bytes [1024]")
+    bench.add_argument("--drain", type=int, help="messages preloaded for raw and drain [200000]")
+    bench.add_argument("--rate", type=float, help="steady: msg/s [20000]")
+    bench.add_argument("--seconds", type=float, help="steady: seconds of load [60]")
+    bench.add_argument("--levels", help="steady: levels, round robin [1,2]")
+    bench.add_argument("--burst", type=int, help="burst: timers due in the same second [500000]")
+    bench.add_argument("--burst-lead-s", type=float, help="burst: seconds from the first send to the due time [90]")
+    bench.add_argument("--driver-memory", default="4g", help="Spark driver memory")
+    bench.add_argument("--no-ledger", action="store_true", help="run the job without the Delta ledger")
+    bench.add_argument("--out", help="JSON result [<data_dir>/bench-*/result.json]")
+    bench.add_argument("--plot", help="PNG of lateness over time [next to the JSON]")
+    _common(bench)
+    bench.set_defaults(func=cmd_bench)
 
     kafka = sub.add_parser("kafka", help="start, stop or inspect the embedded local Kafka broker")
     kafka.add_argument("action", choices=("start", "stop", "status"))

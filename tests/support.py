@@ -2,30 +2,16 @@
 consuming a topic to the end."""
 from __future__ import annotations
 
-import socket
 import time
 from typing import Callable, TypeVar
+
+from streaming.process import free_ports  # noqa: F401  (tests import it from here)
 
 T = TypeVar("T")
 
 
 def free_port() -> int:
     return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports (all held open while choosing: two separate
-    free_port() calls may return the same port)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def assert_eventually(check: Callable[[], T], timeout_s: float = 60.0, interval_s: float = 0.5,

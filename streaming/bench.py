@@ -1,0 +1,502 @@
+"""`delayq bench`: throughput and lateness of the whole path, against the raw Kafka pipe.
+
+Scenarios, in one run on one broker and one Spark session:
+  raw     the raw pipe: messages copied from a topic to another by a plain Spark Kafka
+          query with the job's trigger and batch bound (no parse, no state, no hold);
+          a preloaded backlog drained, in msg/s.
+  drain   delayq on the same preloaded backlog (level-1 messages, all overdue when the job
+          starts): parse, wheel, hold, Kafka write, ledger. Its ratio to raw is the headline.
+  steady  delayq under a constant rate over chosen levels: lateness p50/p95/p99/max, early,
+          lost, duplicates, throughput in and out, batch durations.
+  burst   many timer messages due in the same second: how long after it the last one left.
+  restart the job killed (SIGKILL) with messages pending and started again: time from the
+          restart to its first delivery.
+Lateness is the delivered record's broker timestamp minus its due time (the intake append
+time plus the level's delay, or the timer's deliver time). The load generator and the reader
+run as child processes (streaming/loadgen.py). Writes a JSON result and a PNG of lateness.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from conf.settings import Settings
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Plan:
+    scenarios: tuple[str, ...] = ("raw", "drain", "steady", "burst", "restart")
+    size: int = 1024
+    drain: int = 200_000
+    rate: float = 20_000
+    seconds: float = 60
+    levels: tuple[int, ...] = (1, 2)
+    burst: int = 500_000
+    burst_lead_s: float = 90
+    restart_rate: float = 200
+
+    @classmethod
+    def short(cls) -> "Plan":
+        """The CI form: small, quick, fails only on early or lost messages."""
+        return cls(scenarios=("raw", "drain", "steady", "burst"), drain=5_000, rate=1_000,
+                   seconds=15, burst=5_000, burst_lead_s=25)
+
+
+@dataclass
+class Result:
+    plan: dict
+    machine: dict
+    scenarios: dict = field(default_factory=dict)
+
+    def problems(self) -> list[str]:
+        """Early or lost messages in any scenario: the only failures of a bench run."""
+        out = []
+        for name, figures in self.scenarios.items():
+            for what in ("early", "lost"):
+                if figures.get(what):
+                    out.append(f"{name}: {figures[what]} {what}")
+        return out
+
+
+def percentile(values: np.ndarray, q: float) -> int | None:
+    return int(np.percentile(values, q, method="higher")) if len(values) else None
+
+
+class Load:
+    """One load generator and one reader for a real topic, as child processes."""
+
+    def __init__(self, settings: Settings, work: Path, real: str, name: str):
+        self.settings, self.real = settings, real
+        self.out = str(work / name)
+        self.env = {**os.environ, "DELAYQ_BENCH_SECURITY": json.dumps(_librdkafka_security(settings))}
+        self.reader = None
+
+    def start_reader(self, timeout_s: float, idle_s: float = 20.0) -> None:
+        self.reader = subprocess.Popen(
+            [sys.executable, "-m", "streaming.loadgen", "consume",
+             "--bootstrap", self.settings.bootstrap, "--topic", self.real,
+             "--out", self.out + "-read.npz", "--timeout", str(timeout_s), "--idle", str(idle_s)],
+            env=self.env, cwd=PROJECT)
+
+    def produce(self, intake: str, count: int, rate: float, size: int,
+                levels: tuple[int, ...] = (1,), deliver_at_ms: int = 0, partitions: int = 1,
+                wait: bool = True):
+        delays = ",".join(str(d) for d in self.settings.level_delays_ms)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streaming.loadgen", "produce",
+             "--bootstrap", self.settings.bootstrap, "--intake", intake, "--real", self.real,
+             "--count", str(count), "--rate", str(rate), "--size", str(size),
+             "--levels", ",".join(map(str, levels)), "--delays", delays,
+             "--deliver-at-ms", str(deliver_at_ms), "--partitions", str(partitions),
+             "--run", Path(self.out).name, "--out", self.out + "-sent.npz"],
+            env=self.env, cwd=PROJECT)
+        if wait:
+            self.wait_producer(proc)
+        return proc
+
+    def wait_producer(self, proc) -> dict:
+        if proc.wait() != 0:
+            raise RuntimeError(f"the load generator failed (exit {proc.returncode})")
+        done = json.loads(Path(self.out + "-sent.npz.done").read_text())
+        if done["failed"]:
+            raise RuntimeError(f"the broker refused {done['failed']} bench messages")
+        return done
+
+    def finish(self, expected: int) -> dict:
+        """Tell the reader how many to expect and when the last is due; wait for it; join
+        sends and deliveries."""
+        sent = np.load(self.out + "-sent.npz")
+        last_due = int(sent["due"].max()) / 1000 if len(sent["due"]) else time.time()
+        Path(self.out + "-read.npz.expected").write_text(json.dumps(
+            {"expected": expected, "quiet_from_s": max(time.time(), last_due)}))
+        self.reader.wait()
+        read = np.load(self.out + "-read.npz")
+        return join(sent["append"], sent["due"], read["seq"], read["ts"])
+
+
+def join(append: np.ndarray, due: np.ndarray, seq: np.ndarray, ts: np.ndarray) -> dict:
+    """Figures of one scenario from what was sent (per sequence number: append and due time)
+    and what was read (sequence number and broker timestamp of each delivery)."""
+    n = len(due)
+    ok = (seq >= 0) & (seq < n)
+    seq, ts = seq[ok], ts[ok]
+    order = np.argsort(ts, kind="stable")
+    seq, ts = seq[order], ts[order]
+    first = np.unique(seq, return_index=True)[1]   # the first delivery of each message
+    fseq, fts = seq[first], ts[first]
+    late = fts - due[fseq]
+    delivered = len(fseq)
+    span_s = (fts.max() - fts.min()) / 1000 if delivered > 1 else 0.0
+    return {
+        "messages": int(n), "delivered": int(delivered), "lost": int(n - delivered),
+        "duplicates": int(len(seq) - delivered),
+        # Early is judged on every copy, duplicates included.
+        "early": int(np.sum(ts < due[seq])),
+        "lateness_p50_ms": percentile(late, 50), "lateness_p95_ms": percentile(late, 95),
+        "lateness_p99_ms": percentile(late, 99),
+        "lateness_max_ms": int(late.max()) if delivered else None,
+        "out_msg_s": round((delivered - 1) / span_s, 1) if span_s else None,
+        "_series": (due[fseq], late),
+    }
+
+
+def _librdkafka_security(settings: Settings) -> dict:
+    config = {"security.protocol": settings.security_protocol}
+    if settings.security_protocol.startswith("SASL"):
+        config.update({"sasl.mechanism": settings.sasl_mechanism,
+                       "sasl.username": settings.sasl_username,
+                       "sasl.password": settings.sasl_password.get_secret_value()})
+    if settings.ssl_cafile:
+        config["ssl.ca.location"] = settings.ssl_cafile
+    return config
+
+
+class MemoryPeaks(threading.Thread):
+    """Peak resident memory of the driver (its JVM and this Python process) and of the
+    Python workers, sampled twice a second from /proc."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.driver = self.workers = 0
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.wait(0.5):
+            driver, workers = me.memory_info().rss, 0
+            for child in me.children(recursive=True):
+                try:
+                    line = " ".join(child.cmdline())
+                    rss = child.memory_info().rss
+                except psutil.Error:
+                    continue
+                if "org.apache.spark.deploy.SparkSubmit" in line:
+                    driver += rss
+                elif "pyspark" in line and ("daemon" in line or "worker" in line):
+                    workers += rss
+            self.driver, self.workers = max(self.driver, driver), max(self.workers, workers)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        return {"driver_rss_peak_mb": round(self.driver / 2**20),
+                "python_workers_rss_peak_mb": round(self.workers / 2**20)}
+
+
+def _batches(query, after: int) -> dict:
+    progress = [p for p in query.recentProgress if p["batchId"] > after]
+    took = np.array([p["durationMs"].get("triggerExecution", 0) for p in progress])
+    rows = sum(p["numInputRows"] for p in progress)
+    return {"batches": len(progress), "batch_p50_ms": percentile(took, 50),
+            "batch_p90_ms": percentile(took, 90), "batch_max_ms": percentile(took, 100),
+            "rows_per_batch_p50": percentile(np.array([p["numInputRows"] for p in progress]), 50),
+            "input_rows": rows}
+
+
+def _processing_rate(query, after: int, until_ms: int | None) -> dict:
+    """Rows per second of batch time over the batches that started before the last delivery:
+    the pipe's own throughput, without the query's start-up or the reader's polling."""
+    from datetime import datetime
+
+    if until_ms is None:
+        return {}
+    took = rows = 0
+    for p in query.recentProgress:
+        start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+        if p["batchId"] > after and start <= until_ms:
+            took += p["durationMs"].get("triggerExecution", 0)
+            rows += p["numInputRows"]
+    return {"batch_rows": rows, "batch_seconds": round(took / 1000, 2),
+            "processing_msg_s": round(rows / (took / 1000), 1) if took else None}
+
+
+def _last_delivery_ms(figures: dict) -> int | None:
+    due, late = figures["_series"]
+    return int((due + late).max()) if len(due) else None
+
+
+def _steps(summaries) -> dict:
+    """Median seconds of each step of the delivery batches (wheel, kafka, ledger, …)."""
+    names = {name for summary in summaries for name in summary.timings}
+    return {name: round(float(np.median([s.timings[name] for s in summaries
+                                         if name in s.timings])), 3) for name in sorted(names)}
+
+
+def _last_batch(query) -> int:
+    return query.lastProgress["batchId"] if query.lastProgress else -1
+
+
+def _topic(admin, prefix: str, partitions: int = 2, append_time: bool = True) -> str:
+    from streaming.admin import create_topic
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    create_topic(admin, name, partitions,
+                 {"message.timestamp.type": "LogAppendTime"} if append_time else {})
+    return name
+
+
+class Bench:
+    def __init__(self, settings: Settings, spark, plan: Plan, work: Path,
+                 overrides: dict | None = None, log=lambda line: print(line, flush=True)):
+        from streaming.admin import admin_client
+
+        self.settings, self.spark, self.plan, self.work = settings, spark, plan, work
+        # The settings a `delayq run` child of the restart scenario needs, as DELAYQ_* values.
+        self.overrides = overrides or {}
+        self.admin = admin_client(settings)
+        self.log = log
+        self.job = None
+        self.summaries: list = []   # every delivery batch's BatchSummary (step timings)
+
+    # -- the raw pipe --------------------------------------------------------------------
+    def raw(self) -> dict:
+        from pyspark.sql import functions as F
+
+        from sinks.kafka import PRODUCER_OPTIONS
+        from streaming.kafka_config import spark_options
+
+        intake, real = _topic(self.admin, "bench-raw-in", 1), _topic(self.admin, "bench-raw-out")
+        load = Load(self.settings, self.work, real, "raw")
+        load.start_reader(timeout_s=600)
+        load.produce(intake, self.plan.drain, 0, self.plan.size)
+        options = spark_options(self.settings)
+        reader = (self.spark.readStream.format("kafka").options(**options)
+                  .option("subscribe", intake).option("startingOffsets", "earliest")
+                  .option("includeHeaders", "true"))
+        if self.settings.max_offsets_per_trigger > 0:
+            reader = reader.option("maxOffsetsPerTrigger", self.settings.max_offsets_per_trigger)
+        query = (reader.load()
+                 .select(F.lit(real).alias("topic"), "key", "value", "headers")
+                 .writeStream.format("kafka").options(**{**PRODUCER_OPTIONS, **options})
+                 .option("checkpointLocation", str(self.work / "raw-ckpt"))
+                 .trigger(processingTime="0 seconds").start())
+        try:
+            figures = load.finish(self.plan.drain)
+            figures.update(_processing_rate(query, -1, _last_delivery_ms(figures)))
+        finally:
+            query.stop()
+        # The raw pipe has no due time: its "lateness" is the copy's delay after append.
+        return figures
+
+    # -- delayq ------------------------------------------------------------------------------
+    def start_job(self):
+        from streaming.job import DelayJob
+
+        self.job = DelayJob(self.settings, self.spark, checkpoint=str(self.work / "ckpt"),
+                            on_batch=self.summaries.append)
+        self.job.start()
+
+    def drain(self) -> dict:
+        real = _topic(self.admin, "bench-drain")
+        load = Load(self.settings, self.work, real, "drain")
+        from streaming.admin import ensure_topics
+
+        ensure_topics(self.settings, self.admin)
+        load.start_reader(timeout_s=900)
+        load.produce(self.settings.intake_topic, self.plan.drain, 0, self.plan.size, levels=(1,),
+                     partitions=len(self.settings.level_delays_ms))
+        time.sleep(self.settings.level_delays_ms[0] / 1000 + 0.5)  # all overdue at the start
+        self.start_job()
+        figures = load.finish(self.plan.drain)
+        figures.update(_processing_rate(self.job.query, -1, _last_delivery_ms(figures)))
+        return figures
+
+    def steady(self) -> dict:
+        if self.job is None:
+            self.start_job()
+        real = _topic(self.admin, "bench-steady")
+        load = Load(self.settings, self.work, real, "steady")
+        count = int(self.plan.rate * self.plan.seconds)
+        longest = max(self.settings.level_delays_ms[lv - 1] for lv in self.plan.levels)
+        load.start_reader(timeout_s=self.plan.seconds + longest / 1000 + 600)
+        after = _last_batch(self.job.query)
+        first_summary = len(self.summaries)
+        produced = load.produce(self.settings.intake_topic, count, self.plan.rate, self.plan.size,
+                                levels=self.plan.levels,
+                                partitions=len(self.settings.level_delays_ms), wait=False)
+        done = load.wait_producer(produced)
+        figures = load.finish(count)
+        figures.update(in_msg_s=done["rate"], **_batches(self.job.query, after))
+        figures["step_p50_s"] = _steps(self.summaries[first_summary:])
+        return figures
+
+    def burst(self) -> dict:
+        if self.job is None:
+            self.start_job()
+        real = _topic(self.admin, "bench-burst")
+        load = Load(self.settings, self.work, real, "burst")
+        due = int((time.time() + self.plan.burst_lead_s) * 1000) // 1000 * 1000
+        load.start_reader(timeout_s=self.plan.burst_lead_s + 900)
+        t0 = time.time()
+        load.produce(self.settings.intake_topic, self.plan.burst, 0, self.plan.size,
+                     deliver_at_ms=due, partitions=len(self.settings.level_delays_ms))
+        produced_s = time.time() - t0
+        figures = load.finish(self.plan.burst)
+        late = figures["_series"][1]
+        figures.update(due_ms=due, produce_s=round(produced_s, 1),
+                       lead_s=self.plan.burst_lead_s,
+                       within_10s=int(np.sum(late <= 10_000)))
+        return figures
+
+    def restart(self) -> dict:
+        """A `delayq run` child killed with SIGKILL while level-2 messages are pending, and
+        started again at once: seconds from the restart to its first delivery."""
+        if self.job is not None:
+            self.job.stop()
+            self.job = None
+        real = _topic(self.admin, "bench-restart")
+        load = Load(self.settings, self.work, real, "restart")
+        from streaming.process import free_ports
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+        env.update({f"DELAYQ_{k.upper()}": str(v) for k, v in self.overrides.items()})
+        env["DELAYQ_METRICS_PORT"] = str(free_ports(1)[0])
+        logfile = open(self.work / "restart-job.log", "ab")
+
+        def run():
+            return subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
+                                    cwd=PROJECT, stdout=logfile, stderr=subprocess.STDOUT)
+        count = int(self.plan.restart_rate * 20)
+        load.start_reader(timeout_s=600)
+        job = run()
+        time.sleep(45)  # started and warm
+        producer = load.produce(self.settings.intake_topic, count, self.plan.restart_rate,
+                                self.plan.size, levels=(2,),
+                                partitions=len(self.settings.level_delays_ms), wait=False)
+        time.sleep(8)
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+        restarted = time.time()
+        job = run()
+        load.wait_producer(producer)
+        figures = load.finish(count)
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+        due, late = figures["_series"]
+        stamps = due + late
+        after = stamps[stamps >= restarted * 1000]
+        figures["first_delivery_after_restart_s"] = (
+            round((after.min() - restarted * 1000) / 1000, 1) if len(after) else None)
+        return figures
+
+    def run(self) -> Result:
+        machine = {"cores": os.cpu_count(), "spark_master": self.settings.spark_master,
+                   "shuffle_partitions": self.settings.spark_shuffle_partitions,
+                   "max_offsets_per_trigger": self.settings.max_offsets_per_trigger,
+                   "ledger": self.settings.ledger}
+        result = Result(plan=self.plan.__dict__.copy(), machine=machine)
+        memory = MemoryPeaks()
+        memory.start()
+        try:
+            for name in self.plan.scenarios:
+                self.log(f"bench: {name} …")
+                t0 = time.time()
+                figures = getattr(self, name)()
+                figures["wall_s"] = round(time.time() - t0, 1)
+                result.scenarios[name] = figures
+                self.log(f"bench: {name}: " + json.dumps(_public(figures)))
+        finally:
+            if self.job is not None:
+                self.job.stop()
+            result.machine.update(memory.stop())
+            self.admin.close()
+        raw, drain = result.scenarios.get("raw"), result.scenarios.get("drain")
+        if raw and drain and raw.get("processing_msg_s") and drain.get("processing_msg_s"):
+            result.machine["drain_ratio_to_raw"] = round(
+                drain["processing_msg_s"] / raw["processing_msg_s"], 3)
+        return result
+
+
+def _public(figures: dict) -> dict:
+    return {k: v for k, v in figures.items() if not k.startswith("_")}
+
+
+def write(result: Result, json_path: Path, plot_path: Path | None) -> None:
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"plan": result.plan, "machine": result.machine,
+            "scenarios": {k: _public(v) for k, v in result.scenarios.items()}}
+    json_path.write_text(json.dumps(body, indent=2) + "\n")
+    if plot_path is None:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [n for n in ("steady", "burst", "restart") if n in result.scenarios]
+    if not shown:
+        return
+    fig, axes = plt.subplots(len(shown), 1, figsize=(9, 3.2 * len(shown)), squeeze=False)
+    for ax, name in zip(axes[:, 0], shown):
+        due, late = result.scenarios[name]["_series"]
+        if not len(due):
+            continue
+        if len(due) > 40_000:
+            pick = np.random.default_rng(0).choice(len(due), 40_000, replace=False)
+            due, late = due[pick], late[pick]
+        ax.scatter((due - due.min()) / 1000, late, s=1, alpha=0.4)
+        ax.set_title(f"{name}: lateness by due time")
+        ax.set_xlabel("due time (s from the first)")
+        ax.set_ylabel("lateness (ms)")
+        ax.axhline(0, color="red", linewidth=0.8)
+    fig.tight_layout()
+    plot_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(plot_path, dpi=90)
+    plt.close(fig)
+
+
+def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None) -> int:
+    """The CLI entry: a broker of its own (on free ports) unless Kafka is configured, a Spark
+    session, the scenarios; prints the figures, writes them; 1 on early or lost."""
+    import tempfile
+
+    from conf import load_settings
+    from streaming import broker
+    from streaming.process import free_ports
+    from streaming.session import build_session
+
+    base = load_settings(**overrides)
+    base.data_path.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-", dir=base.data_path))
+    tag = uuid.uuid4().hex[:6]
+    overrides = {**overrides, "data_dir": str(work / "data"),
+                 "intake_topic": f"bench-intake-{tag}", "dlq_topic": f"bench-intake-{tag}.DLQ"}
+    spec = None
+    if base.embedded:
+        port, controller = free_ports(2)
+        spec = broker.BrokerSpec(home=work / "kafka", jars=base.jars_path / "kafka",
+                                 port=port, controller_port=controller, heap="1g")
+        broker.start(spec)
+        overrides["bootstrap_servers"] = spec.bootstrap
+    try:
+        settings = load_settings(**overrides)
+        spark = build_session(settings)
+        result = Bench(settings, spark, plan, work, overrides).run()
+        out = out or work / "result.json"
+        write(result, out, plot or out.with_suffix(".png"))
+        print(json.dumps({"machine": result.machine,
+                          "scenarios": {k: _public(v) for k, v in result.scenarios.items()}},
+                         indent=2))
+        print(f"bench: wrote {out} and {plot or out.with_suffix('.png')}")
+        problems = result.problems()
+        for line in problems:
+            print(f"bench: FAILED: {line}", file=sys.stderr)
+        return 1 if problems else 0
+    finally:
+        if spec is not None:
+            broker.stop(spec)

@@ -1,0 +1,161 @@
+"""The benchmark's load generator and reader, each run as a child process so that neither
+takes the driver's Python (and its GIL) from the job it measures. Both use librdkafka
+(confluent-kafka): a pure-Python client would spend the cores it is measuring.
+
+    python -m streaming.loadgen produce --bootstrap B --intake T --real R --count N ...
+    python -m streaming.loadgen consume --bootstrap B --topic R --out F.npz ...
+
+A message's value starts with its sequence number (8 bytes, big-endian); the producer records
+each one's broker append time and due time, the reader each delivery's broker timestamp, and
+the bench joins them on the sequence number.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SEQ = 8
+
+
+def client_config(args) -> dict:
+    config = {"bootstrap.servers": args.bootstrap}
+    security = json.loads(os.environ.get("DELAYQ_BENCH_SECURITY", "{}"))
+    config.update(security)
+    return config
+
+
+def produce(args) -> None:
+    from confluent_kafka import Producer
+
+    delays = [int(d) for d in args.delays.split(",")] if args.delays else []
+    levels = [int(v) for v in args.levels.split(",")] if args.levels else []
+    n = args.count
+    append = np.full(n, -1, dtype=np.int64)
+    failed = 0
+    pad = os.urandom(max(0, args.size - SEQ))
+    producer = Producer({**client_config(args), "linger.ms": 5, "batch.size": 1 << 20,
+                         "acks": "all", "queue.buffering.max.messages": 2_000_000,
+                         "queue.buffering.max.kbytes": 2 << 20, "enable.idempotence": False})
+
+    def delivered(err, msg):
+        nonlocal failed
+        seq = int.from_bytes(msg.value()[:SEQ], "big")
+        if err is not None:
+            failed += 1
+        else:
+            append[seq] = msg.timestamp()[1]
+
+    partitions = args.partitions
+    level_of = np.array(levels or [0], dtype=np.int64)
+    started = time.time()
+    i = 0
+    while i < n:
+        # Keep to the rate: send what is owed now, then yield to the delivery reports.
+        owed = n if args.rate <= 0 else min(n, int((time.time() - started) * args.rate) + 1)
+        while i < owed:
+            headers = [("REAL_TOPIC", args.real.encode()), ("UNIQ_KEY", f"{args.run}-{i}".encode())]
+            if args.deliver_at_ms:
+                headers.append(("TIMER_DELIVER_MS", str(args.deliver_at_ms).encode()))
+                part = i % partitions
+            else:
+                level = int(level_of[i % len(level_of)])
+                headers.append(("DELAY", str(level).encode()))
+                part = (level - 1) % partitions
+            try:
+                producer.produce(args.intake, value=i.to_bytes(SEQ, "big") + pad, partition=part,
+                                 headers=headers, on_delivery=delivered)
+                i += 1
+            except BufferError:
+                producer.poll(0.05)
+                continue
+            if i % 2000 == 0:
+                producer.poll(0)
+        producer.poll(0.005 if args.rate > 0 else 0)
+    producer.flush(120)
+    elapsed = time.time() - started
+    level_per_seq = (np.full(n, -1, dtype=np.int64) if args.deliver_at_ms
+                     else level_of[np.arange(n) % len(level_of)].astype(np.int64))
+    if args.deliver_at_ms:
+        due = np.maximum(append, args.deliver_at_ms)
+    else:
+        due = append + np.array([0, *delays], dtype=np.int64)[level_per_seq]
+    np.savez(args.out, append=append, due=due, level=level_per_seq)
+    Path(args.out + ".done").write_text(json.dumps(
+        {"count": n, "failed": failed, "seconds": round(elapsed, 3),
+         "rate": round(n / elapsed, 1) if elapsed else None}))
+
+
+def consume(args) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**client_config(args), "group.id": f"delayq-bench-{os.getpid()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "fetch.min.bytes": 1, "fetch.wait.max.ms": 50})
+    meta = consumer.list_topics(args.topic, timeout=30).topics[args.topic]
+    consumer.assign([TopicPartition(args.topic, p, 0) for p in meta.partitions])
+    seqs, stamps = [], []
+    expected_file = Path(args.out + ".expected")
+    stop_file = Path(args.out + ".stop")
+    expected = None
+    seen: set[int] = set()
+    idle_since = time.time()
+    deadline = time.time() + args.timeout
+    while time.time() < deadline and not stop_file.exists():
+        batch = consumer.consume(num_messages=10_000, timeout=0.2)
+        for msg in batch:
+            if msg.error() is not None:
+                continue
+            seq = int.from_bytes(msg.value()[:SEQ], "big")
+            seqs.append(seq)
+            stamps.append(msg.timestamp()[1])
+            seen.add(seq)
+        if batch:
+            idle_since = time.time()
+        if expected is None and expected_file.exists():
+            told = json.loads(expected_file.read_text())
+            expected, quiet_from = told["expected"], told["quiet_from_s"]
+        if expected is None:
+            continue
+        # Idle counts only once every message is due (and the bench has said how many).
+        quiet = time.time() - max(idle_since, quiet_from)
+        if len(seen) >= expected or quiet > args.idle:
+            break
+    consumer.close()
+    np.savez(args.out, seq=np.array(seqs, dtype=np.int64), ts=np.array(stamps, dtype=np.int64))
+    Path(args.out + ".done").write_text(json.dumps({"records": len(seqs), "distinct": len(seen)}))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m streaming.loadgen")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("produce")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--intake", required=True)
+    p.add_argument("--real", required=True)
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--rate", type=float, default=0.0, help="msg/s; 0: as fast as possible")
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--levels", default="1", help="levels, round robin (1-based)")
+    p.add_argument("--delays", default="", help="delay of each level in ms, comma separated")
+    p.add_argument("--deliver-at-ms", type=int, default=0, help="timers all due at this time")
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--run", default="bench")
+    p.add_argument("--out", required=True)
+    c = sub.add_parser("consume")
+    c.add_argument("--bootstrap", required=True)
+    c.add_argument("--topic", required=True)
+    c.add_argument("--timeout", type=float, default=900.0)
+    c.add_argument("--idle", type=float, default=20.0)
+    c.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    (produce if args.command == "produce" else consume)(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,33 @@
+"""The bench's arithmetic: lost, early, duplicates and lateness from what was sent and read."""
+import numpy as np
+
+from streaming.bench import Result, join
+
+
+def test_join_counts_lost_early_and_duplicates():
+    append = np.array([1000, 1000, 1000, 1000])
+    due = np.array([2000, 2000, 5000, 5000])
+    # 0 on time, 1 late by 300 then again (a duplicate), 2 early, 3 never read.
+    seq = np.array([0, 1, 2, 1, 99])
+    ts = np.array([2000, 2300, 4999, 2600, 9000])
+    figures = join(append, due, seq, ts)
+    assert figures["messages"] == 4
+    assert figures["delivered"] == 3
+    assert figures["lost"] == 1
+    assert figures["duplicates"] == 1
+    assert figures["early"] == 1
+    assert figures["lateness_max_ms"] == 300          # the first copy of 1
+    assert figures["lateness_p50_ms"] == 0
+
+
+def test_an_early_duplicate_counts_as_early():
+    due = np.array([2000])
+    figures = join(np.array([1000]), due, np.array([0, 0]), np.array([2100, 1500]))
+    assert figures["early"] == 1 and figures["duplicates"] == 1
+
+
+def test_problems_name_early_and_lost_only():
+    result = Result(plan={}, machine={}, scenarios={
+        "steady": {"early": 0, "lost": 0, "lateness_p99_ms": 99_999},
+        "burst": {"early": 2, "lost": 3}})
+    assert result.problems() == ["burst: 2 early", "burst: 3 lost"]
