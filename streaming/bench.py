@@ -83,7 +83,7 @@ class Load:
         self.env = {**os.environ, "DELAYQ_BENCH_SECURITY": json.dumps(_librdkafka_security(settings))}
         self.reader = None
 
-    def start_reader(self, timeout_s: float, idle_s: float = 20.0) -> None:
+    def start_reader(self, timeout_s: float, idle_s: float = 120.0) -> None:
         self.reader = subprocess.Popen(
             [sys.executable, "-m", "streaming.loadgen", "consume",
              "--bootstrap", self.settings.bootstrap, "--topic", self.real,
@@ -213,10 +213,19 @@ def _processing_rate(query, after: int, until_ms: int | None) -> dict:
 
     if until_ms is None:
         return {}
+
+    def start_ms(p) -> float:
+        return datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+
+    # The batch that made the last delivery reports its progress when it commits.
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(
+            start_ms(p) + p["durationMs"].get("triggerExecution", 0) >= until_ms
+            for p in query.recentProgress):
+        time.sleep(0.5)
     took = rows = 0
     for p in query.recentProgress:
-        start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
-        if p["batchId"] > after and start <= until_ms:
+        if p["batchId"] > after and start_ms(p) <= until_ms:
             took += p["durationMs"].get("triggerExecution", 0)
             rows += p["numInputRows"]
     return {"batch_rows": rows, "batch_seconds": round(took / 1000, 2),
@@ -361,9 +370,14 @@ class Bench:
         load = Load(self.settings, self.work, real, "restart")
         from streaming.process import free_ports
 
+        # A job of its own: its own intake and data folder (the checkpoint guard rightly
+        # refuses a fresh checkpoint on an intake another run has read).
+        intake = f"{self.settings.intake_topic}-restart"
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
         env.update({f"DELAYQ_{k.upper()}": str(v) for k, v in self.overrides.items()})
-        env["DELAYQ_METRICS_PORT"] = str(free_ports(1)[0])
+        env.update(DELAYQ_METRICS_PORT=str(free_ports(1)[0]), DELAYQ_INTAKE_TOPIC=intake,
+                   DELAYQ_DLQ_TOPIC=f"{intake}.DLQ",
+                   DELAYQ_DATA_DIR=str(self.work / "restart-data"))
         logfile = open(self.work / "restart-job.log", "ab")
 
         def run():
@@ -372,8 +386,14 @@ class Bench:
         count = int(self.plan.restart_rate * 20)
         load.start_reader(timeout_s=600)
         job = run()
-        time.sleep(45)  # started and warm
-        producer = load.produce(self.settings.intake_topic, count, self.plan.restart_rate,
+        deadline = time.time() + 120   # started: it has created its intake
+        while intake not in self.admin.list_topics() and time.time() < deadline:
+            if job.poll() is not None:
+                raise RuntimeError(f"the restart scenario's job exited ({job.returncode}); "
+                                   f"see {self.work / 'restart-job.log'}")
+            time.sleep(1)
+        time.sleep(20)  # and warm
+        producer = load.produce(intake, count, self.plan.restart_rate,
                                 self.plan.size, levels=(2,),
                                 partitions=len(self.settings.level_delays_ms), wait=False)
         time.sleep(8)
@@ -381,6 +401,8 @@ class Bench:
         job.wait()
         restarted = time.time()
         job = run()
+        if job.poll() is not None:
+            raise RuntimeError(f"the restarted job exited; see {self.work / 'restart-job.log'}")
         load.wait_producer(producer)
         figures = load.finish(count)
         job.send_signal(signal.SIGTERM)
