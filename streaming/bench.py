@@ -280,7 +280,8 @@ class Bench:
         intake, real = _topic(self.admin, "bench-raw-in", 1), _topic(self.admin, "bench-raw-out")
         load = Load(self.settings, self.work, real, "raw")
         load.start_reader(timeout_s=600)
-        load.produce(intake, self.plan.drain, 0, self.plan.size)
+        # Level 0: the raw pipe's due time is the append time itself.
+        load.produce(intake, self.plan.drain, 0, self.plan.size, levels=(0,))
         options = spark_options(self.settings)
         reader = (self.spark.readStream.format("kafka").options(**options)
                   .option("subscribe", intake).option("startingOffsets", "earliest")
