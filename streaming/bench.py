@@ -248,12 +248,11 @@ def _last_batch(query) -> int:
     return query.lastProgress["batchId"] if query.lastProgress else -1
 
 
-def _topic(admin, prefix: str, partitions: int = 2, append_time: bool = True) -> str:
+def _topic(admin, prefix: str, partitions: int = 2) -> str:
     from streaming.admin import create_topic
 
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    create_topic(admin, name, partitions,
-                 {"message.timestamp.type": "LogAppendTime"} if append_time else {})
+    create_topic(admin, name, partitions, {"message.timestamp.type": "LogAppendTime"})
     return name
 
 
@@ -324,11 +323,14 @@ class Bench:
         figures.update(_processing_rate(self.job.query, -1, _last_delivery_ms(figures)))
         return figures
 
-    def steady(self) -> dict:
+    def _on_job(self, name: str) -> Load:
+        """The running job (started if none) and a load for a fresh real topic."""
         if self.job is None:
             self.start_job()
-        real = _topic(self.admin, "bench-steady")
-        load = Load(self.settings, self.work, real, "steady")
+        return Load(self.settings, self.work, _topic(self.admin, f"bench-{name}"), name)
+
+    def steady(self) -> dict:
+        load = self._on_job("steady")
         count = int(self.plan.rate * self.plan.seconds)
         longest = max(self.settings.level_delays_ms[lv - 1] for lv in self.plan.levels)
         load.start_reader(timeout_s=self.plan.seconds + longest / 1000 + 600)
@@ -344,10 +346,7 @@ class Bench:
         return figures
 
     def burst(self) -> dict:
-        if self.job is None:
-            self.start_job()
-        real = _topic(self.admin, "bench-burst")
-        load = Load(self.settings, self.work, real, "burst")
+        load = self._on_job("burst")
         due = int((time.time() + self.plan.burst_lead_s) * 1000) // 1000 * 1000
         load.start_reader(timeout_s=self.plan.burst_lead_s + 900)
         t0 = time.time()

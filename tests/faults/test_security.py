@@ -63,20 +63,7 @@ def test_sasl_broker_works_only_with_the_right_credentials(sasl_broker, job_proc
     assert "could not log in" in refused and "authentication failed" in refused, refused[-2000:]
 
     job, settings = job_process(**secure, sasl_password=PASSWORD)
-    from kafka import KafkaAdminClient
-    admin = KafkaAdminClient(bootstrap_servers=spec.bootstrap)  # the broker's own listener
-    real = f"real-{uuid.uuid4().hex[:6]}"
-    create_topic(admin, real, 1, {"message.timestamp.type": "LogAppendTime"})
-    admin.close()
-    job.start()
-    sent: dict[str, Sent] = {}
-    with DelayProducer(settings) as producer:  # SASL too: it has only the secure settings
-        for level in (0, 1, 2):
-            handle = producer.send(real, f"secure {level}".encode(), key=b"k", level=level)
-            sent[handle.uniq_key] = Sent(b"k", f"secure {level}".encode(), [], handle.due_ms)
-    records = consume_all(spec.bootstrap, real, expected=len(sent), timeout_s=90, idle_s=2)
-    check_deliveries(records, sent)
-    job.stop()
+    records, sent = deliver_three(spec, job, settings)
 
     output = job.log.read_text(errors="replace") + refused
     assert PASSWORD not in output, "the SASL password appeared in the job's output"
@@ -127,20 +114,30 @@ def test_tls_broker_works_only_when_its_certificate_is_trusted(tls_broker, job_p
 
     job, settings = job_process(bootstrap_servers=tls_bootstrap, security_protocol="SSL",
                                 ssl_cafile=str(ca))
+    records, sent = deliver_three(spec, job, settings)
+    with capsys.disabled():
+        print(f"\nTLS: without the broker's CA refused at start; with it delivered "
+              f"{len(records)} of {len(sent)}")
+
+
+def deliver_three(spec, job, settings):
+    """Start `job` and send one message at levels 0, 1 and 2 through the secure listener (the
+    producer has only the job's secure settings); read them back on the broker's own listener
+    and check them. Returns (records, sent)."""
     from kafka import KafkaAdminClient
+
     admin = KafkaAdminClient(bootstrap_servers=spec.bootstrap)
     real = f"real-{uuid.uuid4().hex[:6]}"
     create_topic(admin, real, 1, {"message.timestamp.type": "LogAppendTime"})
     admin.close()
     job.start()
     sent: dict[str, Sent] = {}
-    with DelayProducer(settings) as producer:  # over TLS too
+    with DelayProducer(settings) as producer:
         for level in (0, 1, 2):
-            handle = producer.send(real, f"tls {level}".encode(), key=b"k", level=level)
-            sent[handle.uniq_key] = Sent(b"k", f"tls {level}".encode(), [], handle.due_ms)
+            value = f"secure {level}".encode()
+            handle = producer.send(real, value, key=b"k", level=level)
+            sent[handle.uniq_key] = Sent(b"k", value, [], handle.due_ms)
     records = consume_all(spec.bootstrap, real, expected=len(sent), timeout_s=90, idle_s=2)
     check_deliveries(records, sent)
     job.stop()
-    with capsys.disabled():
-        print(f"\nTLS: without the broker's CA refused at start; with it delivered "
-              f"{len(records)} of {len(sent)}")
+    return records, sent
