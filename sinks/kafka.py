@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
+
+import pyarrow as pa
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
@@ -164,13 +167,15 @@ class KafkaSink(BatchSink):
         # One task per level: a level's messages leave in due order (the hold sorts each
         # task's rows), which matters when a restart finds many overdue at once.
         sent = (out.repartition(self._parallelism, "level")
-                .mapInPandas(hold_and_stamp, schema)
+                .mapInArrow(hold_and_stamp, schema)
                 .persist(StorageLevel.MEMORY_AND_DISK))
         (sent.select("topic", "partition", "key", "value", "headers")
          .write.format("kafka").options(**self._options).save())
         return sent
 
 
-def hold_and_stamp(frames):
-    for chunk in hold_until_due(frames):
-        yield chunk.assign(sent_ms=int(time.time() * 1000))
+def hold_and_stamp(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for chunk in hold_until_due(batches):
+        stamped = chunk.append_column("sent_ms", pa.array(
+            [int(time.time() * 1000)] * chunk.num_rows, pa.int64()))
+        yield from stamped.to_batches()

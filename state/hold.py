@@ -3,28 +3,33 @@
 The wheel fires groups ahead of time (the watermark lags the clock); this stage is what makes
 "never early" true: a row leaves only when the clock has reached its due_ms. Rows stream out
 in due order, in small chunks, so the Kafka writer sends each one close to its due time.
+
+It works on Arrow record batches (Spark's mapInArrow): the rows carry the messages' payloads
+and headers, and a pandas round trip would convert every header to a Python dict and back.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable, Iterator
 
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 
-def hold_until_due(frames: Iterator[pd.DataFrame], clock: Callable[[], float] = time.time,
-                   sleep: Callable[[float], None] = time.sleep) -> Iterator[pd.DataFrame]:
-    parts = [frame for frame in frames if len(frame)]
+def hold_until_due(batches: Iterator[pa.RecordBatch], clock: Callable[[], float] = time.time,
+                   sleep: Callable[[float], None] = time.sleep) -> Iterator[pa.Table]:
+    parts = [batch for batch in batches if batch.num_rows]
     if not parts:
         return
-    rows = pd.concat(parts, ignore_index=True).sort_values("due_ms", kind="stable")
-    due = rows["due_ms"].to_numpy()
+    rows = pa.Table.from_batches(parts)
+    rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
+    due = rows.column("due_ms").to_numpy()
     start = 0
-    while start < len(rows):
+    while start < len(due):
         now_ms = int(clock() * 1000)
         if due[start] > now_ms:
             sleep((int(due[start]) - now_ms) / 1000.0)
             continue
         end = int(due.searchsorted(now_ms, side="right"))
-        yield rows.iloc[start:end]
+        yield rows.slice(start, end - start)
         start = end

@@ -1,13 +1,14 @@
 """The wheel: the applyInPandasWithState function that holds delayed messages.
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
-slot of `slot_ms`. Its state is one Arrow blob of pending messages; its event-time timer is
+slot of `slot_ms`. Its state is one Arrow stream of pending messages (base64 text); its event-time timer is
 set `lead_ms` before the earliest of them. On a call it releases every message due before
 the fire horizon (watermark + lead) to the hold stage, which sends each one at its due time.
 Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
 """
 from __future__ import annotations
 
+import base64
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -55,15 +56,16 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
     return level, slot_of(due_ms, slot_ms)
 
 
-def encode(pending: pa.Table) -> bytes:
+def encode(pending: pa.Table) -> str:
+    """A group's pending messages as the state's text: base64 of an Arrow IPC stream."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, PENDING) as writer:
         writer.write_table(pending)
-    return sink.getvalue().to_pybytes()
+    return base64.b64encode(sink.getvalue()).decode("ascii")
 
 
-def decode(blob: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+def decode(blob: str) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(base64.b64decode(blob))).read_all()
 
 
 def _rows(n: int, **columns) -> pd.DataFrame:

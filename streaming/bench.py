@@ -165,35 +165,79 @@ def _librdkafka_security(settings: Settings) -> dict:
 
 class MemoryPeaks(threading.Thread):
     """Peak resident memory of the driver (its JVM and this Python process) and of the
-    Python workers, sampled twice a second from /proc."""
+    Python workers, and CPU seconds per role (driver JVM, Python workers, broker, load
+    generator, reader, this process), sampled twice a second from /proc."""
+
+    ROLES = (("org.apache.spark.deploy.SparkSubmit", "spark_jvm"), ("pyspark", "python_workers"),
+             ("kafka.Kafka", "broker"), ("streaming.loadgen produce", "load_generator"),
+             ("streaming.loadgen consume", "reader"))
 
     def __init__(self):
         super().__init__(daemon=True)
         self.driver = self.workers = 0
+        self._cpu: dict[int, tuple[str, float]] = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
 
+    @classmethod
+    def role(cls, cmdline: str) -> str | None:
+        for needle, role in cls.ROLES:
+            if needle in cmdline:
+                return role
+        return None
+
     def run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.sample()
+
+    def sample(self) -> None:
         import psutil
 
         me = psutil.Process()
-        while not self._stop.wait(0.5):
-            driver, workers = me.memory_info().rss, 0
-            for child in me.children(recursive=True):
-                try:
-                    line = " ".join(child.cmdline())
-                    rss = child.memory_info().rss
-                except psutil.Error:
-                    continue
-                if "org.apache.spark.deploy.SparkSubmit" in line:
-                    driver += rss
-                elif "pyspark" in line and ("daemon" in line or "worker" in line):
-                    workers += rss
-            self.driver, self.workers = max(self.driver, driver), max(self.workers, workers)
+        driver, workers, cpu = me.memory_info().rss, 0, {}
+        times = me.cpu_times()
+        cpu[me.pid] = ("bench_python", times.user + times.system)
+        for child in me.children(recursive=True):
+            try:
+                role = self.role(" ".join(child.cmdline()))
+                rss = child.memory_info().rss
+                times = child.cpu_times()
+            except psutil.Error:
+                continue
+            if role is None:
+                continue
+            cpu[child.pid] = (role, times.user + times.system)
+            if role == "spark_jvm":
+                driver += rss
+            elif role == "python_workers":
+                workers += rss
+        with self._lock:
+            self._cpu.update(cpu)
+        self.driver, self.workers = max(self.driver, driver), max(self.workers, workers)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds used so far per role (processes that ended count with their last
+        sample)."""
+        self.sample()
+        totals: dict[str, float] = {}
+        with self._lock:
+            for role, seconds in self._cpu.values():
+                totals[role] = totals.get(role, 0.0) + seconds
+        return totals
 
     def stop(self) -> dict:
         self._stop.set()
         return {"driver_rss_peak_mb": round(self.driver / 2**20),
                 "python_workers_rss_peak_mb": round(self.workers / 2**20)}
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
+    """CPU seconds per role between two readings, and the share of the machine they took."""
+    used = {role: round(after.get(role, 0.0) - before.get(role, 0.0), 1) for role in after}
+    cores = os.cpu_count() or 1
+    total = sum(used.values())
+    return {"cpu_s": used, "cpu_total_s": round(total, 1),
+            "machine_busy": round(total / (wall_s * cores), 2) if wall_s > 0 else None}
 
 
 def _batches(query, after: int) -> dict:
@@ -428,9 +472,10 @@ class Bench:
         try:
             for name in self.plan.scenarios:
                 self.log(f"bench: {name} …")
-                t0 = time.time()
+                t0, cpu0 = time.time(), memory.cpu_seconds()
                 figures = getattr(self, name)()
                 figures["wall_s"] = round(time.time() - t0, 1)
+                figures.update(cpu_used(cpu0, memory.cpu_seconds(), figures["wall_s"]))
                 result.scenarios[name] = figures
                 self.log(f"bench: {name}: " + json.dumps(_public(figures)))
         finally:

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from conf.settings import Settings
+from state.columns import STATE_FORMAT
 from state.errors import JobError
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,16 @@ def _is_json(line: str) -> bool:
         return False
 
 
+def format_refusal(stamp: dict, path: Path) -> str | None:
+    """Why a checkpoint's wheel state cannot be read by this version, or None."""
+    was = stamp.get("state_format", 1)
+    if was == STATE_FORMAT:
+        return None
+    return (f"checkpoint {path} holds wheel state in format {was}; this delayq reads format "
+            f"{STATE_FORMAT}. Let that checkpoint drain with the delayq version that wrote it, "
+            f"then start this version on a new checkpoint.")
+
+
 def config_differences(stamp: dict, settings: Settings) -> dict[str, tuple]:
     """Setting → (value in the checkpoint, value now), for every shaping setting that moved."""
     now = fingerprint(settings)
@@ -142,6 +153,9 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
             stamp = json.loads(stamp_file.read_text())
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {path} is unreadable: {stamp_file}: {exc}") from None
+        refusal = format_refusal(stamp, path)
+        if refusal:
+            raise CheckpointError(refusal)
         moved = config_differences(stamp, settings)
         if moved and not allow_config_change:
             lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in moved.items())
@@ -158,7 +172,8 @@ def write_stamp(settings: Settings, checkpoint: str) -> None:
         return
     path = _local_path(checkpoint)
     path.mkdir(parents=True, exist_ok=True)
-    (path / STAMP).write_text(json.dumps({"settings": fingerprint(settings)}, indent=1) + "\n")
+    (path / STAMP).write_text(json.dumps({"settings": fingerprint(settings),
+                                          "state_format": STATE_FORMAT}, indent=1) + "\n")
 
 
 # ---- the consumer-group mirror of the checkpoint's offsets ------------------------------

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from conf import load_settings
+from state.columns import STATE_FORMAT
 from streaming.checkpoint import CheckpointError, check, write_stamp
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
@@ -55,6 +56,19 @@ def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):
     assert "level_delays_ms: [1000, 2000, 3000] in the checkpoint, [1000, 5000, 10000] now" in str(err.value)
     assert "slot_ms: 1000 in the checkpoint, 500 now" in str(err.value)
     assert check(moved, ckpt, {0: 1}, allow_config_change=True) == "resume"
+
+
+def test_a_checkpoint_with_wheel_state_of_another_format_is_refused(tmp_path):
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    stamp = tmp_path / "ckpt" / "delayq.json"
+    write_stamp(SETTINGS, ckpt)
+    assert json.loads(stamp.read_text())["state_format"] == STATE_FORMAT
+    old = json.loads(stamp.read_text())
+    del old["state_format"]  # stamps written before the format was recorded: format 1
+    stamp.write_text(json.dumps(old))
+    with pytest.raises(CheckpointError, match=rf"wheel state in format 1; this delayq reads "
+                                              rf"format {STATE_FORMAT}\. Let that checkpoint drain"):
+        check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
 
 
 @pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])

@@ -1,4 +1,4 @@
-import pandas as pd
+import pyarrow as pa
 
 from state.hold import hold_until_due
 from state.timing import correct_deliver_timestamp, fire_horizon, slot_of, timer_for
@@ -21,10 +21,12 @@ class FakeClock:
 
 def test_rows_leave_in_due_order_and_never_before_due():
     clock = FakeClock(1_000)
-    rows = pd.DataFrame({"due_ms": [1_500, 0, 1_000, 1_200, 1_200], "id": list("abcde")})
+    rows = pa.record_batch({"due_ms": pa.array([1_500, 0, 1_000, 1_200, 1_200], pa.int64()),
+                            "id": list("abcde")})
     released = []
-    for chunk in hold_until_due(iter([rows]), clock=clock.now, sleep=clock.sleep):
-        for _, row in chunk.iterrows():
+    for chunk in hold_until_due(iter([rows.slice(0, 2), rows.slice(2)]),
+                                clock=clock.now, sleep=clock.sleep):
+        for row in chunk.to_pylist():
             assert row["due_ms"] <= clock.ms, "released before due"
             released.append((row["id"], clock.ms))
     assert [r[0] for r in released] == ["b", "c", "d", "e", "a"]
