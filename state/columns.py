@@ -8,6 +8,11 @@ import pyarrow as pa
 
 HEADER = pa.struct([("key", pa.string()), ("value", pa.binary())])
 HEADERS = pa.list_(HEADER)
+# Inside the parse stage and the wheel, headers travel as two parallel lists (names, values):
+# a list of structs costs PySpark a Python dict per header on every pandas conversion, a list
+# of strings or bytes does not. The job zips them back into HEADERS after the wheel.
+HEADER_KEYS = pa.list_(pa.string())
+HEADER_VALUES = pa.list_(pa.binary())
 
 # One parsed intake record (output of the parse stage, input of the wheel).
 ENVELOPE = pa.schema([
@@ -21,7 +26,8 @@ ENVELOPE = pa.schema([
     ("qid", pa.int32()),
     ("key", pa.binary()),
     ("value", pa.binary()),
-    ("headers", HEADERS),        # user headers; for dead letters, the original headers
+    ("hkeys", HEADER_KEYS),      # user headers; for dead letters, the original headers
+    ("hvals", HEADER_VALUES),
     ("reason", pa.string()),
     ("cancel_key", pa.string()),
     ("rolled", pa.bool_()),
@@ -38,14 +44,15 @@ PENDING = pa.schema([
     ("qid", pa.int32()),
     ("key", pa.binary()),
     ("value", pa.binary()),
-    ("headers", HEADERS),
+    ("hkeys", HEADER_KEYS),
+    ("hvals", HEADER_VALUES),
     ("level", pa.int32()),
     ("append_ms", pa.int64()),
     ("ipart", pa.int32()),
     ("ioff", pa.int64()),
 ])
 
-# What the wheel emits, per batch: deliveries, dead letters and cancel outcomes.
+# What the job emits, per batch: deliveries, dead letters and cancel outcomes.
 OUTPUT = pa.schema([
     ("kind", pa.string()),       # deliver | dead | cold | cancelled | cancel_unknown | tally
     ("topic", pa.string()),
@@ -66,6 +73,15 @@ OUTPUT = pa.schema([
     ("pending_delta", pa.int32()),
 ])
 
+# What the wheel function returns: OUTPUT with the message's own headers as two lists. The job
+# builds OUTPUT's `headers` from them in Spark, adding UNIQ_KEY and DELIVER_MS to deliveries and
+# DLQ_REASON to dead letters (streaming/job.py, `with_kafka_headers`).
+WHEEL_OUT = pa.schema([
+    field for name in OUTPUT.names
+    for field in ([ENVELOPE.field("hkeys"), ENVELOPE.field("hvals")] if name == "headers"
+                  else [OUTPUT.field(name)])
+])
+
 # The wheel group's state: the pending messages as one Arrow IPC stream, so the state row
 # stays close to the payload size and Spark never deserialises messages it only scans. The
 # stream is kept as base64 text, not binary: Spark hands a group's state to Python through
@@ -73,4 +89,4 @@ OUTPUT = pa.schema([
 # the executors' Java samples in a 20k msg/s profile) but writes ASCII text in one copy.
 STATE = pa.schema([("blob", pa.string()), ("count", pa.int32()), ("earliest_ms", pa.int64())])
 # Bumped whenever STATE or PENDING change: a checkpoint holding another format is refused.
-STATE_FORMAT = 2
+STATE_FORMAT = 3

@@ -1,68 +1,93 @@
 """The parse stage over one Arrow batch of intake records: envelopes and wheel groups.
 
-Pandas in, pandas out; the per-record rules are in `state.envelope`.
+Arrow in, Arrow out (Spark's mapInArrow): the key and value columns pass through untouched,
+the headers are read once as flat name and value lists, and the user headers are cut out of
+them with array operations. Only the per-record rules (`state.envelope`) run per row.
 """
 from __future__ import annotations
 
 import time
 from typing import Callable, Iterator
 
-import pandas as pd
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
+from state import headers as H
 from state.columns import ENVELOPE
 from state.envelope import Kind, Rules, parse
 from state.wheel import group_of
 
-
-def _headers(cell) -> list[tuple[str, bytes | None]]:
-    if cell is None:
-        return []
-    return [(h["key"], h["value"]) for h in cell]
+_CONTROL = pa.array(sorted(H.CONTROL_HEADERS), pa.string())
 
 
-def _as_dicts(headers) -> list[dict]:
-    return [{"key": k, "value": v} for k, v in headers]
+def _flat_headers(headers: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """Per-row header counts, and all rows' header names and values, flat (null rows: none)."""
+    counts = pc.fill_null(pc.list_value_length(headers), 0).to_numpy(zero_copy_only=False)
+    names, values = headers.flatten().flatten()
+    return counts.astype(np.int64), names, values
 
 
-def parse_frame(frame: pd.DataFrame, rules: Rules, slot_ms: int, spread: int,
-                now_ms: int) -> pd.DataFrame:
+def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
+                now_ms: int) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns."""
-    out: dict[str, list] = {name: [] for name in ENVELOPE.names}
-    for key, value, ipart, ioff, append_ms, cell in zip(
-            frame["key"], frame["value"], frame["ipart"], frame["ioff"],
-            frame["append_ms"], frame["headers"]):
-        ipart, ioff, append_ms = int(ipart), int(ioff), int(append_ms)
-        raw = _headers(cell)
-        env = parse(raw, ipart, ioff, append_ms, rules, now_ms)
-        bucket, slot = group_of(env.kind, env.level, env.due_ms, ipart, ioff, slot_ms, spread)
-        out["kind"].append(env.kind.value)
-        out["bucket"].append(bucket)
-        out["slot"].append(slot)
-        out["level"].append(env.level)
-        out["due_ms"].append(env.due_ms)
-        out["uniq_key"].append(env.uniq_key)
-        out["topic"].append(env.real_topic)
-        out["qid"].append(env.real_qid)
-        out["key"].append(key)
-        out["value"].append(value)
-        out["headers"].append(_as_dicts(raw if env.kind == Kind.DEAD else env.user_headers))
-        out["reason"].append(env.reason)
-        out["cancel_key"].append(env.cancel_key)
-        out["rolled"].append(env.rolled)
-        out["append_ms"].append(append_ms)
-        out["ipart"].append(ipart)
-        out["ioff"].append(ioff)
-    result = pd.DataFrame(out, columns=ENVELOPE.names)
-    result["qid"] = result["qid"].astype("Int32")
-    return result
+    n = batch.num_rows
+    counts, names, values = _flat_headers(batch.column("headers"))
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    name_list, value_list = names.to_pylist(), values.to_pylist()
+    ipart = batch.column("ipart").to_pylist()
+    ioff = batch.column("ioff").to_pylist()
+    append = batch.column("append_ms").to_pylist()
+
+    cols: dict[str, list] = {name: [None] * n for name in
+                             ("kind", "bucket", "slot", "level", "due_ms", "uniq_key", "topic",
+                              "qid", "reason", "cancel_key", "rolled")}
+    dead = np.zeros(n, dtype=bool)
+    for i in range(n):
+        a, b = starts[i], starts[i + 1]
+        env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
+                    rules, now_ms)
+        cols["bucket"][i], cols["slot"][i] = group_of(env.kind, env.level, env.due_ms, ipart[i],
+                                                      ioff[i], slot_ms, spread)
+        cols["kind"][i] = env.kind.value
+        cols["level"][i] = env.level
+        cols["due_ms"][i] = env.due_ms
+        cols["uniq_key"][i] = env.uniq_key
+        cols["topic"][i] = env.real_topic
+        cols["qid"][i] = env.real_qid
+        cols["reason"][i] = env.reason
+        cols["cancel_key"][i] = env.cancel_key
+        cols["rolled"][i] = env.rolled
+        dead[i] = env.kind == Kind.DEAD
+
+    # User headers: every header but the contract's control headers, in order; a dead letter
+    # keeps all of its original headers.
+    row_of = np.repeat(np.arange(n), counts)
+    keep = ~pc.is_in(names, value_set=_CONTROL).to_numpy(zero_copy_only=False) | dead[row_of]
+    offsets = pa.array(np.concatenate(([0], np.cumsum(np.bincount(row_of[keep], minlength=n)))),
+                       pa.int32())
+    mask = pa.array(keep)
+    hkeys = pa.ListArray.from_arrays(offsets, names.filter(mask))
+    hvals = pa.ListArray.from_arrays(offsets, values.filter(mask))
+
+    arrays = {
+        **{name: pa.array(cols[name], ENVELOPE.field(name).type) for name in cols},
+        "key": batch.column("key").cast(pa.binary()),
+        "value": batch.column("value").cast(pa.binary()),
+        "hkeys": hkeys, "hvals": hvals,
+        "append_ms": batch.column("append_ms").cast(pa.int64()),
+        "ipart": batch.column("ipart").cast(pa.int32()),
+        "ioff": batch.column("ioff").cast(pa.int64()),
+    }
+    return pa.RecordBatch.from_arrays([arrays[name] for name in ENVELOPE.names], schema=ENVELOPE)
 
 
 def make_parser(rules: Rules, slot_ms: int, spread: int,
                 clock: Callable[[], float] = time.time):
-    """The function handed to mapInPandas."""
+    """The function handed to mapInArrow."""
 
-    def parse_batches(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for frame in frames:
-            yield parse_frame(frame, rules, slot_ms, spread, int(clock() * 1000))
+    def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000))
 
     return parse_batches

@@ -1,11 +1,18 @@
 """The rules of time (DESIGN.md section 3) and the wheel's slot arithmetic. Pure functions."""
 from __future__ import annotations
 
+import numpy as np
+
 
 def correct_deliver_timestamp(now_ms: int, due_ms: int, delay_ms: int) -> int:
     """RocketMQ's correctDeliverTimestamp: a due time beyond now + the level's delay means a
     clock moved (the broker's append time is ahead of ours); deliver now instead."""
     return now_ms if due_ms > now_ms + delay_ms else due_ms
+
+
+def correct_deliver_timestamps(now_ms: int, due_ms: np.ndarray, delay_ms: np.ndarray) -> np.ndarray:
+    """correct_deliver_timestamp over arrays of due times and level delays."""
+    return np.where(due_ms > now_ms + delay_ms, now_ms, due_ms)
 
 
 def slot_of(due_ms: int, slot_ms: int) -> int:

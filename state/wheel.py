@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
-from state import headers as H
-from state.columns import OUTPUT, PENDING
+from state.columns import PENDING, WHEEL_OUT
 from state.envelope import TIMER_LEVEL, Kind
-from state.timing import correct_deliver_timestamp, fire_horizon, slot_of, timer_for
+from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
 
 BUCKET_NOW = 0
 BUCKET_DEAD = -2
@@ -69,51 +69,43 @@ def decode(blob: str) -> pa.Table:
 
 
 def _rows(n: int, **columns) -> pd.DataFrame:
-    """An OUTPUT frame of n rows; unnamed columns are null. (A scalar None given to pandas
+    """A WHEEL_OUT frame of n rows; unnamed columns are null. (A scalar None given to pandas
     becomes NaN, which Spark cannot convert to a list or string column, so build nulls as
     object columns here.)"""
-    frame = pd.DataFrame({name: pd.Series([None] * n, dtype=object) for name in OUTPUT.names})
+    frame = pd.DataFrame({name: pd.Series([None] * n, dtype=object) for name in WHEEL_OUT.names})
     for name, value in columns.items():
         frame[name] = value.values if isinstance(value, pd.Series) else value
     return frame
 
 
+def _message(rows: pd.DataFrame) -> dict:
+    """The columns a message keeps from intake to delivery."""
+    return {"topic": rows["topic"], "partition": rows["qid"], "key": rows["key"],
+            "value": rows["value"], "hkeys": rows["hkeys"], "hvals": rows["hvals"],
+            "uniq_key": rows["uniq_key"], "level": rows["level"], "append_ms": rows["append_ms"],
+            "ipart": rows["ipart"], "ioff": rows["ioff"]}
+
+
 def _cold(rows: pd.DataFrame) -> pd.DataFrame:
     """Rows for the cold tier: the message as the wheel would hold it, user headers only."""
-    return _rows(len(rows), kind="cold", topic=rows["topic"], partition=rows["qid"],
-                 key=rows["key"], value=rows["value"], headers=rows["headers"],
-                 uniq_key=rows["uniq_key"], level=rows["level"], due_ms=rows["due_ms"],
-                 append_ms=rows["append_ms"], ipart=rows["ipart"], ioff=rows["ioff"])
-
-
-def _with_header(headers, extra: list[dict]) -> list[dict]:
-    return [*(headers if headers is not None else ()), *extra]
+    return _rows(len(rows), kind="cold", due_ms=rows["due_ms"], **_message(rows))
 
 
 def _deliveries(pending: pd.DataFrame, config: WheelConfig, now_ms: int) -> pd.DataFrame:
-    """Rows ready for the hold stage: final due time and the headers written to Kafka."""
-    delays = [config.level_delays_ms[lv - 1] if lv > 0 else config.max_delay_ms
-              for lv in pending["level"]]
-    due = [correct_deliver_timestamp(now_ms, int(d), int(delay))
-           for d, delay in zip(pending["due_ms"], delays)]
-    headers = [
-        _with_header(h, [{"key": H.UNIQ_KEY, "value": u.encode()},
-                         {"key": H.DELIVER_MS, "value": str(d).encode()}])
-        for h, u, d in zip(pending["headers"], pending["uniq_key"], due)
-    ]
-    return _rows(len(pending), kind="deliver", topic=pending["topic"], partition=pending["qid"],
-                 key=pending["key"], value=pending["value"], headers=headers,
-                 uniq_key=pending["uniq_key"], level=pending["level"], due_ms=due,
-                 append_ms=pending["append_ms"], ipart=pending["ipart"], ioff=pending["ioff"])
+    """Rows ready for the hold stage, at their final due time (the job adds the UNIQ_KEY and
+    DELIVER_MS headers in Spark)."""
+    levels = pending["level"].to_numpy(dtype=np.int64)
+    delays = np.asarray((*config.level_delays_ms, config.max_delay_ms), dtype=np.int64)[
+        np.where(levels > 0, levels - 1, len(config.level_delays_ms))]
+    due = correct_deliver_timestamps(now_ms, pending["due_ms"].to_numpy(dtype=np.int64), delays)
+    return _rows(len(pending), kind="deliver", due_ms=due, **_message(pending))
 
 
 def _dead_letters(rows: pd.DataFrame, dlq_topic: str) -> pd.DataFrame:
-    headers = [_with_header(h, [{"key": H.DLQ_REASON, "value": r.encode()}])
-               for h, r in zip(rows["headers"], rows["reason"])]
-    return _rows(len(rows), kind="dead", topic=dlq_topic, key=rows["key"], value=rows["value"],
-                 headers=headers, uniq_key=rows["uniq_key"], level=rows["level"], due_ms=0,
-                 append_ms=rows["append_ms"], ipart=rows["ipart"], ioff=rows["ioff"],
-                 reason=rows["reason"])
+    """Bad input for the dead-letter topic, with all its original headers (the job adds
+    DLQ_REASON from `reason`)."""
+    message = {**_message(rows), "topic": dlq_topic, "partition": None}
+    return _rows(len(rows), kind="dead", due_ms=0, reason=rows["reason"], **message)
 
 
 def _cancel_outcomes(cancels: pd.DataFrame, found: set[str]) -> pd.DataFrame:

@@ -20,9 +20,10 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary
 from sinks.cold import ColdTier
-from sinks.kafka import KafkaSink, record_size
+from sinks.kafka import KafkaSink, header_struct, record_size
 from sinks.ledger import DeadLetterTable, DeliveryLedger
 from sinks.metrics import LATENESS_BUCKETS, Metrics, lateness_aggregates
+from state import headers as H
 from state.envelope import Rules
 from state.errors import JobError
 from state.parse import make_parser
@@ -32,7 +33,7 @@ from streaming.heartbeat import Heartbeat
 from streaming.kafka_config import spark_options
 from streaming import checkpoint as ckpt
 from streaming.listener import OffsetMirror, ProgressListener
-from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK
+from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
 log = logging.getLogger(__name__)
 QUERY_NAME = "delayq"
@@ -84,13 +85,30 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
 def wheel_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     """The fired output of the wheel: rows of the OUTPUT layout, once per batch."""
     spread = settings.spark_shuffle_partitions
-    parsed = intake_stream(spark, settings).mapInPandas(
+    parsed = intake_stream(spark, settings).mapInArrow(
         make_parser(rules_of(settings), settings.slot_ms, spread), ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
-    return (timed.groupBy("bucket", "slot")
-            .applyInPandasWithState(make_wheel(wheel_config_of(settings)), OUTPUT_SPARK,
-                                    STATE_SPARK, "append", GroupStateTimeout.EventTimeTimeout))
+    fired = (timed.groupBy("bucket", "slot")
+             .applyInPandasWithState(make_wheel(wheel_config_of(settings)), WHEEL_OUT_SPARK,
+                                     STATE_SPARK, "append", GroupStateTimeout.EventTimeTimeout))
+    return with_kafka_headers(fired)
+
+
+def with_kafka_headers(fired: DataFrame) -> DataFrame:
+    """The wheel's rows with the headers written to Kafka: the message's own (zipped back from
+    the wheel's name and value lists), then UNIQ_KEY and DELIVER_MS on a delivery, DLQ_REASON
+    on a dead letter. Done here, in the JVM, rather than per row in Python."""
+    own = F.zip_with("hkeys", "hvals", lambda k, v: F.struct(k.alias("key"), v.alias("value")))
+    kind = F.col("kind")
+    headers = (F.when(kind == "deliver", F.concat(own, F.array(
+                   header_struct(H.UNIQ_KEY, F.col("uniq_key")),
+                   header_struct(H.DELIVER_MS, F.col("due_ms").cast("string")))))
+               .when(kind == "dead", F.concat(own, F.array(
+                   header_struct(H.DLQ_REASON, F.col("reason")))))
+               .otherwise(own))
+    return fired.select(*(headers.alias(name) if name == "headers" else F.col(name)
+                          for name in OUTPUT_SPARK.fieldNames()))
 
 
 @dataclass

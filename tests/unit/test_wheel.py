@@ -1,15 +1,17 @@
 """The wheel function, driven through PySpark's own GroupState class (pure Python, no JVM)."""
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
-from state.columns import ENVELOPE, OUTPUT
+from state.columns import ENVELOPE
 from state.envelope import Rules
-from state.parse import parse_frame
+from state.parse import parse_batch
+from state.timing import correct_deliver_timestamp, correct_deliver_timestamps
 from state.wheel import BUCKET_DEAD, BUCKET_NOW, WheelConfig, decode, make_wheel
 from pyspark.sql.pandas.types import _create_converter_from_pandas
 
-from streaming.schema import OUTPUT_SPARK, STATE_SPARK
+from streaming.schema import STATE_SPARK, WHEEL_OUT_SPARK
 
 NOW = 1_700_000_000_000
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ")
@@ -18,12 +20,16 @@ CONFIG = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500,
 
 
 def intake(*rows):
-    """rows: (headers, offset) → an intake frame, appended at NOW."""
-    return pd.DataFrame({
-        "key": [b"k"] * len(rows), "value": [f"v{o}".encode() for _, o in rows],
-        "ipart": [0] * len(rows), "ioff": [o for _, o in rows],
-        "append_ms": [NOW] * len(rows),
-        "headers": [[{"key": k, "value": v} for k, v in h] for h, _ in rows],
+    """rows: (headers, offset) → an intake batch as Spark's Kafka source hands it over,
+    appended at NOW."""
+    return pa.record_batch({
+        "key": pa.array([b"k"] * len(rows), pa.binary()),
+        "value": pa.array([f"v{o}".encode() for _, o in rows], pa.binary()),
+        "ipart": pa.array([0] * len(rows), pa.int32()),
+        "ioff": pa.array([o for _, o in rows], pa.int64()),
+        "append_ms": pa.array([NOW] * len(rows), pa.int64()),
+        "headers": pa.array([[{"key": k, "value": v} for k, v in h] for h, _ in rows],
+                            pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
     })
 
 
@@ -40,7 +46,7 @@ def run(frame, st, clock_ms=NOW):
     key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else (2, 0)
     out = list(wheel(key, iter([frame] if len(frame) else []), st))
     for part in out:  # what PySpark's worker does with each frame: convert every column
-        for field in OUTPUT_SPARK.fields:
+        for field in WHEEL_OUT_SPARK.fields:
             _create_converter_from_pandas(field.dataType, timezone="UTC")(part[field.name])
     rows = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["kind"])
     run.tally = rows[rows["kind"] == "tally"]
@@ -48,7 +54,8 @@ def run(frame, st, clock_ms=NOW):
 
 
 def envelopes(*rows):
-    return parse_frame(intake(*rows), RULES, 1_000, 2, NOW)
+    """Parsed envelopes as PySpark hands them to the wheel: a pandas frame."""
+    return parse_batch(intake(*rows), RULES, 1_000, 2, NOW).to_pandas()
 
 
 def test_delayed_messages_wait_in_state_with_a_timer_lead_before_due():
@@ -65,7 +72,7 @@ def test_delayed_messages_wait_in_state_with_a_timer_lead_before_due():
     assert st._timeout_timestamp == NOW + 2_000 - 500 - 10_000
 
 
-def test_timeout_releases_messages_due_before_the_horizon_with_delivery_headers():
+def test_timeout_releases_messages_due_before_the_horizon_with_their_own_headers():
     frame = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"a"), ("u", b"1")], 1))
     st = state(NOW - 10_000)
     run(frame, st)
@@ -75,8 +82,7 @@ def test_timeout_releases_messages_due_before_the_horizon_with_delivery_headers(
     assert list(out["kind"]) == ["deliver"]
     row = out.iloc[0]
     assert (row["topic"], row["due_ms"], row["uniq_key"]) == ("t", NOW + 2_000, "a")
-    assert [h["key"] for h in row["headers"]] == ["u", "UNIQ_KEY", "DELIVER_MS"]
-    assert row["headers"][-1]["value"] == str(NOW + 2_000).encode()
+    assert (list(row["hkeys"]), list(row["hvals"])) == (["u"], [b"1"]), "control headers cut"
     assert fired._removed
     assert list(run.tally["pending_delta"]) == [-1]
 
@@ -105,9 +111,8 @@ def test_immediate_and_dead_pass_through_without_state():
         else:
             assert list(out["kind"]) == ["dead"]
             assert out.iloc[0]["topic"] == "in.DLQ"
-            assert out.iloc[0]["headers"][-1] == {"key": "DLQ_REASON",
-                                                  "value": b"header REAL_TOPIC is missing"}
-            assert out.iloc[0]["headers"][0]["key"] == "DELAY", "original headers kept"
+            assert out.iloc[0]["reason"] == "header REAL_TOPIC is missing"
+            assert list(out.iloc[0]["hkeys"]) == ["DELAY"], "original headers kept"
 
 
 def test_cancel_drops_a_pending_message_and_reports_unknown_ones():
@@ -121,3 +126,26 @@ def test_cancel_drops_a_pending_message_and_reports_unknown_ones():
     assert sorted(zip(out["kind"], out["uniq_key"])) == [("cancel_unknown", "zzz"),
                                                         ("cancelled", "a")]
     assert decode(st.get[0]).column("uniq_key").to_pylist() == ["b"]
+
+
+def test_parse_cuts_control_headers_and_keeps_all_headers_of_a_dead_letter():
+    batch = intake(([("a", b"1"), ("REAL_TOPIC", b"t"), ("b", None), ("DELAY", b"1")], 1),
+                   ([("DELAY", b"1"), ("x", b"y")], 2),
+                   ([], 3))
+    # A record without headers may come as a null list.
+    batch = batch.set_column(5, "headers", pa.array(
+        batch.column("headers").to_pylist()[:2] + [None], batch.schema.field("headers").type))
+    out = parse_batch(batch, RULES, 1_000, 2, NOW).to_pylist()
+    assert [r["kind"] for r in out] == ["delay", "dead", "dead"]
+    assert (out[0]["hkeys"], out[0]["hvals"]) == (["a", "b"], [b"1", None])
+    assert (out[1]["hkeys"], out[1]["hvals"]) == (["DELAY", "x"], [b"1", b"y"])
+    assert (out[2]["hkeys"], out[2]["hvals"]) == ([], [])
+    assert [r["value"] for r in out] == [b"v1", b"v2", b"v3"]
+
+
+def test_due_times_are_corrected_as_one_rule_for_arrays_and_scalars():
+    due = np.array([1_100, 1_200, 5_000, 0])
+    delay = np.array([1_000, 1_000, 10_000, 0])
+    assert correct_deliver_timestamps(100, due, delay).tolist() == [
+        correct_deliver_timestamp(100, int(d), int(x)) for d, x in zip(due, delay)] == [
+        1_100, 100, 5_000, 0]
