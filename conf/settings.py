@@ -55,6 +55,7 @@ class Settings(BaseSettings):
 
     slot_ms: int
     fire_lead_ms: int
+    fire_lead_per_message_us: int
     heartbeat_ms: int
     late_tolerance: str
     max_offsets_per_trigger: int
@@ -118,6 +119,13 @@ class Settings(BaseSettings):
     def _positive(cls, value: int) -> int:
         if value <= 0:
             raise ValueError(f"must be positive, got {value}")
+        return value
+
+    @field_validator("fire_lead_ms", "fire_lead_per_message_us")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"must not be negative, got {value}")
         return value
 
     # ---- derived values -------------------------------------------------------------

@@ -47,8 +47,9 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
         a, b = starts[i], starts[i + 1]
         env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
                     rules, now_ms)
-        cols["bucket"][i], cols["slot"][i] = group_of(env.kind, env.level, env.due_ms, ipart[i],
-                                                      ioff[i], slot_ms, spread)
+        cols["bucket"][i], cols["slot"][i] = group_of(
+            env.kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
+            env.cancel_key if env.kind == Kind.CANCEL else env.uniq_key)
         cols["kind"][i] = env.kind.value
         cols["level"][i] = env.level
         cols["due_ms"][i] = env.due_ms

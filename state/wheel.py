@@ -1,7 +1,7 @@
 """The wheel: the applyInPandasWithState function that holds delayed messages.
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
-slot of `slot_ms`. Its state is one Arrow stream of pending messages (base64 text); its event-time timer is
+slot of `slot_ms`, one part of GROUP_PARTS by UNIQ_KEY. Its state is one Arrow stream of pending messages (base64 text); its event-time timer is
 set `lead_ms` before the earliest of them. On a call it releases every message due before
 the fire horizon (watermark + lead) to the hold stage, which sends each one at its due time.
 Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import base64
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
 from state.columns import PENDING, WHEEL_OUT
@@ -33,16 +35,39 @@ class WheelConfig:
     level_delays_ms: tuple[int, ...]
     slot_ms: int = 1_000
     lead_ms: int = 2_000
+    # A group fires this much earlier again per message it holds: a large group (a burst of
+    # timers due in the same second) needs a batch of its own size to leave, and the hold
+    # stage keeps every message until due, so firing it early costs nothing but memory.
+    lead_per_message_us: int = 0
     # The Spark watermark trails the newest append time by this much (see streaming/job.py);
     # the wheel adds it back so its own arithmetic is in real time.
     watermark_delay_ms: int = 0
     max_delay_ms: int = 30 * 86_400_000
     dlq_topic: str = "SCHEDULE_TOPIC_XXXX.DLQ"
 
+    def lead_for(self, messages: int) -> int:
+        """How long before its earliest due time a group of this many messages fires. The
+        group is one of GROUP_PARTS equal parts of its slot, which all fire in one batch, so
+        the lead grows with the slot's size."""
+        return self.lead_ms + messages * GROUP_PARTS * self.lead_per_message_us // 1000
+
+
+# Each (level, slot) is split into this many groups by a hash of the message's UNIQ_KEY, so
+# that no one state value holds a whole burst (500,000 timers due in the same second), and a
+# cancel, which names the UNIQ_KEY, still finds its group.
+GROUP_PARTS = 8
+
+
+def part_of(uniq_key: str) -> int:
+    """The group part of a message: a hash that is the same in every Python process."""
+    return zlib.crc32(uniq_key.encode()) % GROUP_PARTS
+
 
 def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
-             slot_ms: int, spread: int) -> tuple[int, int]:
-    """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group.
+             slot_ms: int, spread: int, uniq_key: str = "") -> tuple[int, int]:
+    """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A wheel
+    group's slot is the due slot times GROUP_PARTS plus the part of `uniq_key` (for a cancel,
+    the UNIQ_KEY it cancels).
 
     Heartbeats travel with immediate messages and are dropped in the wheel: a filter before
     the stateful operator would be pushed below withWatermark by the optimizer, and the
@@ -53,7 +78,7 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
         return BUCKET_COLD, ioff % spread
     if kind in (Kind.NOW, Kind.HEARTBEAT):
         return BUCKET_NOW, ioff % spread
-    return level, slot_of(due_ms, slot_ms)
+    return level, slot_of(due_ms, slot_ms) * GROUP_PARTS + part_of(uniq_key)
 
 
 def encode(pending: pa.Table) -> str:
@@ -150,47 +175,51 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
                     yield _deliveries(ready, config, now_ms)
             return
 
-        parts: list[pa.Table] = []
-        before = 0
-        if state.exists:
-            parts.append(decode(state.get[0]))
-            before = parts[0].num_rows
+        # The group's messages stay in Arrow: only incoming rows (already pandas) and the
+        # rows that fire are converted, so a large group waiting for its time costs a copy of
+        # its stream per batch, not a conversion of every message.
+        held = decode(state.get[0]) if state.exists else None
+        before = held.num_rows if held is not None else 0
         received = rolled = 0
+        arrived = None
         if rows is not None:
             new = rows[rows["kind"] == Kind.DELAY]
             rolled = int(new["rolled"].astype(bool).sum())
             received = len(new) - rolled
             if len(new):
-                parts.append(pa.Table.from_pandas(new[PENDING.names], schema=PENDING,
-                                                  preserve_index=False))
-        pending = pa.concat_tables(parts).to_pandas() if parts else pd.DataFrame(columns=PENDING.names)
+                arrived = pa.Table.from_pandas(new[PENDING.names], schema=PENDING,
+                                               preserve_index=False)
+        parts = [t for t in (held, arrived) if t is not None]
+        pending = pa.concat_tables(parts) if parts else PENDING.empty_table()
         if len(parts) > 1:
             # A message rolled in twice (a retried roll after a crash) is held once.
-            pending = pending.drop_duplicates("uniq_key", keep="first")
+            first = ~pending.column("uniq_key").to_pandas().duplicated(keep="first").to_numpy()
+            if not first.all():
+                pending = pending.filter(pa.array(first))
 
         if rows is not None:
             cancels = rows[rows["kind"] == Kind.CANCEL]
             if len(cancels):
-                targets = set(cancels["cancel_key"])
-                hit = pending["uniq_key"].isin(targets)
-                found = set(pending.loc[hit, "uniq_key"])
-                pending = pending[~hit]
+                targets = pa.array(sorted(set(cancels["cancel_key"])), pa.string())
+                hit = pc.is_in(pending.column("uniq_key"), value_set=targets)
+                found = set(pending.filter(hit).column("uniq_key").to_pylist())
+                pending = pending.filter(pc.invert(hit))
                 yield _cancel_outcomes(cancels, found)
 
         watermark = state.getCurrentWatermarkMs() + config.watermark_delay_ms
-        horizon = fire_horizon(watermark, config.lead_ms)
-        due = pending["due_ms"].astype("int64") <= horizon
-        if due.any():
-            yield _deliveries(pending[due], config, now_ms)
-        rest = pending[~due]
-        if received or rolled or len(rest) != before:
+        horizon = fire_horizon(watermark, config.lead_for(pending.num_rows))
+        due = pc.less_equal(pending.column("due_ms"), horizon)
+        fired = pending.filter(due)
+        if fired.num_rows:
+            yield _deliveries(fired.to_pandas(), config, now_ms)
+        rest = pending.filter(pc.invert(due))
+        if received or rolled or rest.num_rows != before:
             # Rolled messages were pending already (in the cold tier): not new, not more.
-            yield _tally({bucket: (received, len(rest) - before - rolled)})
-        if len(rest):
-            table = pa.Table.from_pandas(rest[PENDING.names], schema=PENDING, preserve_index=False)
-            earliest = int(rest["due_ms"].min())
-            state.update((encode(table), len(rest), earliest))
-            timer = timer_for(earliest, config.lead_ms, watermark)
+            yield _tally({bucket: (received, rest.num_rows - before - rolled)})
+        if rest.num_rows:
+            earliest = pc.min(rest.column("due_ms")).as_py()
+            state.update((encode(rest), rest.num_rows, earliest))
+            timer = timer_for(earliest, config.lead_for(rest.num_rows), watermark)
             state.setTimeoutTimestamp(timer - config.watermark_delay_ms)
         elif state.exists:
             state.remove()

@@ -57,6 +57,7 @@ def wheel_config_of(settings: Settings) -> WheelConfig:
         level_delays_ms=settings.level_delays_ms,
         slot_ms=settings.slot_ms,
         lead_ms=settings.fire_lead_ms,
+        lead_per_message_us=settings.fire_lead_per_message_us,
         watermark_delay_ms=settings.late_tolerance_ms,
         max_delay_ms=settings.max_delay_ms,
         dlq_topic=settings.dlq_topic,
