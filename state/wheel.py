@@ -1,7 +1,7 @@
 """The wheel: the applyInPandasWithState function that holds delayed messages.
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
-slot of `slot_ms`, one part of GROUP_PARTS by UNIQ_KEY. Its state is one Arrow stream of pending messages (base64 text); its event-time timer is
+slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is one Arrow stream of pending messages (base64 text); its event-time timer is
 set `lead_ms` before the earliest of them. On a call it releases every message due before
 the fire horizon (watermark + lead) to the hold stage, which sends each one at its due time.
 Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
@@ -45,29 +45,35 @@ class WheelConfig:
     max_delay_ms: int = 30 * 86_400_000
     dlq_topic: str = "SCHEDULE_TOPIC_XXXX.DLQ"
 
-    def lead_for(self, messages: int) -> int:
+    def lead_for(self, messages: int, bucket: int) -> int:
         """How long before its earliest due time a group of this many messages fires. The
-        group is one of GROUP_PARTS equal parts of its slot, which all fire in one batch, so
-        the lead grows with the slot's size."""
-        return self.lead_ms + messages * GROUP_PARTS * self.lead_per_message_us // 1000
+        group is one of its bucket's equal parts of a slot, which all fire in one batch, so the
+        lead grows with the slot's size."""
+        return self.lead_ms + messages * parts_of(bucket) * self.lead_per_message_us // 1000
 
 
-# Each (level, slot) is split into this many groups by a hash of the message's UNIQ_KEY, so
-# that no one state value holds a whole burst (500,000 timers due in the same second), and a
-# cancel, which names the UNIQ_KEY, still finds its group.
-GROUP_PARTS = 8
+# A timer slot is split into this many groups by a hash of the message's UNIQ_KEY, so that no
+# one state value holds a whole burst (500,000 timers due in the same second), and a cancel,
+# which names the UNIQ_KEY, still finds its group. A level's slot is one group: its messages
+# arrive spread over time, and splitting it made the steady benchmark's batches slower (more,
+# smaller groups; docs/benchmarks.md).
+TIMER_PARTS = 8
 
 
-def part_of(uniq_key: str) -> int:
+def parts_of(bucket: int) -> int:
+    return TIMER_PARTS if bucket == BUCKET_TIMER else 1
+
+
+def part_of(uniq_key: str, parts: int) -> int:
     """The group part of a message: a hash that is the same in every Python process."""
-    return zlib.crc32(uniq_key.encode()) % GROUP_PARTS
+    return zlib.crc32(uniq_key.encode()) % parts if parts > 1 else 0
 
 
 def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
              slot_ms: int, spread: int, uniq_key: str = "") -> tuple[int, int]:
     """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A wheel
-    group's slot is the due slot times GROUP_PARTS plus the part of `uniq_key` (for a cancel,
-    the UNIQ_KEY it cancels).
+    group's slot is the due slot times its bucket's parts plus the part of `uniq_key` (for a
+    cancel, the UNIQ_KEY it cancels).
 
     Heartbeats travel with immediate messages and are dropped in the wheel: a filter before
     the stateful operator would be pushed below withWatermark by the optimizer, and the
@@ -78,7 +84,8 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
         return BUCKET_COLD, ioff % spread
     if kind in (Kind.NOW, Kind.HEARTBEAT):
         return BUCKET_NOW, ioff % spread
-    return level, slot_of(due_ms, slot_ms) * GROUP_PARTS + part_of(uniq_key)
+    parts = parts_of(level)
+    return level, slot_of(due_ms, slot_ms) * parts + part_of(uniq_key, parts)
 
 
 def encode(pending: pa.Table) -> str:
@@ -207,7 +214,7 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
                 yield _cancel_outcomes(cancels, found)
 
         watermark = state.getCurrentWatermarkMs() + config.watermark_delay_ms
-        horizon = fire_horizon(watermark, config.lead_for(pending.num_rows))
+        horizon = fire_horizon(watermark, config.lead_for(pending.num_rows, bucket))
         due = pc.less_equal(pending.column("due_ms"), horizon)
         fired = pending.filter(due)
         if fired.num_rows:
@@ -219,7 +226,7 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
         if rest.num_rows:
             earliest = pc.min(rest.column("due_ms")).as_py()
             state.update((encode(rest), rest.num_rows, earliest))
-            timer = timer_for(earliest, config.lead_for(rest.num_rows), watermark)
+            timer = timer_for(earliest, config.lead_for(rest.num_rows, bucket), watermark)
             state.setTimeoutTimestamp(timer - config.watermark_delay_ms)
         elif state.exists:
             state.remove()

@@ -8,7 +8,7 @@ from state.columns import ENVELOPE
 from state.envelope import Rules
 from state.parse import parse_batch
 from state.timing import correct_deliver_timestamp, correct_deliver_timestamps
-from state.wheel import BUCKET_DEAD, BUCKET_NOW, GROUP_PARTS, WheelConfig, decode, make_wheel
+from state.wheel import BUCKET_DEAD, BUCKET_NOW, TIMER_PARTS, WheelConfig, decode, make_wheel
 from pyspark.sql.pandas.types import _create_converter_from_pandas
 
 from streaming.schema import STATE_SPARK, WHEEL_OUT_SPARK
@@ -154,7 +154,8 @@ def test_due_times_are_corrected_as_one_rule_for_arrays_and_scalars():
 def test_a_large_group_fires_ahead_by_its_size_and_its_timer_releases_it():
     config = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500,
                          lead_per_message_us=1_000, watermark_delay_ms=10_000)
-    assert config.lead_for(10) == 500 + 10 * GROUP_PARTS
+    assert config.lead_for(10, -1) == 500 + 10 * TIMER_PARTS
+    assert config.lead_for(10, 2) == 500 + 10, "a level slot is one group"
     rows = [([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 60_000).encode()),
               ("UNIQ_KEY", f"k{i}".encode())], i) for i in range(10)]
     frame = envelopes(*rows)
@@ -163,21 +164,21 @@ def test_a_large_group_fires_ahead_by_its_size_and_its_timer_releases_it():
     st = state(NOW - 10_000)
     list(wheel((-1, 0), iter([frame]), st))
     timer = st._timeout_timestamp + 10_000
-    assert timer == NOW + 60_000 - config.lead_for(10)
+    assert timer == NOW + 60_000 - config.lead_for(10, -1)
     fired = state(timer - 10_000, value=st.get, timed_out=True)
     out = [f for f in wheel((-1, 0), iter([]), fired) if (f["kind"] == "deliver").any()]
     assert sum(len(f) for f in out) == 10 and fired._removed, "the timer's call releases the group"
 
 
-def test_a_cancel_reaches_the_group_part_of_the_message_it_names():
-    send = parse_batch(intake(([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"m-7")], 1)),
-                       RULES, 1_000, 2, NOW).to_pylist()[0]
-    cancel = parse_batch(intake(([("TIMER_DEL_UNIQKEY", b"m-7"), ("DELAY", b"2"),
-                                  ("TIMER_DELIVER_MS", str(send["due_ms"]).encode())], 2)),
+def test_a_timer_cancel_reaches_the_group_part_of_the_timer_it_names():
+    due = str(NOW + 30_000).encode()
+    send = parse_batch(intake(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", due),
+                                ("UNIQ_KEY", b"m-7")], 1)), RULES, 1_000, 2, NOW).to_pylist()[0]
+    cancel = parse_batch(intake(([("TIMER_DEL_UNIQKEY", b"m-7"), ("TIMER_DELIVER_MS", due)], 2)),
                          RULES, 1_000, 2, NOW).to_pylist()[0]
     assert cancel["kind"] == "cancel"
     assert (cancel["bucket"], cancel["slot"]) == (send["bucket"], send["slot"])
-    parts = {parse_batch(intake(([("REAL_TOPIC", b"t"), ("DELAY", b"2"),
+    parts = {parse_batch(intake(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", due),
                                   ("UNIQ_KEY", f"m-{i}".encode())], i)), RULES, 1_000, 2,
-                         NOW).to_pylist()[0]["slot"] % GROUP_PARTS for i in range(64)}
-    assert len(parts) == GROUP_PARTS, "messages of one slot spread over its parts"
+                         NOW).to_pylist()[0]["slot"] % TIMER_PARTS for i in range(64)}
+    assert len(parts) == TIMER_PARTS, "timers of one slot spread over its parts"
