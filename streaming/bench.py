@@ -9,6 +9,9 @@ Scenarios, in one run on one broker and one Spark session:
   steady  delayq under a constant rate over chosen levels: lateness p50/p95/p99/max, early,
           lost, duplicates, throughput in and out, batch durations.
   burst   many timer messages due in the same second: how long after it the last one left.
+  backlog many timers pending over 2 h … 30 days (cold tier), taken in between two runs of
+          the same near load: the near load's lateness with the backlog against without it,
+          the rate it was taken in, its bytes on disk, memory peaks.
   restart the job killed (SIGKILL) with messages pending and started again: time from the
           restart to its first delivery.
 Lateness is the delivered record's broker timestamp minus its due time (the intake append
@@ -37,7 +40,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 @dataclass
 class Plan:
-    scenarios: tuple[str, ...] = ("raw", "drain", "steady", "burst", "restart")
+    scenarios: tuple[str, ...] = ("raw", "drain", "steady", "burst", "backlog", "restart")
     size: int = 1024
     drain: int = 200_000
     rate: float = 20_000
@@ -46,12 +49,16 @@ class Plan:
     burst: int = 500_000
     burst_lead_s: float = 90
     restart_rate: float = 200
+    backlog: int = 10_000_000
+    backlog_rate: float = 1_000
+    backlog_seconds: float = 30
 
     @classmethod
     def short(cls) -> "Plan":
         """The CI form: small, quick, fails only on early or lost messages."""
-        return cls(scenarios=("raw", "drain", "steady", "burst"), drain=5_000, rate=1_000,
-                   seconds=15, burst=5_000, burst_lead_s=25)
+        return cls(scenarios=("raw", "drain", "steady", "burst", "backlog"), drain=5_000,
+                   rate=1_000, seconds=15, burst=5_000, burst_lead_s=25, backlog=20_000,
+                   backlog_rate=500, backlog_seconds=10)
 
 
 @dataclass
@@ -64,10 +71,16 @@ class Result:
         """Early or lost messages in any scenario: the only failures of a bench run."""
         out = []
         for name, figures in self.scenarios.items():
-            for what in ("early", "lost"):
+            for what in ("early", "lost", "not_parked"):
                 if figures.get(what):
                     out.append(f"{name}: {figures[what]} {what}")
         return out
+
+
+def du(path: Path) -> int:
+    """Bytes of the files under `path` (0 if it does not exist)."""
+    path = Path(path)
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
 def percentile(values: np.ndarray, q: float) -> int | None:
@@ -92,7 +105,7 @@ class Load:
 
     def produce(self, intake: str, count: int, rate: float, size: int,
                 levels: tuple[int, ...] = (1,), deliver_at_ms: int = 0, partitions: int = 1,
-                wait: bool = True):
+                wait: bool = True, deliver_spread_ms: int = 0, random_bodies: bool = False):
         delays = ",".join(str(d) for d in self.settings.level_delays_ms)
         proc = subprocess.Popen(
             [sys.executable, "-m", "streaming.loadgen", "produce",
@@ -100,6 +113,8 @@ class Load:
              "--count", str(count), "--rate", str(rate), "--size", str(size),
              "--levels", ",".join(map(str, levels)), "--delays", delays,
              "--deliver-at-ms", str(deliver_at_ms), "--partitions", str(partitions),
+             "--deliver-spread-ms", str(deliver_spread_ms),
+             *(["--random-bodies"] if random_bodies else []),
              "--run", Path(self.out).name, "--out", self.out + "-sent.npz"],
             env=self.env, cwd=PROJECT)
         if wait:
@@ -175,6 +190,7 @@ class MemoryPeaks(threading.Thread):
     def __init__(self):
         super().__init__(daemon=True)
         self.driver = self.workers = 0
+        self.window = [0, 0]    # peaks since the last `window_peaks` (driver, workers)
         self._cpu: dict[int, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -214,6 +230,14 @@ class MemoryPeaks(threading.Thread):
         with self._lock:
             self._cpu.update(cpu)
         self.driver, self.workers = max(self.driver, driver), max(self.workers, workers)
+        self.window = [max(self.window[0], driver), max(self.window[1], workers)]
+
+    def window_peaks(self) -> dict:
+        """Peak RSS since the last call (a scenario's own), and start a new window."""
+        self.sample()
+        (driver, workers), self.window = self.window, [0, 0]
+        return {"driver_rss_peak_mb": round(driver / 2**20),
+                "python_workers_rss_peak_mb": round(workers / 2**20)}
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far per role (processes that ended count with their last
@@ -374,13 +398,17 @@ class Bench:
         return Load(self.settings, self.work, _topic(self.admin, f"bench-{name}"), name)
 
     def steady(self) -> dict:
-        load = self._on_job("steady")
-        count = int(self.plan.rate * self.plan.seconds)
+        return self._constant("steady", self.plan.rate, self.plan.seconds)
+
+    def _constant(self, name: str, rate: float, seconds: float) -> dict:
+        """`rate` msg/s for `seconds` over the plan's levels, each on time or how late."""
+        load = self._on_job(name)
+        count = int(rate * seconds)
         longest = max(self.settings.level_delays_ms[lv - 1] for lv in self.plan.levels)
-        load.start_reader(timeout_s=self.plan.seconds + longest / 1000 + 600)
+        load.start_reader(timeout_s=seconds + longest / 1000 + 600)
         after = _last_batch(self.job.query)
         first_summary = len(self.summaries)
-        produced = load.produce(self.settings.intake_topic, count, self.plan.rate, self.plan.size,
+        produced = load.produce(self.settings.intake_topic, count, rate, self.plan.size,
                                 levels=self.plan.levels,
                                 partitions=len(self.settings.level_delays_ms), wait=False)
         done = load.wait_producer(produced)
@@ -402,6 +430,54 @@ class Bench:
         figures.update(due_ms=due, produce_s=round(produced_s, 1),
                        lead_s=self.plan.burst_lead_s,
                        within_10s=int(np.sum(late <= 10_000)))
+        return figures
+
+    def backlog(self) -> dict:
+        """A large pending backlog: timers due over 2 h … 30 days (random bodies), taken in
+        while a near load runs before and after it. Figures: the near load's lateness with
+        the backlog pending (and without, as `without_backlog`, the same run), how fast the
+        backlog was taken in, the bytes it keeps on disk, the memory peaks meanwhile."""
+        if self.job is None:
+            # A young JVM would make the load before the backlog the slower one: warm it first.
+            self._constant("backlog-warm", self.plan.backlog_rate, self.plan.backlog_seconds)
+        before = self._constant("backlog-before", self.plan.backlog_rate, self.plan.backlog_seconds)
+        cold0 = sum(s.count("cold") for s in self.summaries)
+        far = Load(self.settings, self.work, _topic(self.admin, "bench-far"), "backlog-far")
+        now_ms = int(time.time() * 1000)
+        hour, day = 3_600_000, 86_400_000
+        t0 = time.time()
+        producer = far.produce(self.settings.intake_topic, self.plan.backlog, 0, self.plan.size,
+                               deliver_at_ms=now_ms + 2 * hour,
+                               deliver_spread_ms=30 * day - 3 * hour, random_bodies=True,
+                               partitions=len(self.settings.level_delays_ms), wait=False)
+        far.wait_producer(producer)
+        produce_s = time.time() - t0
+        # Taken in: every backlog message written to the cold tier (never due in the run).
+        deadline = time.time() + 600 + self.plan.backlog / 1_000
+        parked = 0
+        while time.time() < deadline:
+            parked = sum(s.count("cold") for s in self.summaries) - cold0
+            if parked >= self.plan.backlog:
+                break
+            time.sleep(1)
+        taken_s = time.time() - t0
+        after = self._constant("backlog-after", self.plan.backlog_rate, self.plan.backlog_seconds)
+        cold_rows = self.spark.read.format("delta").load(str(self.settings.cold_path)).count()
+        cold_bytes = du(self.settings.cold_path)
+        figures = dict(after)
+        figures.update(
+            lost=before["lost"] + after["lost"], early=before["early"] + after["early"],
+            backlog=self.plan.backlog, parked=parked, cold_rows=cold_rows,
+            not_parked=max(0, self.plan.backlog - cold_rows),
+            produce_s=round(produce_s, 1), taken_in_s=round(taken_s, 1),
+            taken_in_msg_s=round(parked / taken_s, 1) if taken_s else None,
+            cold_tier_bytes=cold_bytes,
+            cold_bytes_per_message=round(cold_bytes / max(1, cold_rows), 1),
+            wheel_state_bytes=du(self.work / "ckpt" / "state"),
+            without_backlog=_public(before))
+        for what in ("lateness_p50_ms", "lateness_p99_ms", "batch_p50_ms"):
+            if before.get(what) and after.get(what):
+                figures[what.replace("_ms", "_ratio")] = round(after[what] / before[what], 3)
         return figures
 
     def restart(self) -> dict:
@@ -473,8 +549,10 @@ class Bench:
             for name in self.plan.scenarios:
                 self.log(f"bench: {name} …")
                 t0, cpu0 = time.time(), memory.cpu_seconds()
+                memory.window_peaks()
                 figures = getattr(self, name)()
                 figures["wall_s"] = round(time.time() - t0, 1)
+                figures.update(memory.window_peaks())
                 figures.update(cpu_used(cpu0, memory.cpu_seconds(), figures["wall_s"]))
                 result.scenarios[name] = figures
                 self.log(f"bench: {name}: " + json.dumps(_public(figures)))
@@ -505,7 +583,7 @@ def write(result: Result, json_path: Path, plot_path: Path | None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [n for n in ("steady", "burst", "restart") if n in result.scenarios]
+    shown = [n for n in ("steady", "burst", "backlog", "restart") if n in result.scenarios]
     if not shown:
         return
     fig, axes = plt.subplots(len(shown), 1, figsize=(9, 3.2 * len(shown)), squeeze=False)

@@ -249,7 +249,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     plan = Plan.short() if args.short else Plan()
     changes = {name: getattr(args, name) for name in
-               ("size", "drain", "rate", "seconds", "burst", "burst_lead_s")
+               ("size", "drain", "rate", "seconds", "burst", "burst_lead_s", "backlog",
+                "backlog_rate", "backlog_seconds")
                if getattr(args, name) is not None}
     if args.scenarios:
         changes["scenarios"] = tuple(args.scenarios.split(","))
@@ -355,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(own broker unless Kafka is configured)")
     bench.add_argument("--short", action="store_true",
                        help="the CI form: small counts, no restart scenario")
-    bench.add_argument("--scenarios", help="comma separated: raw,drain,steady,burst,restart")
+    bench.add_argument("--scenarios",
+                       help="comma separated: raw,drain,steady,burst,backlog,restart")
     bench.add_argument("--size", type=int, help="message value bytes [1024]")
     bench.add_argument("--drain", type=int, help="messages preloaded for raw and drain [200000]")
     bench.add_argument("--rate", type=float, help="steady: msg/s [20000]")
@@ -363,6 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--levels", help="steady: levels, round robin [1,2]")
     bench.add_argument("--burst", type=int, help="burst: timers due in the same second [500000]")
     bench.add_argument("--burst-lead-s", type=float, help="burst: seconds from the first send to the due time [90]")
+    bench.add_argument("--backlog", type=int,
+                       help="backlog: timers pending over 2 h … 30 days [10000000]")
+    bench.add_argument("--backlog-rate", type=float,
+                       help="backlog: msg/s of the near load before and after it [1000]")
+    bench.add_argument("--backlog-seconds", type=float,
+                       help="backlog: seconds of each near load [30]")
     bench.add_argument("--driver-memory", default="4g", help="Spark driver memory")
     bench.add_argument("--no-ledger", action="store_true", help="run the job without the Delta ledger")
     bench.add_argument("--out", help="JSON result [<data_dir>/bench-*/result.json]")

@@ -53,6 +53,9 @@ def produce(args) -> None:
 
     partitions = args.partitions
     level_of = np.array(levels or [0], dtype=np.int64)
+    # Timers due over a span (a backlog): each message's own deliver time, drawn up front.
+    timer_due = (args.deliver_at_ms + np.random.default_rng(0).integers(
+        0, args.deliver_spread_ms, n, dtype=np.int64)) if args.deliver_spread_ms else None
     started = time.time()
     i = 0
     while i < n:
@@ -60,15 +63,21 @@ def produce(args) -> None:
         owed = n if args.rate <= 0 else min(n, int((time.time() - started) * args.rate) + 1)
         while i < owed:
             headers = [("REAL_TOPIC", args.real.encode()), ("UNIQ_KEY", f"{args.run}-{i}".encode())]
-            if args.deliver_at_ms:
+            if timer_due is not None:
+                headers.append(("TIMER_DELIVER_MS", str(timer_due[i]).encode()))
+                part = i % partitions
+            elif args.deliver_at_ms:
                 headers.append(("TIMER_DELIVER_MS", str(args.deliver_at_ms).encode()))
                 part = i % partitions
             else:
                 level = int(level_of[i % len(level_of)])
                 headers.append(("DELAY", str(level).encode()))
                 part = (level - 1) % partitions
+            # Random bodies where asked: one repeated body would compress away in the cold
+            # tier's Parquet files and understate the bytes kept per message.
+            body = os.urandom(args.size - SEQ) if args.random_bodies else pad
             try:
-                producer.produce(args.intake, value=i.to_bytes(SEQ, "big") + pad, partition=part,
+                producer.produce(args.intake, value=i.to_bytes(SEQ, "big") + body, partition=part,
                                  headers=headers, on_delivery=delivered)
                 i += 1
             except BufferError:
@@ -81,7 +90,9 @@ def produce(args) -> None:
     elapsed = time.time() - started
     level_per_seq = (np.full(n, -1, dtype=np.int64) if args.deliver_at_ms
                      else level_of[np.arange(n) % len(level_of)].astype(np.int64))
-    if args.deliver_at_ms:
+    if timer_due is not None:
+        due = np.maximum(append, timer_due)
+    elif args.deliver_at_ms:
         due = np.maximum(append, args.deliver_at_ms)
     else:
         due = append + np.array([0, *delays], dtype=np.int64)[level_per_seq]
@@ -144,6 +155,9 @@ def main(argv=None) -> None:
     p.add_argument("--levels", default="1", help="levels, round robin (1-based)")
     p.add_argument("--delays", default="", help="delay of each level in ms, comma separated")
     p.add_argument("--deliver-at-ms", type=int, default=0, help="timers all due at this time")
+    p.add_argument("--deliver-spread-ms", type=int, default=0,
+                   help="timers due uniformly over [deliver-at, deliver-at + spread)")
+    p.add_argument("--random-bodies", action="store_true", help="a random body per message")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--run", default="bench")
     p.add_argument("--out", required=True)
