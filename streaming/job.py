@@ -240,16 +240,25 @@ class DelayJob:
         self.query = None
         self._heartbeat: Heartbeat | None = None
         self._admin = None
+        self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
+
+    def _step(self, name: str) -> None:
+        now = time.monotonic()
+        self.startup_s[name] = round(now - self._step_t, 1)
+        self._step_t = now
 
     def start(self, first_batch_timeout_s: float = 180.0):
         """Start the query and return it once its first batch completed."""
+        self._step_t = time.monotonic()
         self._admin = kadmin.admin_client(self.settings)
         largest = kadmin.ensure_topics(self.settings, self._admin)
         kadmin.check_intake(self.settings, self._admin)
+        self._step("topics")
         ckpt.check(self.settings, self.checkpoint,
                    ckpt.read_group_offsets(self._admin, self.settings),
                    allow_fresh=self._allow_fresh, allow_config_change=self._allow_config_change)
         ckpt.write_stamp(self.settings, self.checkpoint)
+        self._step("checkpoint")
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
                           kadmin.TopicCatalog(self._admin),
                           self.spark.sparkContext.defaultParallelism,
@@ -262,15 +271,19 @@ class DelayJob:
                         spark_options(self.settings), self.settings.cold_bucket_ms,
                         self.settings.near_horizon_ms)
         writer = BatchWriter(kafka, self._extra_sinks, self._observer(), cold)
+        self._step("cold_tier")
         # First-batch costs paid here, not by the first deliveries: Delta tables, the
         # executors' Kafka producer.
         sent_schema = KafkaSink.sent_schema(OUTPUT_SPARK)
         for sink in self._extra_sinks:
             if hasattr(sink, "ensure_table"):
                 sink.ensure_table(self.spark, sent_schema)
+        self._step("tables")
         kafka.warm_up(self.spark, self.settings.intake_topic)
+        self._step("kafka_writer")
         if self.metrics is not None:
             self.metrics.seed_pending(pending_by_level(self.spark, self.checkpoint))
+            self._step("pending_gauge")
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
                                               self.settings.intake_topic)
@@ -282,6 +295,7 @@ class DelayJob:
         self.spark.streams.addListener(self._mirror)
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
+        self._step("listeners")
         for attempt in (1, 2):
             self.query = (wheel_stream(self.spark, self.settings).writeStream
                           .queryName(self.query_name)
@@ -290,6 +304,7 @@ class DelayJob:
                           .trigger(processingTime="0 seconds")
                           .start())
             failure = self._first_batch(first_batch_timeout_s)
+            self._step("first_batch" if attempt == 1 else "first_batch_again")
             if failure is None:
                 return self.query
             if attempt == 1 and _is_kafka_metrics_npe(failure):

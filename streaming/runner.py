@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from typing import Iterator
 
 from conf.settings import Settings
@@ -38,10 +39,13 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
     with embedded_broker(settings):
         metrics = build_metrics()
         server, _ = serve(settings, metrics)
+        t0 = time.monotonic()
         spark = build_session(settings)
+        session_s = round(time.monotonic() - t0, 1)
         job = DelayJob(settings, spark, metrics=metrics, **job_args)
         try:
             job.start()
+            job.startup_s = {"spark_session": session_s, **job.startup_s}
             yield job
         finally:
             job.stop()
