@@ -63,9 +63,11 @@ class Metrics:
         self.build.labels(version=version, spark_version=spark_version).set(1)
         self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds", "When the last micro-batch finished.", **r)
 
-    def seed_pending(self, by_level: dict[int, int]) -> None:
+    def add_pending(self, by_level: dict[int, int]) -> None:
+        """Messages pending before this run (the state as of the last committed batch), added
+        to the deltas of the batches this run has already observed."""
         for level, n in by_level.items():
-            self.pending.labels(level=str(level)).set(n)
+            self.pending.labels(level=str(level)).inc(n)
 
     def observe_batch(self, summary: BatchSummary) -> None:
         for level, n in summary.received_by_level.items():

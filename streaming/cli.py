@@ -72,7 +72,9 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"{settings.metrics_port}/metrics, Spark UI http://127.0.0.1:4040. Ctrl-C stops.",
               flush=True)
         steps = ", ".join(f"{k} {v} s" for k, v in job.startup_s.items())
-        print(f"delayq started in {sum(job.startup_s.values()):.1f} s ({steps})", flush=True)
+        first = ", ".join(f"{k} {v} s" for k, v in job.first_batch_s.items())
+        print(f"delayq started in {sum(job.startup_s.values()):.1f} s ({steps}; first batch: "
+              f"{first})", flush=True)
         wait(job, stop)
     print("delayq stopped; pending messages stay in the checkpoint until the next run")
     return 0

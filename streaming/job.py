@@ -8,8 +8,10 @@ a cluster.) The checkpoint's Kafka offsets are RocketMQ's delayOffset: see `dela
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from pyspark import StorageLevel
@@ -33,6 +35,7 @@ from streaming.heartbeat import Heartbeat
 from streaming.kafka_config import spark_options
 from streaming import checkpoint as ckpt
 from streaming.listener import OffsetMirror, ProgressListener
+from streaming.offsets import last_committed_batch
 from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
 log = logging.getLogger(__name__)
@@ -120,11 +123,16 @@ class BatchWriter:
     sinks: list[BatchSink] = field(default_factory=list)
     on_batch: Callable[[BatchSummary], None] | None = None
     cold: "ColdTier | None" = None
+    # The first call of this writer: when it began (time.monotonic) and its step timings,
+    # for the start-up report.
+    first: tuple[float, dict] | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         base = batch.persist(StorageLevel.MEMORY_AND_DISK)
         clock = time.monotonic()
         timings = {}
+        if self.first is None:
+            self.first = (clock, timings)
 
         def lap(step: str) -> None:
             nonlocal clock
@@ -177,15 +185,20 @@ def _aggregate(batch: DataFrame) -> list:
             .collect())
 
 
-def pending_by_level(spark: SparkSession, checkpoint: str) -> dict[int, int]:
-    """Messages held in the checkpoint's wheel per level (bucket), read with Spark's state
-    data source; {} for a new checkpoint."""
+def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None
+                     ) -> dict[int, int]:
+    """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
+    `batch_id` (the last one when None), read with Spark's state data source; {} for a
+    checkpoint without state."""
     from pathlib import Path
 
     if not (Path(checkpoint) / "state" / "0").is_dir() or not (Path(checkpoint) / "commits").is_dir():
         return {}
     spark.streams.active  # the state reader needs the state store coordinator
-    groups = spark.read.format("statestore").load(checkpoint)
+    reader = spark.read.format("statestore")
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    groups = reader.load(checkpoint)
     rows = groups.groupBy("key.bucket").agg(F.sum("value.groupState.count").alias("n")).collect()
     return {int(r["bucket"]): int(r["n"] or 0) for r in rows}
 
@@ -241,6 +254,8 @@ class DelayJob:
         self._heartbeat: Heartbeat | None = None
         self._admin = None
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
+        self.first_batch_s: dict[str, float] = {}   # the first batch's steps
+        self._seeder: threading.Thread | None = None
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -281,9 +296,11 @@ class DelayJob:
         self._step("tables")
         kafka.warm_up(self.spark, self.settings.intake_topic)
         self._step("kafka_writer")
+        # The pending gauge starts from the state as of the last committed batch; the batches
+        # of this run add their deltas on top. Read once the first batch is out, so the read
+        # does not hold up the first deliveries after a restart.
+        seed_batch = last_committed_batch(Path(self.checkpoint))
         if self.metrics is not None:
-            self.metrics.seed_pending(pending_by_level(self.spark, self.checkpoint))
-            self._step("pending_gauge")
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
                                               self.settings.intake_topic)
@@ -303,9 +320,17 @@ class DelayJob:
                           .option("checkpointLocation", self.checkpoint)
                           .trigger(processingTime="0 seconds")
                           .start())
+            if attempt == 1:
+                query_start = time.monotonic()
             failure = self._first_batch(first_batch_timeout_s)
             self._step("first_batch" if attempt == 1 else "first_batch_again")
+            if attempt == 1 and writer.first is not None:
+                began, timings = writer.first
+                self.first_batch_s = {"planning": round(began - query_start, 1),
+                                      **{k: round(v, 1) for k, v in timings.items()}}
             if failure is None:
+                if self.metrics is not None and seed_batch is not None:
+                    self._seed_pending(seed_batch)
                 return self.query
             if attempt == 1 and _is_kafka_metrics_npe(failure):
                 # SPARK-55271: the first batch after a restart re-runs the batch the last run
@@ -316,6 +341,19 @@ class DelayJob:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         return self.query
+
+    def _seed_pending(self, batch_id: int) -> None:
+        def seed():
+            t0 = time.monotonic()
+            try:
+                self.metrics.add_pending(pending_by_level(self.spark, self.checkpoint, batch_id))
+            except Exception as e:  # a gauge, never a reason to stop delivering
+                log.warning("could not read the pending messages of batch %d from the state: %s",
+                            batch_id, e)
+                return
+            log.info("pending gauge seeded from batch %d in %.1f s", batch_id, time.monotonic() - t0)
+        self._seeder = threading.Thread(target=seed, name="delayq-pending-seed", daemon=True)
+        self._seeder.start()
 
     def _observer(self) -> Callable[[BatchSummary], None] | None:
         hooks = [h for h in (self.metrics.observe_batch if self.metrics else None,
@@ -347,6 +385,8 @@ class DelayJob:
                 if listener is not None:
                     self.spark.streams.removeListener(listener)
             self._listener = self._mirror = None
+            if self._seeder is not None:
+                self._seeder.join(timeout=30)
         finally:
             if self._mirror_admin is not None:
                 self._mirror_admin.close()

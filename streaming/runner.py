@@ -3,6 +3,7 @@ session, and the delivery job, until Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -31,6 +32,18 @@ def embedded_broker(settings: Settings) -> Iterator[None]:
             broker.stop(spec)
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), or None where that is not known."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @contextlib.contextmanager
 def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
     """The job with its Prometheus endpoint, on the embedded broker when none is configured."""
@@ -39,13 +52,15 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
     with embedded_broker(settings):
         metrics = build_metrics()
         server, _ = serve(settings, metrics)
+        before = process_age_s()     # Python start-up, imports, settings, the exporter
         t0 = time.monotonic()
         spark = build_session(settings)
         session_s = round(time.monotonic() - t0, 1)
         job = DelayJob(settings, spark, metrics=metrics, **job_args)
         try:
             job.start()
-            job.startup_s = {"spark_session": session_s, **job.startup_s}
+            job.startup_s = {**({"process": round(before, 1)} if before is not None else {}),
+                             "spark_session": session_s, **job.startup_s}
             yield job
         finally:
             job.stop()

@@ -109,6 +109,41 @@ def test_dashboard_queries_return_data_and_figures_agree(job_settings, start_job
         server.shutdown()
 
 
+def test_pending_gauge_after_a_restart_counts_every_message_once(job_settings, start_job,
+                                                                new_topic, kafka_bootstrap,
+                                                                work_dir):
+    """The restarted job's gauge is the state as of the last committed batch plus the deltas
+    of its own batches, whichever comes first (the state is read after the first batch)."""
+    settings = job_settings(delay_levels="1s 2s 60s")
+    real = new_topic(message_timestamp_type="LogAppendTime")
+    checkpoint = str(work_dir / f"ckpt-{settings.intake_topic}")
+
+    def pending(metrics, level):
+        return metrics.registry.get_sample_value("delayq_pending_messages", {"level": str(level)})
+
+    first = build_metrics()
+    job = start_job(settings, checkpoint=checkpoint, metrics=first)
+    with DelayProducer(settings) as producer:
+        for _ in range(4):
+            producer.send(real, b"held", level=3)
+    assert_eventually(lambda: pending(first, 3) == 4, timeout_s=60, message="4 pending")
+    job.stop()
+
+    with DelayProducer(settings) as producer:   # while the job is away
+        for _ in range(2):
+            producer.send(real, b"held", level=3)
+        producer.send(real, b"due", level=1)
+    second = build_metrics()
+    job = start_job(settings, checkpoint=checkpoint, metrics=second)
+    consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
+    assert_eventually(lambda: pending(second, 3) == 6 and pending(second, 1) == 0,
+                      timeout_s=60, message="6 pending at level 3, none at level 1")
+    job._seeder.join(timeout=60)
+    assert not job._seeder.is_alive()
+    time.sleep(2)   # a few more (heartbeat) batches: nothing counted twice
+    assert (pending(second, 3), pending(second, 1)) == (6, 0)
+
+
 def test_exported_metrics_pass_promtool(job_settings):
     from prometheus_client import generate_latest
 

@@ -27,13 +27,17 @@ def test_batch_counts_become_counters_and_gauges():
     assert r.get_sample_value("delayq_build_info", {"version": "1.2.3", "spark_version": "4.1.1"}) == 1
 
 
-def test_pending_is_seeded_then_moves_with_deltas():
-    m = fresh()
-    m.seed_pending({3: 10})
-    s = BatchSummary(1)
-    s.add("tally", 3, None, 1, received=0, pending_delta=-4)
-    m.observe_batch(s)
-    assert m.registry.get_sample_value("delayq_pending_messages", {"level": "3"}) == 6
+def test_pending_is_the_seed_plus_the_deltas_in_either_order():
+    for seed_first in (True, False):
+        m = fresh()
+        s = BatchSummary(1)
+        s.add("tally", 3, None, 1, received=0, pending_delta=-4)
+        if seed_first:
+            m.add_pending({3: 10})
+        m.observe_batch(s)
+        if not seed_first:
+            m.add_pending({3: 10})
+        assert m.registry.get_sample_value("delayq_pending_messages", {"level": "3"}) == 6
 
 
 def test_lateness_histogram_accumulates_bucket_counts():
