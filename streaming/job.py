@@ -86,10 +86,13 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     )
 
 
-def wheel_stream(spark: SparkSession, settings: Settings) -> DataFrame:
-    """The fired output of the wheel: rows of the OUTPUT layout, once per batch."""
+def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None
+                 ) -> DataFrame:
+    """The fired output of the wheel: rows of the OUTPUT layout, once per batch. `source`,
+    in the layout of `intake_stream`, replaces the intake topic (the class data training)."""
     spread = settings.spark_shuffle_partitions
-    parsed = intake_stream(spark, settings).mapInArrow(
+    source = intake_stream(spark, settings) if source is None else source
+    parsed = source.mapInArrow(
         make_parser(rules_of(settings), settings.slot_ms, spread), ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))

@@ -29,6 +29,12 @@ def spark_jars(settings: Settings) -> list[Path]:
     return jars
 
 
+def java_options(settings: Settings) -> str:
+    from streaming import cds
+
+    return cds.java_options(settings)
+
+
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     log4j = f"-Dlog4j2.configurationFile=file:{CONF_DIR / 'log4j2.properties'}"
     conf = {
@@ -38,7 +44,8 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.driver.memory": settings.spark_driver_memory,
         # A query stopped mid-batch fails its foreachBatch call; Spark then matches the long
         # Python traceback with a backtracking regex that overflows the default 1 MiB stack.
-        "spark.driver.extraJavaOptions": f"{log4j} -Xss16m",
+        # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
+        "spark.driver.extraJavaOptions": f"{log4j} -Xss16m {java_options(settings)}".rstrip(),
         "spark.executor.extraJavaOptions": log4j,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,

@@ -1,0 +1,44 @@
+"""The class data archive's name follows the Java and the jars, and a missing archive adds no
+JVM option (no JVM started here)."""
+from __future__ import annotations
+
+import os
+import pytest
+
+from conf import load_settings
+from streaming import cds
+
+
+@pytest.fixture
+def jars(tmp_path):
+    folder = tmp_path / "lib" / "spark"
+    folder.mkdir(parents=True)
+    for name in ("delta-spark_2.13-4.0.0.jar", "spark-sql-kafka-0-10_2.13-4.1.1.jar",
+                 "delta-storage-4.0.0.jar", "kafka-clients-3.9.0.jar"):
+        (folder / name).write_bytes(b"jar")
+    return load_settings(jars_dir=str(tmp_path / "lib"), data_dir=str(tmp_path / "data"))
+
+
+def test_archive_name_changes_with_a_jar(jars):
+    before = cds.archive_path(jars)
+    assert before is not None and before.parent == jars.jars_path / "cds"
+    jar = jars.jars_path / "spark" / "kafka-clients-3.9.0.jar"
+    jar.write_bytes(b"another jar")
+    os.utime(jar, (1, 1))
+    assert cds.archive_path(jars) != before
+
+
+def test_options_only_when_the_archive_exists(jars):
+    assert cds.java_options(jars) == ""
+    archive = cds.archive_path(jars)
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"archive")
+    options = cds.java_options(jars)
+    assert f"-XX:SharedArchiveFile={archive}" in options and "-Xshare:auto" in options
+    from streaming.session import spark_conf
+    assert options in spark_conf(jars)["spark.driver.extraJavaOptions"]
+
+
+def test_no_jars_means_no_options(tmp_path):
+    settings = load_settings(jars_dir=str(tmp_path / "none"), data_dir=str(tmp_path / "data"))
+    assert cds.java_options(settings) == ""
