@@ -20,13 +20,17 @@ def slot_of(due_ms: int, slot_ms: int) -> int:
     return due_ms // slot_ms
 
 
-def fire_horizon(watermark_ms: int, lead_ms: int) -> int:
+def fire_horizon(watermark_ms: int, lead_ms: int, now_ms: int = 0) -> int:
     """Messages due at or before this are released to the hold stage in this batch.
 
     The watermark trails the real clock by a batch or two; firing `lead_ms` ahead lets a
     message reach the final hold before it is due, so the batch, not the timer, sets lateness.
+    A message already due by the clock (`now_ms`) leaves too, however far the watermark lags:
+    a job's first batch has none yet, and a catch-up after downtime reads records appended
+    long ago. Only the overdue are added: a longer lead makes the hold block its batch longer
+    (DESIGN.md section 4).
     """
-    return watermark_ms + lead_ms
+    return max(watermark_ms + lead_ms, now_ms)
 
 
 def timer_for(earliest_due_ms: int, lead_ms: int, watermark_ms: int) -> int:
