@@ -61,6 +61,7 @@ class Settings(BaseSettings):
     max_offsets_per_trigger: int
 
     ledger: bool
+    ledger_interval: str
 
     metrics_host: str
     metrics_port: int
@@ -103,7 +104,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("max_delay", "clock_tolerance", "late_tolerance", "near_horizon",
-                     "cold_bucket")
+                     "cold_bucket", "ledger_interval")
     @classmethod
     def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
         try:
@@ -160,6 +161,10 @@ class Settings(BaseSettings):
     @property
     def checkpoint_path(self) -> Path:
         return self.data_path / "checkpoints" / "delivery"
+
+    @property
+    def ledger_interval_ms(self) -> int:
+        return parse_duration(self.ledger_interval)
 
     @property
     def ledger_path(self) -> Path:

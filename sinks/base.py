@@ -50,6 +50,8 @@ class BatchSummary:
     lateness: tuple[list[int], int, float] | None = None
     # seconds spent per step of the batch, for profiling (step -> seconds)
     timings: dict[str, float] = field(default_factory=dict)
+    # the deliveries in the ledger's columns, on the driver (a pyarrow Table; sinks/ledger.py)
+    delivered: object = None
 
     def add(self, kind: str, level: int | None, reason: str | None, count: int,
             received: int = 0, pending_delta: int = 0) -> None:

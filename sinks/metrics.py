@@ -9,6 +9,8 @@ import json
 import time
 from typing import Iterable
 
+import numpy as np
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -22,8 +24,7 @@ BATCH_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0
 
 
 class LatenessHistogram(Collector):
-    """A histogram fed with per-batch bucket counts computed in Spark (the observations
-    themselves never reach the driver)."""
+    """A histogram fed with per-batch bucket counts (`lateness_of` each batch's deliveries)."""
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]):
         self.name, self.documentation, self.buckets = name, documentation, buckets
@@ -61,6 +62,7 @@ class Metrics:
         self.delay_offset = Gauge("delayq_delay_offset", "Next intake offset of each level's partition (RocketMQ's delayOffset).", ["level"], **r)
         self.build = Gauge("delayq_build_info", "Build information.", ["version", "spark_version"], **r)
         self.build.labels(version=version, spark_version=spark_version).set(1)
+        self.ledger_behind = Gauge("delayq_ledger_batches_behind", "Delivery batches whose ledger rows are spooled but not yet in the Delta ledger.", **r)
         self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds", "When the last micro-batch finished.", **r)
 
     def add_pending(self, by_level: dict[int, int]) -> None:
@@ -115,10 +117,9 @@ def _offsets(value, topic: str) -> dict[int, int]:
     return {int(p): int(o) for p, o in (value.get(topic) or {}).items()}
 
 
-def lateness_aggregates(buckets: Iterable[float] = LATENESS_BUCKETS):
-    """Spark column expressions: cumulative bucket counts, total and sum of lateness (s)."""
-    from pyspark.sql import functions as F
-
-    seconds = (F.col("sent_ms") - F.col("due_ms")) / 1000.0
-    cols = [F.sum(F.when(seconds <= b, 1).otherwise(0)).alias(f"le_{i}") for i, b in enumerate(buckets)]
-    return cols + [F.count("*").alias("total"), F.sum(seconds).alias("seconds")]
+def lateness_of(lateness_ms, buckets: Iterable[float] = LATENESS_BUCKETS
+                ) -> tuple[list[int], int, float]:
+    """(cumulative count per bucket, total, sum of seconds) of lateness values in ms."""
+    seconds = np.asarray(lateness_ms, dtype=np.float64) / 1000.0
+    return ([int(np.count_nonzero(seconds <= b)) for b in buckets], int(seconds.size),
+            float(seconds.sum()))

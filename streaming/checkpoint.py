@@ -50,7 +50,7 @@ def is_local(checkpoint: str) -> bool:
     return "://" not in checkpoint or checkpoint.startswith("file:")
 
 
-def _local_path(checkpoint: str) -> Path:
+def local_path(checkpoint: str) -> Path:
     return Path(checkpoint.removeprefix("file://").removeprefix("file:"))
 
 
@@ -130,7 +130,7 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
     if not is_local(checkpoint):
         log.info("checkpoint %s is not a local path; its guard checks are skipped", checkpoint)
         return "resume"
-    path = _local_path(checkpoint)
+    path = local_path(checkpoint)
     if path.exists() and not path.is_dir():
         check_readable(path)
     if not path.exists() or not has_progress(path):
@@ -170,7 +170,7 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
 def write_stamp(settings: Settings, checkpoint: str) -> None:
     if not is_local(checkpoint):
         return
-    path = _local_path(checkpoint)
+    path = local_path(checkpoint)
     path.mkdir(parents=True, exist_ok=True)
     (path / STAMP).write_text(json.dumps({"settings": fingerprint(settings),
                                           "state_format": STATE_FORMAT}, indent=1) + "\n")

@@ -23,8 +23,8 @@ from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary
 from sinks.cold import ColdTier
 from sinks.kafka import KafkaSink, header_struct, record_size
-from sinks.ledger import DeadLetterTable, DeliveryLedger
-from sinks.metrics import LATENESS_BUCKETS, Metrics, lateness_aggregates
+from sinks.ledger import DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER, delivered_rows
+from sinks.metrics import Metrics, lateness_of
 from state import headers as H
 from state.envelope import Rules
 from state.errors import JobError
@@ -167,7 +167,10 @@ class BatchWriter:
                 lap("kafka")
                 try:
                     if summary.count("deliver"):
-                        summary.lateness = _lateness(sent)
+                        # One small collect: the lateness histogram and the ledger's rows.
+                        summary.delivered = delivered_rows(sent, summary)
+                        summary.lateness = lateness_of(
+                            summary.delivered.column("lateness_ms").to_numpy())
                         lap("lateness")
                     for sink in self.sinks:
                         sink.write_batch(sent, summary)
@@ -204,12 +207,6 @@ def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None 
     groups = reader.load(checkpoint)
     rows = groups.groupBy("key.bucket").agg(F.sum("value.groupState.count").alias("n")).collect()
     return {int(r["bucket"]): int(r["n"] or 0) for r in rows}
-
-
-def _lateness(sent: DataFrame) -> tuple[list[int], int, float]:
-    row = sent.filter(F.col("kind") == "deliver").agg(*lateness_aggregates()).collect()[0]
-    cumulative = [int(row[f"le_{i}"] or 0) for i in range(len(LATENESS_BUCKETS))]
-    return cumulative, int(row["total"] or 0), float(row["seconds"] or 0.0)
 
 
 def _is_kafka_metrics_npe(failure) -> bool:
@@ -259,6 +256,7 @@ class DelayJob:
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}   # the first batch's steps
         self._seeder: threading.Thread | None = None
+        self._spool: LedgerSpool | None = None
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -303,6 +301,7 @@ class DelayJob:
         # of this run add their deltas on top. Read once the first batch is out, so the read
         # does not hold up the first deliveries after a restart.
         seed_batch = last_committed_batch(Path(self.checkpoint))
+        self._start_spool(seed_batch)
         if self.metrics is not None:
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
@@ -311,7 +310,7 @@ class DelayJob:
         self._mirror_admin = kadmin.admin_client(self.settings)
         self._mirror = OffsetMirror(
             self.query_name, self.settings.intake_topic,
-            lambda offsets: ckpt.mirror_offsets(self._mirror_admin, self.settings, offsets))
+            self._mirror_commit)
         self.spark.streams.addListener(self._mirror)
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
@@ -344,6 +343,24 @@ class DelayJob:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         return self.query
+
+    def _mirror_commit(self, offsets: dict[int, int]) -> None:
+        admin = self._mirror_admin
+        if admin is not None:   # a progress event can still arrive after stop()
+            ckpt.mirror_offsets(admin, self.settings, offsets)
+
+    def _start_spool(self, last_committed: int | None) -> None:
+        """The delivery ledger off the delivery path (sinks/ledger.py), when the checkpoint is
+        a local (or mounted) folder to spool into; otherwise each batch writes it itself."""
+        ledger = next((s for s in self._extra_sinks if isinstance(s, DeliveryLedger)), None)
+        if ledger is None or not ckpt.is_local(self.checkpoint):
+            return
+        gauge = self.metrics.ledger_behind.set if self.metrics is not None else None
+        self._spool = LedgerSpool(
+            self.spark, ledger, ckpt.local_path(self.checkpoint) / SPOOL_FOLDER,
+            single_until=last_committed + 1 if last_committed is not None else 0,
+            interval_s=self.settings.ledger_interval_ms / 1000, on_behind=gauge).start()
+        ledger.spool = self._spool
 
     def _seed_pending(self, batch_id: int) -> None:
         def seed():
@@ -390,6 +407,8 @@ class DelayJob:
             self._listener = self._mirror = None
             if self._seeder is not None:
                 self._seeder.join(timeout=30)
+            if self._spool is not None:
+                self._spool.stop()
         finally:
             if self._mirror_admin is not None:
                 self._mirror_admin.close()

@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sinks.delta import table_exists
+from sinks.ledger import SPOOL_FOLDER, spooled
 from state.wheel import decode
 
 
@@ -26,18 +27,25 @@ def _iso(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
 
 
+def _delivered(r) -> Whereabouts:
+    return Whereabouts("delivered", {
+        "topic": r["topic"], "partition": r["partition"], "level": r["level"],
+        "due": _iso(r["due_ms"]), "delivered": _iso(r["sent_ms"]),
+        "lateness_ms": r["lateness_ms"], "batch_id": r["batch_id"],
+        "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+
+
 def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
          checkpoint: Path) -> Whereabouts:
     if table_exists(ledger):
         rows = spark.read.format("delta").load(str(ledger)).filter(
             F.col("uniq_key") == uniq_key).collect()
         if rows:
-            r = rows[0]
-            return Whereabouts("delivered", {
-                "topic": r["topic"], "partition": r["partition"], "level": r["level"],
-                "due": _iso(r["due_ms"]), "delivered": _iso(r["sent_ms"]),
-                "lateness_ms": r["lateness_ms"], "batch_id": r["batch_id"],
-                "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+            return _delivered(rows[0])
+    # Delivered moments ago: its ledger row still waits in the spool (sinks/ledger.py).
+    row = spooled(checkpoint / SPOOL_FOLDER, uniq_key)
+    if row is not None:
+        return _delivered(row)
     if table_exists(dead):
         rows = spark.read.format("delta").load(str(dead)).filter(
             F.col("uniq_key") == uniq_key).collect()

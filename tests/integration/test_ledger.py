@@ -84,3 +84,49 @@ def test_ledger_summary_per_level(job_settings, start_job, new_topic, kafka_boot
     assert result["deleted_before"] < time.strftime("%Y-%m-%d")
     assert spark.read.format("delta").load(str(settings.ledger_path)).count() == 3
     assert maintain(spark, settings.data_path / "tables" / "none", "d", None, 168)["skipped"]
+
+
+def test_ledger_rows_still_spooled_at_a_stop_are_appended_once_at_the_next_start(
+        job_settings, start_job, new_topic, kafka_bootstrap, spark, work_dir):
+    """The ledger is written off the delivery path (sinks/ledger.py): a batch's rows are
+    spooled beside the checkpoint before it commits. With the Delta append failing, the
+    messages are still delivered, their rows stay spooled through the stop, `delayq ledger`
+    finds them there, and the next start appends each exactly once."""
+    from pathlib import Path
+    from pyspark.sql import functions as F
+
+    settings = job_settings(delay_levels="1s 2s 60s")
+    real = new_topic(**LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-spool-{settings.intake_topic}")
+    job = start_job(settings, checkpoint=checkpoint)
+
+    def unavailable(*args, **kwargs):
+        raise RuntimeError("Delta unavailable (test)")
+    job._spool.ledger.append = unavailable
+    with DelayProducer(settings) as producer:
+        sent = {producer.send(real, f"m{i}".encode(), level=1 + i % 2).uniq_key for i in range(6)}
+    consume_all(kafka_bootstrap, real, expected=6, timeout_s=60)
+    spool = Path(checkpoint) / "ledger-spool"
+    assert_eventually(lambda: job._spool.last_error and job._spool.behind(), timeout_s=30,
+                      message="a failed append with rows spooled")
+    job.stop()
+    assert list(spool.glob("*.parquet")), "rows kept through the stop"
+    in_table = (spark.read.format("delta").load(str(settings.ledger_path))
+                .filter(F.col("uniq_key").isin(list(sent))).count())
+    spooled_keys = {k for k in sent if lookup.find(spark, k, settings.ledger_path,
+                                                    settings.dead_letter_path,
+                                                    Path(checkpoint)).status == "delivered"}
+    assert spooled_keys == sent, "delayq ledger finds every delivered message"
+
+    start_job(settings, checkpoint=checkpoint)
+
+    def per_key():
+        got = {r["uniq_key"]: r["n"] for r in spark.read.format("delta")
+               .load(str(settings.ledger_path)).groupBy("uniq_key")
+               .agg(F.count("*").alias("n")).collect()}
+        return got if set(got) >= sent else None
+    got = assert_eventually(per_key, timeout_s=60, message="ledger rows after the restart")
+    assert set(got) == sent and all(n == 1 for n in got.values()), got
+    assert_eventually(lambda: not list(spool.glob("*.parquet")), timeout_s=30,
+                      message="the spool emptied")
+    assert in_table == 0, "no append got through while Delta was down"
