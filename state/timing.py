@@ -25,7 +25,8 @@ def fire_horizon(watermark_ms: int, lead_ms: int, now_ms: int = 0) -> int:
 
     The watermark trails the real clock by a batch or two; firing `lead_ms` ahead lets a
     message reach the final hold before it is due, so the batch, not the timer, sets lateness.
-    A message already due by the clock (`now_ms`) leaves too, however far the watermark lags:
+    A message already due by the clock (`now_ms`, the batch's time) leaves too, however far
+    the watermark lags:
     a job's first batch has none yet, and a catch-up after downtime reads records appended
     long ago. Only the overdue are added: a longer lead makes the hold block its batch longer
     (DESIGN.md section 4).

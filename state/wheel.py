@@ -214,7 +214,11 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
                 yield _cancel_outcomes(cancels, found)
 
         watermark = state.getCurrentWatermarkMs() + config.watermark_delay_ms
-        horizon = fire_horizon(watermark, config.lead_for(pending.num_rows, bucket), now_ms)
+        # The batch's own time, not the clock: Spark keeps it for a replayed batch, so a replay
+        # fires the same messages as the attempt before the crash (and the ledger, which skips
+        # a batch it has, misses none).
+        horizon = fire_horizon(watermark, config.lead_for(pending.num_rows, bucket),
+                               state.getCurrentProcessingTimeMs())
         due = pc.less_equal(pending.column("due_ms"), horizon)
         fired = pending.filter(due)
         if fired.num_rows:
