@@ -3,7 +3,7 @@
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
 slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is one Arrow stream of pending messages (base64 text); its event-time timer is
 set `lead_ms` before the earliest of them. On a call it releases every message due before
-the fire horizon (watermark + lead, or the clock when that is later) to the hold stage, which sends each one at its due time.
+the fire horizon (watermark + lead) to the hold stage, which sends each one at its due time.
 Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
 """
 from __future__ import annotations
@@ -214,11 +214,7 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
                 yield _cancel_outcomes(cancels, found)
 
         watermark = state.getCurrentWatermarkMs() + config.watermark_delay_ms
-        # The batch's own time, not the clock: Spark keeps it for a replayed batch, so a replay
-        # fires the same messages as the attempt before the crash (and the ledger, which skips
-        # a batch it has, misses none).
-        horizon = fire_horizon(watermark, config.lead_for(pending.num_rows, bucket),
-                               state.getCurrentProcessingTimeMs())
+        horizon = fire_horizon(watermark, config.lead_for(pending.num_rows, bucket))
         due = pc.less_equal(pending.column("due_ms"), horizon)
         fired = pending.filter(due)
         if fired.num_rows:

@@ -33,9 +33,9 @@ def intake(*rows):
     })
 
 
-def state(watermark_ms, value=None, timed_out=False, batch_ms=NOW):
+def state(watermark_ms, value=None, timed_out=False):
     return GroupState(
-        optionalValue=value, batchProcessingTimeMs=batch_ms, eventTimeWatermarkMs=watermark_ms,
+        optionalValue=value, batchProcessingTimeMs=NOW, eventTimeWatermarkMs=watermark_ms,
         timeoutConf=GroupStateTimeout.EventTimeTimeout, hasTimedOut=timed_out,
         watermarkPresent=True, defined=value is not None, updated=False, removed=False,
         timeoutTimestamp=-1, keyAsUnsafe=b"", valueSchema=STATE_SPARK)
@@ -182,22 +182,3 @@ def test_a_timer_cancel_reaches_the_group_part_of_the_timer_it_names():
                                   ("UNIQ_KEY", f"m-{i}".encode())], i)), RULES, 1_000, 2,
                          NOW).to_pylist()[0]["slot"] % TIMER_PARTS for i in range(64)}
     assert len(parts) == TIMER_PARTS, "timers of one slot spread over its parts"
-
-
-def test_a_message_already_due_leaves_in_the_batch_that_reads_it_whatever_the_watermark():
-    """A job's first batch has no watermark yet (Spark's is 0), and a catch-up after downtime
-    reads records whose append time is far behind the clock: what is due by the batch's time
-    goes to the hold stage at once instead of into state; what is not due yet waits as before.
-    The batch's time, not the worker's clock: a replayed batch has the same, and fires the same."""
-    frame = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("UNIQ_KEY", b"a")], 1),
-                      ([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"b")], 2))
-    frame["bucket"], frame["slot"] = 9, 0  # one group for the test
-    st = state(watermark_ms=0, batch_ms=NOW + 3_000)
-    out = run(frame, st, clock_ms=NOW + 3_000)
-    assert list(out["uniq_key"]) == ["a", "b"], "due at +1 s and +3 s, batch at +3 s"
-    assert not st.exists
-    for clock_ms in (NOW + 2_900, NOW + 9_000):   # a replay runs later: same batch time
-        st = state(watermark_ms=0, batch_ms=NOW + 2_900)
-        out = run(frame, st, clock_ms=clock_ms)
-        assert list(out["uniq_key"]) == ["a"], "b is due 100 ms after the batch's time"
-        assert st.get[1:] == (1, NOW + 3_000)
