@@ -54,13 +54,17 @@ class DeltaBatchTable(BatchSink):
 
     def write_batch(self, sent: DataFrame, summary: BatchSummary) -> None:
         rows = self.rows(sent, summary)
-        if rows is None:
-            return
+        if rows is not None:
+            self.save(rows, summary.batch_id)
+
+    def save(self, rows: DataFrame, txn_version: int) -> None:
+        """Append rows in one Delta commit, skipped when the table already has this
+        txnVersion (or a later one) of the query."""
         if self._app_id is None:
             self._app_id = query_id(self._checkpoint)
         writer = (rows.write.format("delta").mode("append")
                   .option("txnAppId", self._app_id)
-                  .option("txnVersion", summary.batch_id))
+                  .option("txnVersion", txn_version))
         if self.partition_by:
             writer = writer.partitionBy(*self.partition_by)
         writer.save(self.path)

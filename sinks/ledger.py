@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary
-from sinks.delta import DeltaBatchTable, query_id
+from sinks.delta import DeltaBatchTable
 
 log = logging.getLogger(__name__)
 
@@ -78,18 +78,10 @@ class DeliveryLedger(DeltaBatchTable):
             super().write_batch(sent, summary)
 
     def append(self, spark, files: list[Path], txn_version: int) -> None:
-        """Append spooled files in one Delta commit, skipped if this txnVersion (or a later
-        one) of the query is already in the table. The executors read the files themselves
-        (the checkpoint is on a volume they all mount), so no rows go through the driver."""
-        (spark.read.parquet(*[str(p) for p in files]).select(*LEDGER_COLUMNS)
-         .write.format("delta").mode("append")
-         .option("txnAppId", self.app_id()).option("txnVersion", txn_version)
-         .partitionBy(*self.partition_by).save(self.path))
-
-    def app_id(self) -> str:
-        if self._app_id is None:
-            self._app_id = query_id(self._checkpoint)
-        return self._app_id
+        """Append spooled files in one Delta commit (`save`). The executors read the files
+        themselves (the checkpoint is on a volume they all mount): no rows cross the driver."""
+        self.save(spark.read.parquet(*[str(p) for p in files]).select(*LEDGER_COLUMNS),
+                  txn_version)
 
 
 class LedgerSpool:
@@ -227,17 +219,13 @@ def spooled(folder: Path, uniq_key: str) -> dict | None:
 
     for path in sorted(Path(folder).glob("*.parquet")) if Path(folder).is_dir() else ():
         try:
-            table = _read(path)
+            table = pq.read_table(path)
         except (OSError, pa.ArrowInvalid):   # appended and deleted while we looked
             continue
         hit = table.filter(pc.equal(table.column("uniq_key"), uniq_key))
         if hit.num_rows:
             return hit.slice(0, 1).to_pylist()[0]
     return None
-
-
-def _read(path: Path) -> pa.Table:
-    return pq.read_table(path)
 
 
 def _fsync_dir(folder: Path) -> None:
