@@ -228,6 +228,17 @@ def spooled(folder: Path, uniq_key: str) -> dict | None:
     return None
 
 
+def delivered_row(folder: Path, uniq_key: str,
+                  in_table: Callable[[str], dict | None]) -> dict | None:
+    """The ledger row of a delivered message, from the spool or the table (`in_table`).
+
+    The spool is read first. `LedgerSpool` deletes a file only after its rows are committed
+    to the table, so a row that leaves the spool while we look is in the table by the time
+    we read it; reading the table first can miss a row moving between the two."""
+    row = spooled(folder, uniq_key)
+    return row if row is not None else in_table(uniq_key)
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sinks.delta import table_exists
-from sinks.ledger import SPOOL_FOLDER, spooled
+from sinks.ledger import SPOOL_FOLDER, delivered_row
 from state.wheel import decode
 
 
@@ -37,13 +37,15 @@ def _delivered(r) -> Whereabouts:
 
 def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
          checkpoint: Path) -> Whereabouts:
-    if table_exists(ledger):
+    def in_table(key: str) -> dict | None:
+        if not table_exists(ledger):
+            return None
         rows = spark.read.format("delta").load(str(ledger)).filter(
-            F.col("uniq_key") == uniq_key).collect()
-        if rows:
-            return _delivered(rows[0])
-    # Delivered moments ago: its ledger row still waits in the spool (sinks/ledger.py).
-    row = spooled(checkpoint / SPOOL_FOLDER, uniq_key)
+            F.col("uniq_key") == key).collect()
+        return rows[0].asDict() if rows else None
+
+    # Delivered moments ago, its ledger row still waits in the spool (sinks/ledger.py).
+    row = delivered_row(checkpoint / SPOOL_FOLDER, uniq_key, in_table)
     if row is not None:
         return _delivered(row)
     if table_exists(dead):

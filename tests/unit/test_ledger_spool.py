@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sinks.ledger import LedgerSpool
+from sinks.ledger import LedgerSpool, delivered_row
 
 
 class Recorder:
@@ -126,3 +126,25 @@ def test_a_file_an_earlier_run_left_goes_at_once(tmp_path):
     wait_for(lambda: ledger.calls, timeout_s=5)
     spool.stop()
     assert ledger.calls == [(4, ["a"])]
+
+
+def test_a_row_moving_from_the_spool_to_the_table_during_a_lookup_is_found(tmp_path):
+    """`delayq ledger` reads the spool and the table one after the other; the spool thread may
+    append a file and delete it in between. Whichever moment that happens, the row is found."""
+    folder = tmp_path / "spool"
+    LedgerSpool(None, Recorder(), folder).put(3, rows("k"))
+    table = {}
+
+    def move():   # what LedgerSpool._append does: commit to the table, then delete the file
+        table["k"] = {"uniq_key": "k"}
+        for path in folder.glob("*.parquet"):
+            path.unlink()
+
+    def table_then_move(key):   # the table is read just before the thread's commit lands
+        found = table.get(key)
+        move()
+        return found
+
+    assert delivered_row(folder, "k", table_then_move)["uniq_key"] == "k"
+    assert delivered_row(folder, "k", table.get)["uniq_key"] == "k"   # now only in the table
+    assert delivered_row(folder, "other", table.get) is None
