@@ -17,7 +17,11 @@ import pyarrow.compute as pc
 
 
 def hold_until_due(batches: Iterator[pa.RecordBatch], clock: Callable[[], float] = time.time,
-                   sleep: Callable[[float], None] = time.sleep) -> Iterator[pa.Table]:
+                   sleep: Callable[[float], None] = time.sleep,
+                   flush: Callable[[], None] = lambda: None) -> Iterator[pa.Table]:
+    """Yield `batches`' rows in due order, each chunk once the clock reaches its due time.
+    Before each wait it calls `flush`: whatever was released so far must leave now, not sit
+    in an output buffer until the rows after it are due."""
     parts = [batch for batch in batches if batch.num_rows]
     if not parts:
         return
@@ -28,6 +32,8 @@ def hold_until_due(batches: Iterator[pa.RecordBatch], clock: Callable[[], float]
     while start < len(due):
         now_ms = int(clock() * 1000)
         if due[start] > now_ms:
+            if start:
+                flush()
             sleep((int(due[start]) - now_ms) / 1000.0)
             continue
         end = int(due.searchsorted(now_ms, side="right"))

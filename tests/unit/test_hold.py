@@ -33,6 +33,28 @@ def test_rows_leave_in_due_order_and_never_before_due():
     assert dict(released) == {"b": 1_000, "c": 1_000, "d": 1_200, "e": 1_200, "a": 1_500}
 
 
+def test_what_was_released_is_flushed_before_each_wait():
+    """Rows released before a wait must leave before it: the hold flushes the worker's output
+    (sinks/kafka.py worker_output_flush) each time it is about to sleep, and only then."""
+    clock = FakeClock(1_000)
+    rows = pa.record_batch({"due_ms": pa.array([900, 1_000, 1_300, 1_300, 2_000], pa.int64())})
+    events = []
+    for chunk in hold_until_due(iter([rows]), clock=clock.now,
+                                sleep=lambda s: (events.append("sleep"), clock.sleep(s)),
+                                flush=lambda: events.append("flush")):
+        events.append(chunk.num_rows)
+    assert events == [2, "flush", "sleep", 2, "flush", "sleep", 1]
+
+
+def test_nothing_is_flushed_while_nothing_was_released():
+    clock = FakeClock(1_000)
+    flushes = []
+    rows = pa.record_batch({"due_ms": pa.array([1_500], pa.int64())})
+    assert [c.num_rows for c in hold_until_due(iter([rows]), clock=clock.now, sleep=clock.sleep,
+                                               flush=lambda: flushes.append(1))] == [1]
+    assert flushes == []
+
+
 def test_empty_input_yields_nothing():
     assert list(hold_until_due(iter([]))) == []
 

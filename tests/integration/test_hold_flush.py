@@ -1,0 +1,47 @@
+"""The hold's rows leave the Python worker when released, not when its task ends.
+
+PySpark buffers a worker's Arrow output (64 KiB) and flushes it when full or at the end of
+the task; `sinks.kafka.worker_output_flush` finds that stream so the hold can flush it before
+each wait. Run in real Spark workers, writing to the real broker."""
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+
+from sinks.kafka import (PRODUCER_OPTIONS, KafkaSink, _no_flush, hold_and_stamp,
+                         worker_output_flush)
+from tests.support import consume_all
+
+LATER_S = 6
+
+
+def test_the_hold_finds_the_workers_output_stream(spark):
+    def probe(batches):
+        flush = worker_output_flush()
+        for _ in batches:
+            pass
+        yield pa.record_batch({"found": pa.array([flush is not _no_flush])})
+
+    found = spark.range(1).repartition(1).mapInArrow(probe, "found boolean").collect()
+    assert [r["found"] for r in found] == [True]
+
+
+def test_a_released_row_reaches_the_broker_before_the_next_one_is_due(spark, new_topic,
+                                                                      kafka_bootstrap):
+    topic = new_topic(message_timestamp_type="LogAppendTime")
+    now_ms = int(time.time() * 1000)
+    rows = spark.createDataFrame(
+        [(topic, b"now", now_ms), (topic, b"later", now_ms + LATER_S * 1000)],
+        "topic string, value binary, due_ms long").repartition(1)
+    schema = KafkaSink.sent_schema(rows.schema)
+    (rows.mapInArrow(hold_and_stamp, schema).select("topic", "value")
+     .write.format("kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+     .options(**PRODUCER_OPTIONS).save())
+    records = {r.value: r.timestamp for r in consume_all(kafka_bootstrap, topic, expected=2)}
+    later_due = now_ms + LATER_S * 1000
+    assert records[b"later"] >= later_due, "never early"
+    # Unflushed, "now" waited in the worker's buffer until the task ended, after "later".
+    assert records[b"now"] < later_due, (
+        f"the first row reached the broker {records[b'now'] - now_ms} ms after its release, "
+        f"with the second ({LATER_S} s later)")
