@@ -188,11 +188,11 @@ def worker_output_flush() -> Callable[[], None]:
     worker; else a no-op.
 
     PySpark writes a task's Arrow output through a 64 KiB buffer (`spark.buffer.size`) and
-    flushes it when full or when the task ends, so a row the hold releases waited there for
-    the rows released after it: 115 ms median, 410 ms p90 between release and the broker's
-    timestamp at 1,000 msg/s (docs/benchmarks.md). PySpark has no hook for a UDF to flush, so
-    this finds the stream its worker loop writes to (`pyspark.worker.main(infile, outfile)`)
-    on the calling stack; tests/integration/test_hold_flush.py checks it is found."""
+    flushes it when full or when the task ends, so a row the hold releases could wait there
+    for the rows released after it, up to the end of the task (6 s in
+    tests/integration/test_hold_flush.py, which checks both that the stream is found and that
+    the row leaves at once). PySpark has no hook for a UDF to flush, so this finds the stream
+    its worker loop writes to (`pyspark.worker.main(infile, outfile)`) on the calling stack."""
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
