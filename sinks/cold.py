@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary
-from sinks.delta import query_id, table_exists
+from sinks.delta import append_once, query_id, table_exists
 from sinks.kafka import header_struct
 from state import headers as H
 
@@ -32,6 +32,7 @@ class ColdTier:
                  intake_partitions: int, kafka_options: dict[str, str], bucket_ms: int,
                  horizon_ms: int, clock=time.time):
         self.spark, self.path, self.checkpoint = spark, str(path), checkpoint
+        self._app_id: str | None = None
         self.intake, self.partitions = intake_topic, max(1, intake_partitions)
         self.options, self.bucket_ms, self.horizon_ms = kafka_options, bucket_ms, horizon_ms
         self.clock = clock
@@ -65,9 +66,10 @@ class ColdTier:
         rows = (batch.filter(F.col("kind") == "cold").select(*COLUMNS)
                 .withColumn("due_bucket", F.col("due_ms") - F.pmod("due_ms", F.lit(self.bucket_ms))))
         self.roll(rows.filter(F.col("due_bucket") <= loaded))
-        (rows.filter(F.col("due_bucket") > loaded).write.format("delta").mode("append")
-         .option("txnAppId", query_id(self.checkpoint)).option("txnVersion", summary.batch_id)
-         .partitionBy("due_bucket").save(self.path))
+        if self._app_id is None:
+            self._app_id = query_id(self.checkpoint)
+        append_once(rows.filter(F.col("due_bucket") > loaded), self.path, self._app_id,
+                    summary.batch_id, ("due_bucket",))
 
     def advance(self) -> int:
         """Roll every bucket that came within the horizon; returns how many were rolled."""

@@ -25,6 +25,17 @@ def query_id(checkpoint: str | Path) -> str:
     return json.loads((Path(checkpoint) / "metadata").read_text())["id"]
 
 
+def append_once(rows: DataFrame, path: str, app_id: str, txn_version: int,
+                partition_by: tuple[str, ...] = ()) -> None:
+    """Append rows in one Delta commit, skipped when the table already has `txn_version` (or
+    a later one) of `app_id`."""
+    writer = (rows.write.format("delta").mode("append")
+              .option("txnAppId", app_id).option("txnVersion", txn_version))
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    writer.save(path)
+
+
 class DeltaBatchTable(BatchSink):
     """A Delta table fed from the sent rows of each batch; subclasses choose rows and columns."""
 
@@ -62,9 +73,4 @@ class DeltaBatchTable(BatchSink):
         txnVersion (or a later one) of the query."""
         if self._app_id is None:
             self._app_id = query_id(self._checkpoint)
-        writer = (rows.write.format("delta").mode("append")
-                  .option("txnAppId", self._app_id)
-                  .option("txnVersion", txn_version))
-        if self.partition_by:
-            writer = writer.partitionBy(*self.partition_by)
-        writer.save(self.path)
+        append_once(rows, self.path, self._app_id, txn_version, self.partition_by)
