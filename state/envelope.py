@@ -179,7 +179,7 @@ def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, app
     if not target:
         raise BadInput("header TIMER_DEL_UNIQKEY is empty")
     if H.DELAY in control and H.TIMER_DELIVER_MS in control and len(present) == 2:
-        level = clamp_level(_integer(H.DELAY, control[H.DELAY]), len(rules.level_delays_ms))
+        level = _level(control, rules)
         due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
         return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
     if len(present) > 1:
@@ -191,6 +191,14 @@ def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, app
     return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
 
 
+def _level(control: dict[str, bytes | None], rules: Rules) -> int:
+    """The DELAY header's level, clamped to the highest configured (RocketMQ's rule)."""
+    level = _integer(H.DELAY, control[H.DELAY])
+    if level < 0:
+        raise BadInput(f"header DELAY={level} is negative")
+    return clamp_level(level, len(rules.level_delays_ms))
+
+
 def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
          rules: Rules, now_ms: int) -> tuple[int, int]:
     """(level, due time) from the one delay header present, or (0, append time) for none."""
@@ -198,10 +206,7 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
         return 0, append_ms
     name = present[0]
     if name == H.DELAY:
-        level = _integer(H.DELAY, control[H.DELAY])
-        if level < 0:
-            raise BadInput(f"header DELAY={level} is negative")
-        level = clamp_level(level, len(rules.level_delays_ms))
+        level = _level(control, rules)
         if level == 0:
             return 0, append_ms
         delay = rules.level_delays_ms[level - 1]

@@ -64,6 +64,9 @@ def test_user_headers_keep_order_and_duplicates_and_control_headers_go():
     ([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(APPEND - 3_600_000).encode())], "in the past"),
     ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", b"-5")], "negative"),
     ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", b"soon")], "not an integer"),
+    # A cancel placed by its level and due time (found by the property test as a ValueError).
+    ([("TIMER_DEL_UNIQKEY", b"k"), ("DELAY", b"-1"), ("TIMER_DELIVER_MS", b"5")],
+     "DELAY=-1 is negative"),
 ])
 def test_bad_input_is_dead_with_a_reason(headers, reason):
     e = env(*headers)
