@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from pyspark import StorageLevel
+from pyspark import AccumulatorParam
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
@@ -162,18 +163,59 @@ class KafkaSink(BatchSink):
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> DataFrame:
         """Send the batch's deliveries and dead letters, each at its due time. Returns what
-        was sent (with `sent_ms`, the moment each row was released), persisted for the
-        tables that record it; the caller unpersists it."""
+        was sent, with `sent_ms`: the moment the hold released each row.
+
+        The Kafka writer reads the hold's output directly, so each row goes out as it is
+        released. (Persisting the output for the ledger made Spark build each partition whole
+        before the writer read any of it: rows left in one burst when their task's last row
+        was due; docs/benchmarks.md.) The hold releases a row at the later of its due time
+        and the moment its task began releasing; each task reports that moment per level
+        through an accumulator, and `sent_ms` follows from it without running the hold again.
+        """
         out = batch.filter(F.col("kind").isin("deliver", "dead"))
         schema = self.sent_schema(out.schema)
+        starts = out.sparkSession.sparkContext.accumulator({}, _LatestPerLevel())
         # One task per level: a level's messages leave in due order (the hold sorts each
         # task's rows), which matters when a restart finds many overdue at once.
-        sent = (out.repartition(self._parallelism, "level")
-                .mapInArrow(hold_and_stamp, schema)
-                .persist(StorageLevel.MEMORY_AND_DISK))
-        (sent.select("topic", "partition", "key", "value", "headers")
+        (out.repartition(self._parallelism, "level")
+         .mapInArrow(hold_reporting(starts), schema)
+         .select("topic", "partition", "key", "value", "headers")
          .write.format("kafka").options(**self._options).save())
-        return sent
+        began = starts.value
+        # A row whose level no task reported (a dead letter without a level): the write's end.
+        fallback = F.lit(int(time.time() * 1000)).cast("long")
+        release = (F.coalesce(F.element_at(F.create_map(*[
+            x for level, ms in began.items() for x in (F.lit(level), F.lit(ms).cast("long"))]),
+            F.col("level")), fallback) if began else fallback)
+        return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
+
+
+class _LatestPerLevel(AccumulatorParam):
+    """level -> ms: when a hold task began releasing that level's rows (the latest attempt's,
+    should Spark run a task again)."""
+
+    def zero(self, value):
+        return {}
+
+    def addInPlace(self, value1, value2):
+        for level, ms in value2.items():
+            value1[level] = max(ms, value1.get(level, ms))
+        return value1
+
+
+def hold_reporting(starts) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """`hold_and_stamp`, reporting to the accumulator `starts` the first release of the task
+    for every level it held."""
+    def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        first, levels = None, set()
+        for out in hold_and_stamp(batches):
+            if first is None:
+                first = out.column("sent_ms")[0].as_py()
+            levels.update(pc.unique(out.column("level")).to_pylist())
+            yield out
+        if first is not None:
+            starts.add({level: first for level in levels if level is not None})
+    return hold
 
 
 def hold_and_stamp(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -165,18 +165,15 @@ class BatchWriter:
             if summary.sends:
                 sent = self.kafka.write_batch(batch, summary)
                 lap("kafka")
-                try:
-                    if summary.count("deliver"):
-                        # One small collect: the lateness histogram and the ledger's rows.
-                        summary.delivered = delivered_rows(sent, summary)
-                        summary.lateness = lateness_of(
-                            summary.delivered.column("lateness_ms").to_numpy())
-                        lap("lateness")
-                    for sink in self.sinks:
-                        sink.write_batch(sent, summary)
-                        lap(sink.name)
-                finally:
-                    sent.unpersist()
+                if summary.count("deliver"):
+                    # One small collect: the lateness histogram and the ledger's rows.
+                    summary.delivered = delivered_rows(sent, summary)
+                    summary.lateness = lateness_of(
+                        summary.delivered.column("lateness_ms").to_numpy())
+                    lap("lateness")
+                for sink in self.sinks:
+                    sink.write_batch(sent, summary)
+                    lap(sink.name)
             if self.on_batch:
                 self.on_batch(summary)
         finally:

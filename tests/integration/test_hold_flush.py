@@ -8,9 +8,11 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+from pyspark.sql import functions as F
 
 from sinks.kafka import (PRODUCER_OPTIONS, KafkaSink, _no_flush, hold_and_stamp,
                          worker_output_flush)
+from sinks.base import BatchSummary
 from tests.support import consume_all
 
 LATER_S = 6
@@ -45,3 +47,32 @@ def test_a_released_row_reaches_the_broker_before_the_next_one_is_due(spark, new
     assert records[b"now"] < later_due, (
         f"the first row reached the broker {records[b'now'] - now_ms} ms after its release, "
         f"with the second ({LATER_S} s later)")
+
+
+def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_topic,
+                                                                  kafka_bootstrap):
+    """KafkaSink.write_batch: no cache between the hold and the writer (a row leaves when
+    released, not with the last row of its task), and `sent_ms` for every row from the hold
+    tasks' reports: never before due, never after the broker had the record."""
+    topic = new_topic(message_timestamp_type="LogAppendTime")
+    now_ms = int(time.time() * 1000)
+    later_due = now_ms + LATER_S * 1000
+    rows = spark.createDataFrame(
+        [("deliver", topic, b"overdue", 1, now_ms - 2_000),
+         ("deliver", topic, b"later", 1, later_due),
+         ("deliver", topic, b"soon", 2, now_ms + 1_000),
+         ("dead", topic, b"dead", None, 0)],
+        "kind string, topic string, value binary, level int, due_ms long"
+    ).select("kind", "topic", F.lit(None).cast("int").alias("partition"),
+             F.lit(None).cast("binary").alias("key"), "value",
+             F.array().cast("array<struct<key:string,value:binary>>").alias("headers"),
+             "level", "due_ms")
+    sink = KafkaSink({"kafka.bootstrap.servers": kafka_bootstrap}, "unused-dlq", None, 2)
+    sent = {r["value"]: r for r in sink.write_batch(rows, BatchSummary(0)).collect()}
+    broker = {r.value: r.timestamp for r in consume_all(kafka_bootstrap, topic, expected=4)}
+    for value in (b"overdue", b"later", b"soon"):
+        assert sent[value]["due_ms"] <= sent[value]["sent_ms"] <= broker[value], value
+        assert broker[value] >= sent[value]["due_ms"], f"{value} early"
+    assert sent[b"later"]["sent_ms"] == later_due
+    assert sent[b"dead"]["sent_ms"] is not None
+    assert broker[b"overdue"] < later_due, "the overdue row waited for the later one's release"
