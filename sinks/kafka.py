@@ -76,6 +76,7 @@ class KafkaSink(BatchSink):
         self._dlq = dlq_topic
         self._catalog = catalog
         self._parallelism = max(1, parallelism)
+        self._starts = None   # the hold tasks' reports (write_batch)
 
     def topic_sizes(self, topics) -> dict[str, int | None]:
         """Partition count of each real topic (None: the topic does not exist)."""
@@ -174,7 +175,12 @@ class KafkaSink(BatchSink):
         """
         out = batch.filter(F.col("kind").isin("deliver", "dead"))
         schema = self.sent_schema(out.schema)
-        starts = out.sparkSession.sparkContext.accumulator({}, _LatestPerLevel())
+        # One accumulator for the sink's life, emptied per batch: every task of the previous
+        # write reported before its save returned, and a new one per batch would stay in
+        # PySpark's registry for good.
+        if self._starts is None:
+            self._starts = out.sparkSession.sparkContext.accumulator({}, _LatestPerLevel())
+        starts, starts.value = self._starts, {}
         # One task per level: a level's messages leave in due order (the hold sorts each
         # task's rows), which matters when a restart finds many overdue at once.
         (out.repartition(self._parallelism, "level")
