@@ -3,8 +3,8 @@
 Kafka may hold a message twice after a crash (same UNIQ_KEY); the ledger holds it once:
 the one true record of what was delivered, when, and how late.
 
-The Delta commit is the largest fixed cost of a batch (0.6–1.4 s median in the benchmarks),
-and nothing that is delivered needs to wait for it. So the ledger is written off the
+A Spark Delta commit was the largest fixed cost of a batch (0.6–1.4 s median in the
+benchmarks), and nothing that is delivered needs to wait for it. So the ledger is written off the
 delivery path: each batch's rows are spooled to a Parquet file beside the checkpoint, synced
 before the batch commits, and a thread of the driver appends them to the Delta table while the
 next batches run (`LedgerSpool`). A file that a crash leaves behind is appended after the
@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary
-from sinks.delta import DeltaBatchTable
+from sinks.delta import DeltaBatchTable, append_arrow_once, is_local
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,15 @@ class DeliveryLedger(DeltaBatchTable):
             super().write_batch(sent, summary)
 
     def append(self, spark, files: list[Path], txn_version: int) -> None:
-        """Append spooled files in one Delta commit (`save`). The executors read the files
-        themselves (the checkpoint is on a volume they all mount): no rows cross the driver."""
+        """Append spooled files in one Delta commit. A table on the driver's file system is
+        appended with delta-rs from the driver (the rows are about 100 bytes each, and no
+        Spark job runs beside the batches); a table on a store through Spark (`save`), whose
+        executors read the files from the volume they all mount."""
+        if is_local(self.path):
+            rows = pa.concat_tables([pq.read_table(p, columns=list(LEDGER_COLUMNS))
+                                     for p in files], promote_options="default")
+            append_arrow_once(rows, self.path, self.app_id(), txn_version, self.partition_by)
+            return
         self.save(spark.read.parquet(*[str(p) for p in files]).select(*LEDGER_COLUMNS),
                   txn_version)
 

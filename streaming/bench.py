@@ -274,6 +274,21 @@ def _batches(query, after: int) -> dict:
             "input_rows": rows}
 
 
+def _timeline(query, after: int, summaries: list) -> list[dict]:
+    """Each batch after `after`: its start, duration, input rows, Spark's own phases and the
+    job's steps (foreachBatch), for finding what makes the long batches long."""
+    from datetime import datetime
+
+    steps = {s.batch_id: s.timings for s in summaries}
+    return [{"batch": p["batchId"],
+             "start_ms": int(datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
+                             .timestamp() * 1000),
+             "ms": p["durationMs"].get("triggerExecution", 0), "rows": p["numInputRows"],
+             "phases_ms": {k: v for k, v in p["durationMs"].items() if k != "triggerExecution"},
+             "steps_s": steps.get(p["batchId"], {})}
+            for p in query.recentProgress if p["batchId"] > after]
+
+
 def _processing_rate(query, after: int, until_ms: int | None) -> dict:
     """Rows per second of batch time over the batches that started before the last delivery:
     the pipe's own throughput, without the query's start-up or the reader's polling."""
@@ -415,6 +430,7 @@ class Bench:
         figures = load.finish(count)
         figures.update(in_msg_s=done["rate"], **_batches(self.job.query, after))
         figures["step_p50_s"] = _steps(self.summaries[first_summary:])
+        figures["_timeline"] = _timeline(self.job.query, after, self.summaries[first_summary:])
         return figures
 
     def burst(self) -> dict:
@@ -575,7 +591,10 @@ def _public(figures: dict) -> dict:
 def write(result: Result, json_path: Path, plot_path: Path | None) -> None:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     body = {"plan": result.plan, "machine": result.machine,
-            "scenarios": {k: _public(v) for k, v in result.scenarios.items()}}
+            "scenarios": {k: _public(v) for k, v in result.scenarios.items()},
+            # Per batch, for the scenarios at a constant rate (not printed: long).
+            "timelines": {k: v["_timeline"] for k, v in result.scenarios.items()
+                          if "_timeline" in v}}
     json_path.write_text(json.dumps(body, indent=2) + "\n")
     if plot_path is None:
         return
