@@ -581,6 +581,13 @@ class Bench:
         if raw and drain and raw.get("processing_msg_s") and drain.get("processing_msg_s"):
             result.machine["drain_ratio_to_raw"] = round(
                 drain["processing_msg_s"] / raw["processing_msg_s"], 3)
+        steady = result.scenarios.get("steady")
+        if raw and steady and raw.get("processing_msg_s") and steady.get("out_msg_s"):
+            # The rate delayq kept up over the steady load (first to last delivery, several
+            # batches on a warmer JVM) against the raw pipe's rate per second of batch time.
+            # Meaningful as a throughput when the load exceeds it (out well below in_msg_s).
+            result.machine["steady_out_ratio_to_raw"] = round(
+                steady["out_msg_s"] / raw["processing_msg_s"], 3)
         return result
 
 
