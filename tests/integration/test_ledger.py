@@ -130,3 +130,38 @@ def test_ledger_rows_still_spooled_at_a_stop_are_appended_once_at_the_next_start
     assert_eventually(lambda: not list(spool.glob("*.parquet")), timeout_s=30,
                       message="the spool emptied")
     assert in_table == 0, "no append got through while Delta was down"
+
+
+def test_spark_and_delta_rs_appends_share_one_table_and_one_txn_rule(spark, tmp_path):
+    """The ledger spool appends with delta-rs; Spark reads the table (past a checkpoint that
+    delta-rs wrote), compacts it and may append to it with txnAppId/txnVersion. Each writer
+    skips a version the other recorded."""
+    import pyarrow as pa
+
+    from sinks.delta import append_arrow_once, append_once
+
+    path = str(tmp_path / "ledger")
+    schema = "uniq_key string, sent_ms long, sent_date string"
+    spark.createDataFrame([], schema).write.format("delta").partitionBy("sent_date").save(path)
+
+    def rs(key, version):
+        return append_arrow_once(pa.table({"uniq_key": [key], "sent_ms": [1],
+                                           "sent_date": ["2026-11-23"]}),
+                                 path, "query", version, ("sent_date",))
+
+    def spark_append(key, version):
+        append_once(spark.createDataFrame([(key, 1, "2026-11-23")], schema), path, "query",
+                    version, ("sent_date",))
+
+    def keys():
+        return sorted(r[0] for r in spark.read.format("delta").load(path).select("uniq_key").collect())
+
+    assert all(rs(f"k{v:03d}", v) for v in range(1, 106))
+    assert any(p.name.endswith(".checkpoint.parquet") for p in (tmp_path / "ledger" / "_delta_log").iterdir())
+    assert keys() == [f"k{v:03d}" for v in range(1, 106)]
+    spark_append("skipped", 105)        # delta-rs recorded 105: Spark skips it
+    spark_append("spark", 106)
+    spark.sql(f"OPTIMIZE delta.`{path}`").collect()
+    assert not rs("skipped-too", 106)   # Spark recorded 106: delta-rs skips it
+    assert rs("after-optimize", 107)
+    assert keys() == sorted([f"k{v:03d}" for v in range(1, 106)] + ["spark", "after-optimize"])
