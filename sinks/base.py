@@ -50,7 +50,9 @@ class BatchSummary:
     lateness: tuple[list[int], int, float] | None = None
     # seconds spent per step of the batch, for profiling (step -> seconds)
     timings: dict[str, float] = field(default_factory=dict)
-    # the deliveries in the ledger's columns, on the driver (a pyarrow Table; sinks/ledger.py)
+    # the deliveries as the hold tasks released them (a pyarrow Table of sinks/kafka.py's
+    # RELEASED columns), and in the ledger's columns (sinks/ledger.py), on the driver
+    released: object = None
     delivered: object = None
 
     def add(self, kind: str, level: int | None, reason: str | None, count: int,

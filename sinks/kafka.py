@@ -76,7 +76,7 @@ class KafkaSink(BatchSink):
         self._dlq = dlq_topic
         self._catalog = catalog
         self._parallelism = max(1, parallelism)
-        self._starts = None   # the hold tasks' reports (write_batch)
+        self._reports = None   # the hold tasks' reports (write_batch)
 
     def topic_sizes(self, topics) -> dict[str, int | None]:
         """Partition count of each real topic (None: the topic does not exist)."""
@@ -169,25 +169,30 @@ class KafkaSink(BatchSink):
         The Kafka writer reads the hold's output directly, so each row goes out as it is
         released. (Persisting the output for the ledger made Spark build each partition whole
         before the writer read any of it: rows left in one burst when their task's last row
-        was due; docs/benchmarks.md.) The hold releases a row at the later of its due time
-        and the moment its task began releasing; each task reports that moment per level
-        through an accumulator, and `sent_ms` follows from it without running the hold again.
+        was due; docs/benchmarks.md.)
+
+        Each hold task reports through one accumulator what the driver needs afterwards,
+        without running the hold again: its deliveries in the `RELEASED` columns with the
+        moment each was released (`summary.released`, an Arrow table: the ledger's rows and
+        the lateness histogram), and per level the moment it began releasing, from which the
+        returned frame's `sent_ms` follows (the later of that and the row's due time).
         """
         out = batch.filter(F.col("kind").isin("deliver", "dead"))
         schema = self.sent_schema(out.schema)
         # One accumulator for the sink's life, emptied per batch: every task of the previous
         # write reported before its save returned, and a new one per batch would stay in
         # PySpark's registry for good.
-        if self._starts is None:
-            self._starts = out.sparkSession.sparkContext.accumulator({}, _LatestPerLevel())
-        starts, starts.value = self._starts, {}
+        if self._reports is None:
+            self._reports = out.sparkSession.sparkContext.accumulator(
+                HoldReports.zero(None), HoldReports())
+        reports, reports.value = self._reports, HoldReports.zero(None)
         # One task per level: a level's messages leave in due order (the hold sorts each
         # task's rows), which matters when a restart finds many overdue at once.
         (out.repartition(self._parallelism, "level")
-         .mapInArrow(hold_reporting(starts), schema)
+         .mapInArrow(hold_reporting(reports), schema)
          .select("topic", "partition", "key", "value", "headers")
          .write.format("kafka").options(**self._options).save())
-        began = starts.value
+        began, summary.released = HoldReports.read(reports.value)
         # A row whose level no task reported (a dead letter without a level): the write's end.
         fallback = F.lit(int(time.time() * 1000)).cast("long")
         release = (F.coalesce(F.element_at(F.create_map(*[
@@ -196,31 +201,60 @@ class KafkaSink(BatchSink):
         return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
 
 
-class _LatestPerLevel(AccumulatorParam):
-    """level -> ms: when a hold task began releasing that level's rows (the latest attempt's,
-    should Spark run a task again)."""
+# A delivery's columns the driver keeps after the write, with `sent_ms`, the moment the hold
+# released it: what the ledger records and the lateness histogram counts.
+RELEASED = ("uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms",
+            "sent_ms")
 
-    def zero(self, value):
-        return {}
+
+class HoldReports(AccumulatorParam):
+    """What the hold tasks of one write report: {"starts": level -> ms when a task began
+    releasing that level's rows (the latest attempt's, should Spark run a task again),
+    "rows": one Arrow IPC stream of RELEASED columns per task}. Spark applies the updates of
+    an action's task once, from its successful attempt, so every delivery is in "rows" once."""
+
+    @staticmethod
+    def zero(value):
+        return {"starts": {}, "rows": []}
 
     def addInPlace(self, value1, value2):
-        for level, ms in value2.items():
-            value1[level] = max(ms, value1.get(level, ms))
+        for level, ms in value2["starts"].items():
+            value1["starts"][level] = max(ms, value1["starts"].get(level, ms))
+        value1["rows"].extend(value2["rows"])
         return value1
 
+    @staticmethod
+    def read(value) -> tuple[dict, pa.Table | None]:
+        """(starts, the released deliveries as one table, or None if there were none)."""
+        tables = [pa.ipc.open_stream(pa.py_buffer(blob)).read_all() for blob in value["rows"]]
+        return value["starts"], pa.concat_tables(tables) if tables else None
 
-def hold_reporting(starts) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """`hold_and_stamp`, reporting to the accumulator `starts` the first release of the task
-    for every level it held."""
+
+def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """`hold_and_stamp`, reporting to the accumulator `reports` (HoldReports) the task's
+    first release for every level it held and its deliveries' RELEASED columns."""
     def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        first, levels = None, set()
+        first, levels, delivered = None, set(), []
         for out in hold_and_stamp(batches):
             if first is None:
                 first = out.column("sent_ms")[0].as_py()
             levels.update(pc.unique(out.column("level")).to_pylist())
+            # The small columns only: filtering the whole chunk would copy its payloads.
+            rows = out.select(list(RELEASED)).filter(pc.equal(out.column("kind"), "deliver"))
+            if rows.num_rows:
+                delivered.append(rows)
             yield out
-        if first is not None:
-            starts.add({level: first for level in levels if level is not None})
+        if first is None:
+            return
+        blobs = []
+        if delivered:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, delivered[0].schema) as writer:
+                for rows in delivered:
+                    writer.write_batch(rows)
+            blobs.append(sink.getvalue().to_pybytes())
+        reports.add({"starts": {level: first for level in levels if level is not None},
+                     "rows": blobs})
     return hold
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -51,10 +52,42 @@ def ledger_rows(sent: DataFrame, summary: BatchSummary) -> DataFrame:
     ))
 
 
-def delivered_rows(sent: DataFrame, summary: BatchSummary) -> pa.Table:
-    """The batch's deliveries in the ledger's columns, on the driver (about 100 bytes each):
-    what the ledger spools, and what the lateness histogram is counted from."""
-    return ledger_rows(sent, summary).toArrow()
+# The ledger's columns as Arrow types (the same as `ledger_rows` gives in Spark).
+LEDGER = pa.schema([
+    ("uniq_key", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
+    ("level", pa.int32()), ("intake_partition", pa.int32()), ("intake_offset", pa.int64()),
+    ("append_ms", pa.int64()), ("due_ms", pa.int64()), ("sent_ms", pa.int64()),
+    ("lateness_ms", pa.int64()), ("batch_id", pa.int64()), ("batch_time", pa.int64()),
+    ("sent_date", pa.string()),
+])
+assert tuple(LEDGER.names) == LEDGER_COLUMNS
+
+
+def delivered_rows(released: pa.Table, summary: BatchSummary) -> pa.Table:
+    """The batch's deliveries in the ledger's columns, from the rows the hold tasks reported
+    (sinks/kafka.py RELEASED), on the driver without a Spark job: what the ledger spools and
+    what the lateness histogram is counted from. About 100 bytes a delivery."""
+    n = released.num_rows
+    sent = released.column("sent_ms").cast(pa.int64())
+    columns = {
+        "uniq_key": released.column("uniq_key"), "topic": released.column("topic"),
+        "partition": released.column("partition"), "level": released.column("level"),
+        "intake_partition": released.column("ipart"), "intake_offset": released.column("ioff"),
+        "append_ms": released.column("append_ms"), "due_ms": released.column("due_ms"),
+        "sent_ms": sent,
+        "lateness_ms": pc.subtract(sent, released.column("due_ms").cast(pa.int64())),
+        "batch_id": pa.array([summary.batch_id] * n, pa.int64()),
+        "batch_time": pa.array([summary.batch_time_ms] * n, pa.int64()),
+        # The UTC date, as Spark's date_format gives it in the session's time zone (UTC).
+        "sent_date": pc.strftime(sent.cast(pa.timestamp("ms")), "%Y-%m-%d"),
+    }
+    return pa.table([columns[f.name].cast(f.type) for f in LEDGER], schema=LEDGER)
+
+
+def collected_rows(sent: DataFrame, summary: BatchSummary) -> pa.Table:
+    """The same rows by a Spark job over the sent frame: for a batch whose hold reports do
+    not account for every delivery (see streaming/job.py)."""
+    return ledger_rows(sent, summary).toArrow().cast(LEDGER)
 
 
 class DeliveryLedger(DeltaBatchTable):
@@ -72,10 +105,14 @@ class DeliveryLedger(DeltaBatchTable):
         return ledger_rows(sent, summary)
 
     def write_batch(self, sent: DataFrame, summary: BatchSummary) -> None:
-        if self.spool is not None and summary.delivered is not None:
+        if summary.delivered is None:
+            super().write_batch(sent, summary)
+        elif self.spool is not None:
             self.spool.put(summary.batch_id, summary.delivered)
         else:
-            super().write_batch(sent, summary)
+            # A ledger beside a checkpoint on a store: appended by this batch itself, with the
+            # same rows the spool would have held.
+            self.save(sent.sparkSession.createDataFrame(summary.delivered), summary.batch_id)
 
     def append(self, spark, files: list[Path], txn_version: int) -> None:
         """Append spooled files in one Delta commit. A table on the driver's file system is

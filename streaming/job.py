@@ -23,7 +23,8 @@ from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary
 from sinks.cold import ColdTier
 from sinks.kafka import KafkaSink, header_struct, record_size
-from sinks.ledger import DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER, delivered_rows
+from sinks.ledger import (DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER,
+                          collected_rows, delivered_rows)
 from sinks.metrics import Metrics, lateness_of
 from state import headers as H
 from state.envelope import Rules
@@ -166,8 +167,9 @@ class BatchWriter:
                 sent = self.kafka.write_batch(batch, summary)
                 lap("kafka")
                 if summary.count("deliver"):
-                    # One small collect: the lateness histogram and the ledger's rows.
-                    summary.delivered = delivered_rows(sent, summary)
+                    # The lateness histogram and the ledger's rows, from what the hold tasks
+                    # reported: no Spark job.
+                    summary.delivered = _ledger_rows(sent, summary)
                     summary.lateness = lateness_of(
                         summary.delivered.column("lateness_ms").to_numpy())
                     lap("lateness")
@@ -178,6 +180,19 @@ class BatchWriter:
                 self.on_batch(summary)
         finally:
             base.unpersist()
+
+
+def _ledger_rows(sent: DataFrame, summary: BatchSummary):
+    """The batch's deliveries in the ledger's columns: from the hold tasks' reports, or, should
+    those not account for every delivery the batch counted, by a Spark job over `sent`."""
+    released = summary.released
+    expected = summary.count("deliver")
+    if released is not None and released.num_rows == expected:
+        return delivered_rows(released, summary)
+    log.warning("batch %d: the hold reported %s of %d deliveries; collecting the ledger rows "
+                "with Spark", summary.batch_id,
+                0 if released is None else released.num_rows, expected)
+    return collected_rows(sent, summary)
 
 
 def _aggregate(batch: DataFrame) -> list:

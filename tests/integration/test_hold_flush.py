@@ -58,17 +58,19 @@ def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_top
     now_ms = int(time.time() * 1000)
     later_due = now_ms + LATER_S * 1000
     rows = spark.createDataFrame(
-        [("deliver", topic, b"overdue", 1, now_ms - 2_000),
-         ("deliver", topic, b"later", 1, later_due),
-         ("deliver", topic, b"soon", 2, now_ms + 1_000),
-         ("dead", topic, b"dead", None, 0)],
-        "kind string, topic string, value binary, level int, due_ms long"
+        [("deliver", topic, b"overdue", 1, now_ms - 2_000, "k-overdue"),
+         ("deliver", topic, b"later", 1, later_due, "k-later"),
+         ("deliver", topic, b"soon", 2, now_ms + 1_000, "k-soon"),
+         ("dead", topic, b"dead", None, 0, None)],
+        "kind string, topic string, value binary, level int, due_ms long, uniq_key string"
     ).select("kind", "topic", F.lit(None).cast("int").alias("partition"),
              F.lit(None).cast("binary").alias("key"), "value",
              F.array().cast("array<struct<key:string,value:binary>>").alias("headers"),
-             "level", "due_ms")
+             "uniq_key", "level", "due_ms", F.lit(now_ms - 3_000).alias("append_ms"),
+             F.lit(0).alias("ipart"), F.lit(1).cast("long").alias("ioff"))
     sink = KafkaSink({"kafka.bootstrap.servers": kafka_bootstrap}, "unused-dlq", None, 2)
-    sent = {r["value"]: r for r in sink.write_batch(rows, BatchSummary(0)).collect()}
+    summary = BatchSummary(0)
+    sent = {r["value"]: r for r in sink.write_batch(rows, summary).collect()}
     broker = {r.value: r.timestamp for r in consume_all(kafka_bootstrap, topic, expected=4)}
     for value in (b"overdue", b"later", b"soon"):
         assert sent[value]["due_ms"] <= sent[value]["sent_ms"] <= broker[value], value
@@ -76,3 +78,10 @@ def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_top
     assert sent[b"later"]["sent_ms"] == later_due
     assert sent[b"dead"]["sent_ms"] is not None
     assert broker[b"overdue"] < later_due, "the overdue row waited for the later one's release"
+    # The hold tasks' reports (the ledger's rows): each delivery once, released between its
+    # due time and the broker's timestamp of it.
+    released = {r["uniq_key"]: r for r in summary.released.to_pylist()}
+    assert sorted(released) == ["k-later", "k-overdue", "k-soon"]
+    for value in (b"overdue", b"later", b"soon"):
+        row = released["k-" + value.decode()]
+        assert row["due_ms"] <= row["sent_ms"] <= broker[value], value

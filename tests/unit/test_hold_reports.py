@@ -1,0 +1,128 @@
+"""What the hold tasks report to the driver (sinks/kafka.py HoldReports) and the ledger rows
+built from it (sinks/ledger.py delivered_rows): no JVM, real Arrow."""
+import time
+
+import pyarrow as pa
+import pytest
+
+from sinks.base import BatchSummary
+from sinks.kafka import RELEASED, HoldReports, hold_reporting
+from sinks.ledger import LEDGER, delivered_rows
+from streaming import job
+
+
+class Accumulator:
+    """A task's side of a Spark accumulator: each add merged as the driver merges it."""
+
+    def __init__(self):
+        self.param = HoldReports()
+        self.value = HoldReports.zero(None)
+
+    def add(self, update):
+        self.value = self.param.addInPlace(self.value, update)
+
+
+def output_rows(now_ms: int) -> pa.RecordBatch:
+    """Rows as the hold stage gets them: two deliveries overdue, one due 300 ms from now, and a
+    dead letter (no level)."""
+    return pa.record_batch({
+        "kind": ["deliver", "dead", "deliver", "deliver"],
+        "topic": ["t", "dlq", "t", "u"],
+        "partition": pa.array([0, None, None, 3], pa.int32()),
+        "value": [b"a", b"x", b"b", b"c"],
+        "uniq_key": ["k-a", None, "k-b", "k-c"],
+        "level": pa.array([1, None, 2, 1], pa.int32()),
+        "due_ms": pa.array([now_ms - 5_000, 0, now_ms + 300, now_ms - 10], pa.int64()),
+        "append_ms": pa.array([now_ms - 6_000, now_ms, now_ms - 4_700, now_ms - 1_010], pa.int64()),
+        "ipart": pa.array([0, 0, 1, 0], pa.int32()),
+        "ioff": pa.array([10, 11, 7, 12], pa.int64()),
+    })
+
+
+def test_a_hold_task_reports_each_delivery_once_with_the_moment_it_was_released():
+    now_ms = int(time.time() * 1000)
+    reports = Accumulator()
+    out = []
+    for chunk in hold_reporting(reports)(iter([output_rows(now_ms)])):
+        left_ms = int(time.time() * 1000)
+        out.extend((row, left_ms) for row in chunk.to_pylist())
+    starts, released = HoldReports.read(reports.value)
+
+    assert released.column_names == list(RELEASED)
+    rows = {r["uniq_key"]: r for r in released.to_pylist()}
+    assert sorted(rows) == ["k-a", "k-b", "k-c"], "deliveries only, each once"
+    left = {row["uniq_key"]: (row["sent_ms"], left_ms) for row, left_ms in out}
+    for key, row in rows.items():
+        assert row["due_ms"] <= row["sent_ms"], f"{key} reported as sent before due"
+        assert row["sent_ms"] == left[key][0] <= left[key][1], key
+    assert rows["k-b"]["partition"] is None and rows["k-c"]["partition"] == 3
+    assert (rows["k-b"]["ipart"], rows["k-b"]["ioff"]) == (1, 7)
+    # The task began releasing with the overdue rows, for every level it held.
+    first = min(r["sent_ms"] for r in rows.values())
+    assert starts == {1: first, 2: first}
+
+
+def test_reports_of_several_tasks_add_up():
+    param = HoldReports()
+    total = HoldReports.zero(None)
+    now_ms = int(time.time() * 1000)
+    for task in range(3):
+        acc = Accumulator()
+        batch = output_rows(now_ms - 1_000)   # all overdue: no waiting
+        list(hold_reporting(acc)(iter([batch])))
+        acc.value["starts"] = {1: 100 + task, 2: 200 - task}
+        total = param.addInPlace(total, acc.value)
+    starts, released = HoldReports.read(total)
+    assert released.num_rows == 9
+    assert starts == {1: 102, 2: 200}, "the latest report per level"
+
+
+def test_a_task_with_nothing_released_reports_nothing():
+    acc = Accumulator()
+    assert list(hold_reporting(acc)(iter([]))) == []
+    assert HoldReports.read(acc.value) == ({}, None)
+
+
+def test_ledger_rows_from_the_reports():
+    released = pa.table({
+        "uniq_key": ["a", "b"], "topic": ["t", "t"],
+        "partition": pa.array([None, 1], pa.int32()), "level": pa.array([1, 18], pa.int32()),
+        "ipart": pa.array([0, 17], pa.int32()), "ioff": pa.array([5, 6], pa.int64()),
+        "append_ms": pa.array([1, 2], pa.int64()),
+        "due_ms": pa.array([86_399_990, 1_795_446_630_707], pa.int64()),
+        "sent_ms": pa.array([86_400_001, 1_795_446_630_800], pa.int64()),
+    })
+    rows = delivered_rows(released, BatchSummary(7, 1_795_446_630_000))
+    assert rows.schema == LEDGER
+    a, b = rows.to_pylist()
+    assert a == {"uniq_key": "a", "topic": "t", "partition": None, "level": 1,
+                 "intake_partition": 0, "intake_offset": 5, "append_ms": 1, "due_ms": 86_399_990,
+                 "sent_ms": 86_400_001, "lateness_ms": 11, "batch_id": 7,
+                 "batch_time": 1_795_446_630_000, "sent_date": "1970-01-02"}
+    assert (b["lateness_ms"], b["sent_date"], b["intake_partition"]) == (93, "2026-11-23", 17)
+
+
+@pytest.mark.parametrize("reported", [None, 2])
+def test_a_batch_whose_reports_miss_a_delivery_collects_its_ledger_rows_with_spark(
+        monkeypatch, reported):
+    summary = BatchSummary(3)
+    summary.add("deliver", 1, None, 3)
+    if reported is not None:
+        summary.released = pa.table({name: pa.array([1] * reported, pa.int64())
+                                     for name in RELEASED})
+    collected = []
+    monkeypatch.setattr(job, "collected_rows", lambda sent, s: collected.append(s) or "spark")
+    assert job._ledger_rows(object(), summary) == "spark"
+    assert collected == [summary]
+
+
+def test_a_batch_whose_reports_hold_every_delivery_uses_them():
+    now_ms = int(time.time() * 1000)
+    acc = Accumulator()
+    list(hold_reporting(acc)(iter([output_rows(now_ms - 1_000)])))
+    summary = BatchSummary(4)
+    summary.add("deliver", 1, None, 3)
+    summary.add("dead", None, "bad", 1)
+    _, summary.released = HoldReports.read(acc.value)
+    rows = job._ledger_rows(None, summary)
+    assert sorted(rows.column("uniq_key").to_pylist()) == ["k-a", "k-b", "k-c"]
