@@ -126,3 +126,22 @@ def test_a_batch_whose_reports_hold_every_delivery_uses_them():
     _, summary.released = HoldReports.read(acc.value)
     rows = job._ledger_rows(None, summary)
     assert sorted(rows.column("uniq_key").to_pylist()) == ["k-a", "k-b", "k-c"]
+
+
+def test_ledger_dates_are_the_utc_date_of_every_row():
+    """sent_date is formatted once per distinct day and mapped back: the same as formatting
+    each row (across day boundaries, chunks, and times decades apart)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from sinks.ledger import _utc_dates
+
+    day = 86_400_000
+    times = np.concatenate([np.random.default_rng(7).integers(0, 4_000_000_000_000, 20_000),
+                            20_000 * day + np.arange(-3, 4), [0, day - 1, day]])
+    column = pa.chunked_array([pa.array(times[:9_000], pa.int64()),
+                               pa.array(times[9_000:], pa.int64())])
+    expected = pc.strftime(column.cast(pa.timestamp("ms")), "%Y-%m-%d").to_pylist()
+    assert _utc_dates(column).to_pylist() == expected
+    assert _utc_dates(pa.chunked_array([pa.array([day - 1, day], pa.int64())])).to_pylist() == \
+        ["1970-01-01", "1970-01-02"]
