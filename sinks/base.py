@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 def reason_label(reason: str | None) -> str:
@@ -82,10 +83,26 @@ class BatchSummary:
         return self.by_kind.get(kind, 0)
 
 
+class Sent:
+    """What a batch sent: `frame()` is a DataFrame of the sent rows (the OUTPUT layout plus
+    `sent_ms`, the moment each row was released to Kafka), built on first use. Most batches'
+    sinks never use it (the ledger's rows come from the hold's reports, dead letters are
+    rare), and building it costs the driver an analysis of the micro-batch's whole plan
+    (about 45 ms a batch at 1,000 msg/s; docs/benchmarks.md)."""
+
+    def __init__(self, build: Callable[[], object]):
+        self._build = build
+        self._frame = None
+
+    def frame(self):
+        if self._frame is None:
+            self._frame = self._build()
+        return self._frame
+
+
 class BatchSink(ABC):
     name: str = "sink"
 
     @abstractmethod
-    def write_batch(self, sent, summary: BatchSummary) -> None:
-        """Record the batch's sent rows (a persisted DataFrame: the OUTPUT layout plus
-        `sent_ms`, the moment each row was released to Kafka)."""
+    def write_batch(self, sent: Sent, summary: BatchSummary) -> None:
+        """Record the batch's sent rows (`sent.frame()`)."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
-from sinks.base import BatchSink, BatchSummary
+from sinks.base import BatchSink, BatchSummary, Sent
 
 
 def table_exists(path: str | Path) -> bool:
@@ -80,7 +80,7 @@ class DeltaBatchTable(BatchSink):
         self._checkpoint = checkpoint
         self._app_id: str | None = None
 
-    def rows(self, sent: DataFrame, summary: BatchSummary) -> DataFrame | None:
+    def rows(self, sent: Sent, summary: BatchSummary) -> DataFrame | None:
         raise NotImplementedError
 
     def ensure_table(self, spark, sent_schema) -> None:
@@ -97,7 +97,7 @@ class DeltaBatchTable(BatchSink):
     def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
         raise NotImplementedError
 
-    def write_batch(self, sent: DataFrame, summary: BatchSummary) -> None:
+    def write_batch(self, sent: Sent, summary: BatchSummary) -> None:
         rows = self.rows(sent, summary)
         if rows is not None:
             self.save(rows, summary.batch_id)

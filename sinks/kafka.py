@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
-from sinks.base import BatchSink, BatchSummary  # noqa: F401
+from sinks.base import BatchSink, BatchSummary, Sent  # noqa: F401
 from state import headers as H
 from state.hold import hold_until_due
 
@@ -162,7 +162,7 @@ class KafkaSink(BatchSink):
     def sent_schema(batch_schema: StructType) -> StructType:
         return StructType(batch_schema.fields + [StructField("sent_ms", LongType())])
 
-    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> DataFrame:
+    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
         """Send the batch's deliveries and dead letters, each at its due time. Returns what
         was sent, with `sent_ms`: the moment the hold released each row.
 
@@ -194,11 +194,15 @@ class KafkaSink(BatchSink):
          .write.format("kafka").options(**self._options).save())
         began, summary.released = HoldReports.read(reports.value)
         # A row whose level no task reported (a dead letter without a level): the write's end.
-        fallback = F.lit(int(time.time() * 1000)).cast("long")
-        release = (F.coalesce(F.element_at(F.create_map(*[
-            x for level, ms in began.items() for x in (F.lit(level), F.lit(ms).cast("long"))]),
-            F.col("level")), fallback) if began else fallback)
-        return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
+        ended_ms = int(time.time() * 1000)
+
+        def frame() -> DataFrame:
+            fallback = F.lit(ended_ms).cast("long")
+            release = (F.coalesce(F.element_at(F.create_map(*[
+                x for level, ms in began.items() for x in (F.lit(level), F.lit(ms).cast("long"))]),
+                F.col("level")), fallback) if began else fallback)
+            return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
+        return Sent(frame)
 
 
 # A delivery's columns the driver keeps after the write, with `sent_ms`, the moment the hold

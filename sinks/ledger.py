@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sinks.base import BatchSummary
+from sinks.base import BatchSummary, Sent
 from sinks.delta import DeltaBatchTable, append_arrow_once, is_local
 
 log = logging.getLogger(__name__)
@@ -108,13 +108,13 @@ class DeliveryLedger(DeltaBatchTable):
         super().__init__(path, checkpoint)
         self.spool: LedgerSpool | None = None
 
-    def rows(self, sent: DataFrame, summary: BatchSummary) -> DataFrame | None:
-        return self.select(sent, summary) if summary.count("deliver") else None
+    def rows(self, sent: Sent, summary: BatchSummary) -> DataFrame | None:
+        return self.select(sent.frame(), summary) if summary.count("deliver") else None
 
     def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
         return ledger_rows(sent, summary)
 
-    def write_batch(self, sent: DataFrame, summary: BatchSummary) -> None:
+    def write_batch(self, sent: Sent, summary: BatchSummary) -> None:
         if summary.delivered is None:
             super().write_batch(sent, summary)
         elif self.spool is not None:
@@ -122,7 +122,8 @@ class DeliveryLedger(DeltaBatchTable):
         else:
             # A ledger beside a checkpoint on a store: appended by this batch itself, with the
             # same rows the spool would have held.
-            self.save(sent.sparkSession.createDataFrame(summary.delivered), summary.batch_id)
+            self.save(sent.frame().sparkSession.createDataFrame(summary.delivered),
+                      summary.batch_id)
 
     def append(self, spark, files: list[Path], txn_version: int) -> None:
         """Append spooled files in one Delta commit. A table on the driver's file system is
@@ -308,8 +309,8 @@ class DeadLetterTable(DeltaBatchTable):
     name = "dead_letters"
     partition_by = ("dead_date",)
 
-    def rows(self, sent: DataFrame, summary: BatchSummary) -> DataFrame | None:
-        return self.select(sent, summary) if summary.count("dead") else None
+    def rows(self, sent: Sent, summary: BatchSummary) -> DataFrame | None:
+        return self.select(sent.frame(), summary) if summary.count("dead") else None
 
     def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
         return (sent.filter(F.col("kind") == "dead").select(

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from conf.settings import Settings
-from sinks.base import BatchSink, BatchSummary
+from sinks.base import BatchSink, BatchSummary, Sent
 from sinks.cold import ColdTier
 from sinks.kafka import KafkaSink, header_struct, record_size
 from sinks.ledger import (DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER,
@@ -182,7 +182,7 @@ class BatchWriter:
             base.unpersist()
 
 
-def _ledger_rows(sent: DataFrame, summary: BatchSummary):
+def _ledger_rows(sent: Sent, summary: BatchSummary):
     """The batch's deliveries in the ledger's columns: from the hold tasks' reports, or, should
     those not account for every delivery the batch counted, by a Spark job over `sent`."""
     released = summary.released
@@ -192,7 +192,7 @@ def _ledger_rows(sent: DataFrame, summary: BatchSummary):
     log.warning("batch %d: the hold reported %s of %d deliveries; collecting the ledger rows "
                 "with Spark", summary.batch_id,
                 0 if released is None else released.num_rows, expected)
-    return collected_rows(sent, summary)
+    return collected_rows(sent.frame(), summary)
 
 
 def _aggregate(batch: DataFrame) -> list:

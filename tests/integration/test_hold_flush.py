@@ -70,7 +70,7 @@ def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_top
              F.lit(0).alias("ipart"), F.lit(1).cast("long").alias("ioff"))
     sink = KafkaSink({"kafka.bootstrap.servers": kafka_bootstrap}, "unused-dlq", None, 2)
     summary = BatchSummary(0)
-    sent = {r["value"]: r for r in sink.write_batch(rows, summary).collect()}
+    sent = {r["value"]: r for r in sink.write_batch(rows, summary).frame().collect()}
     broker = {r.value: r.timestamp for r in consume_all(kafka_bootstrap, topic, expected=4)}
     for value in (b"overdue", b"later", b"soon"):
         assert sent[value]["due_ms"] <= sent[value]["sent_ms"] <= broker[value], value

@@ -5,7 +5,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from sinks.base import BatchSummary
+from sinks.base import BatchSummary, Sent
 from sinks.kafka import RELEASED, HoldReports, hold_reporting
 from sinks.ledger import LEDGER, delivered_rows
 from streaming import job
@@ -111,9 +111,17 @@ def test_a_batch_whose_reports_miss_a_delivery_collects_its_ledger_rows_with_spa
         summary.released = pa.table({name: pa.array([1] * reported, pa.int64())
                                      for name in RELEASED})
     collected = []
-    monkeypatch.setattr(job, "collected_rows", lambda sent, s: collected.append(s) or "spark")
-    assert job._ledger_rows(object(), summary) == "spark"
-    assert collected == [summary]
+    monkeypatch.setattr(job, "collected_rows", lambda frame, s: collected.append((frame, s)) or "spark")
+    assert job._ledger_rows(Sent(lambda: "the sent frame"), summary) == "spark"
+    assert collected == [("the sent frame", summary)]
+
+
+def test_the_sent_frame_is_built_once_and_only_when_asked_for():
+    built = []
+    sent = Sent(lambda: built.append(1) or "frame")
+    assert built == []
+    assert sent.frame() == sent.frame() == "frame"
+    assert built == [1]
 
 
 def test_a_batch_whose_reports_hold_every_delivery_uses_them():
@@ -124,7 +132,7 @@ def test_a_batch_whose_reports_hold_every_delivery_uses_them():
     summary.add("deliver", 1, None, 3)
     summary.add("dead", None, "bad", 1)
     _, summary.released = HoldReports.read(acc.value)
-    rows = job._ledger_rows(None, summary)
+    rows = job._ledger_rows(Sent(lambda: pytest.fail("built the sent frame")), summary)
     assert sorted(rows.column("uniq_key").to_pylist()) == ["k-a", "k-b", "k-c"]
 
 
