@@ -179,18 +179,21 @@ def _librdkafka_security(settings: Settings) -> dict:
 
 
 class MemoryPeaks(threading.Thread):
-    """Peak resident memory of the driver (its JVM and this Python process) and of the
-    Python workers, and CPU seconds per role (driver JVM, Python workers, broker, load
-    generator, reader, this process), sampled twice a second from /proc."""
+    """Peak resident memory of the driver (its JVM and this Python process, together and each
+    alone) and of the Python workers, and CPU seconds per role (driver JVM, Python workers,
+    broker, load generator, reader, this process), sampled twice a second from /proc."""
 
     ROLES = (("org.apache.spark.deploy.SparkSubmit", "spark_jvm"), ("pyspark", "python_workers"),
              ("kafka.Kafka", "broker"), ("streaming.loadgen produce", "load_generator"),
              ("streaming.loadgen consume", "reader"))
+    # What the peaks are reported as, in the order `sample` measures them.
+    PEAKS = ("driver_rss_peak_mb", "driver_jvm_rss_peak_mb", "driver_python_rss_peak_mb",
+             "python_workers_rss_peak_mb")
 
     def __init__(self):
         super().__init__(daemon=True)
-        self.driver = self.workers = 0
-        self.window = [0, 0]    # peaks since the last `window_peaks` (driver, workers)
+        self.peaks = [0] * len(self.PEAKS)
+        self.window = [0] * len(self.PEAKS)    # peaks since the last `window_peaks`
         self._cpu: dict[int, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -210,7 +213,7 @@ class MemoryPeaks(threading.Thread):
         import psutil
 
         me = psutil.Process()
-        driver, workers, cpu = me.memory_info().rss, 0, {}
+        python, jvm, workers, cpu = me.memory_info().rss, 0, 0, {}
         times = me.cpu_times()
         cpu[me.pid] = ("bench_python", times.user + times.system)
         for child in me.children(recursive=True):
@@ -224,20 +227,24 @@ class MemoryPeaks(threading.Thread):
                 continue
             cpu[child.pid] = (role, times.user + times.system)
             if role == "spark_jvm":
-                driver += rss
+                jvm += rss
             elif role == "python_workers":
                 workers += rss
+        now = (jvm + python, jvm, python, workers)
         with self._lock:
             self._cpu.update(cpu)
-        self.driver, self.workers = max(self.driver, driver), max(self.workers, workers)
-        self.window = [max(self.window[0], driver), max(self.window[1], workers)]
+            self.peaks = [max(a, b) for a, b in zip(self.peaks, now)]
+            self.window = [max(a, b) for a, b in zip(self.window, now)]
+
+    def _report(self, peaks: list[int]) -> dict:
+        return {name: round(value / 2**20) for name, value in zip(self.PEAKS, peaks)}
 
     def window_peaks(self) -> dict:
         """Peak RSS since the last call (a scenario's own), and start a new window."""
         self.sample()
-        (driver, workers), self.window = self.window, [0, 0]
-        return {"driver_rss_peak_mb": round(driver / 2**20),
-                "python_workers_rss_peak_mb": round(workers / 2**20)}
+        with self._lock:
+            window, self.window = self.window, [0] * len(self.PEAKS)
+        return self._report(window)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far per role (processes that ended count with their last
@@ -251,8 +258,8 @@ class MemoryPeaks(threading.Thread):
 
     def stop(self) -> dict:
         self._stop.set()
-        return {"driver_rss_peak_mb": round(self.driver / 2**20),
-                "python_workers_rss_peak_mb": round(self.workers / 2**20)}
+        with self._lock:
+            return self._report(self.peaks)
 
 
 def cpu_used(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:

@@ -1,5 +1,6 @@
 """The bench's arithmetic: lost, early, duplicates and lateness from what was sent and read."""
 import numpy as np
+import pytest
 
 from streaming.bench import Result, join
 
@@ -31,3 +32,37 @@ def test_problems_name_early_and_lost_only():
         "steady": {"early": 0, "lost": 0, "lateness_p99_ms": 99_999},
         "burst": {"early": 2, "lost": 3}})
     assert result.problems() == ["burst: 2 early", "burst: 3 lost"]
+
+
+def test_memory_peaks_tell_the_driver_jvm_from_the_driver_python_and_the_workers():
+    """Children are told apart by their command line, as the real JVM and workers are; a
+    child holding 200 MiB stands in for the JVM, one holding 50 MiB for a worker."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from streaming.bench import MemoryPeaks
+
+    hold = ("import sys, time; b = bytearray({} * 2**20); b[::4096] = b'x' * len(b[::4096]); "
+            "print(1, flush=True); time.sleep(30)")
+    jvm = subprocess.Popen([sys.executable, "-c", hold.format(200), "org.apache.spark.deploy.SparkSubmit"],
+                           stdout=subprocess.PIPE)
+    worker = subprocess.Popen([sys.executable, "-c", hold.format(50), "pyspark.daemon"],
+                              stdout=subprocess.PIPE)
+    try:
+        jvm.stdout.readline(), worker.stdout.readline()   # both have touched their memory
+        peaks = MemoryPeaks()
+        peaks.sample()
+        window = peaks.window_peaks()
+        me = psutil.Process().memory_info().rss / 2**20
+    finally:
+        jvm.kill(), worker.kill()
+        jvm.wait(), worker.wait()
+    assert 200 <= window["driver_jvm_rss_peak_mb"] < 300
+    assert 50 <= window["python_workers_rss_peak_mb"] < 150
+    assert abs(window["driver_python_rss_peak_mb"] - me) < 50
+    assert window["driver_rss_peak_mb"] == pytest.approx(
+        window["driver_jvm_rss_peak_mb"] + window["driver_python_rss_peak_mb"], abs=1)
+    assert peaks.stop() == window
