@@ -90,9 +90,10 @@ class Sent:
     rare), and building it costs the driver an analysis of the micro-batch's whole plan
     (about 45 ms a batch at 1,000 msg/s; docs/benchmarks.md)."""
 
-    def __init__(self, build: Callable[[], object]):
+    def __init__(self, build: Callable[[], object], session=None):
         self._build = build
         self._frame = None
+        self.session = session   # the SparkSession of the batch
 
     def frame(self):
         if self._frame is None:

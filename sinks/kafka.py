@@ -202,7 +202,7 @@ class KafkaSink(BatchSink):
                 x for level, ms in began.items() for x in (F.lit(level), F.lit(ms).cast("long"))]),
                 F.col("level")), fallback) if began else fallback)
             return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
-        return Sent(frame)
+        return Sent(frame, out.sparkSession)
 
 
 # A delivery's columns the driver keeps after the write, with `sent_ms`, the moment the hold

@@ -122,8 +122,7 @@ class DeliveryLedger(DeltaBatchTable):
         else:
             # A ledger beside a checkpoint on a store: appended by this batch itself, with the
             # same rows the spool would have held.
-            self.save(sent.frame().sparkSession.createDataFrame(summary.delivered),
-                      summary.batch_id)
+            self.save(sent.session.createDataFrame(summary.delivered), summary.batch_id)
 
     def append(self, spark, files: list[Path], txn_version: int) -> None:
         """Append spooled files in one Delta commit. A table on the driver's file system is

@@ -165,3 +165,51 @@ def test_spark_and_delta_rs_appends_share_one_table_and_one_txn_rule(spark, tmp_
     assert not rs("skipped-too", 106)   # Spark recorded 106: delta-rs skips it
     assert rs("after-optimize", 107)
     assert keys() == sorted([f"k{v:03d}" for v in range(1, 106)] + ["spark", "after-optimize"])
+
+
+def test_a_ledger_without_a_spool_appends_the_reported_rows_in_its_batch_once(spark, tmp_path):
+    """A checkpoint on a store has no spool: each batch appends the rows the hold tasks
+    reported through Spark itself, with the batch's txn version, so a replayed batch adds
+    nothing; the sent frame is never built for it."""
+    import json
+
+    import pyarrow as pa
+    import pytest
+
+    from sinks.base import BatchSummary, Sent
+    from sinks.kafka import KafkaSink
+    from sinks.ledger import DeliveryLedger, delivered_rows
+    from streaming.schema import OUTPUT_SPARK
+
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text(json.dumps({"id": "query-on-a-store"}))
+    ledger = DeliveryLedger(tmp_path / "ledger", checkpoint)
+    ledger.ensure_table(spark, KafkaSink.sent_schema(OUTPUT_SPARK))
+    assert ledger.spool is None
+
+    def batch(batch_id, keys):
+        summary = BatchSummary(batch_id, 1_795_446_000_000 + batch_id)
+        summary.add("deliver", 1, None, len(keys))
+        n = len(keys)
+        released = pa.table({
+            "uniq_key": keys, "topic": ["real"] * n, "partition": pa.array([None] * n, pa.int32()),
+            "level": pa.array([1] * n, pa.int32()), "ipart": pa.array([0] * n, pa.int32()),
+            "ioff": pa.array(range(n), pa.int64()), "append_ms": pa.array([1_000] * n, pa.int64()),
+            "due_ms": pa.array([86_399_000] * n, pa.int64()),
+            "sent_ms": pa.array([86_399_500 + i * 400 for i in range(n)], pa.int64())})
+        summary.delivered = delivered_rows(released, summary)
+        return summary
+
+    never = Sent(lambda: pytest.fail("the sent frame was built"), spark)
+    first = batch(0, ["a", "b", "c"])
+    ledger.write_batch(never, first)
+    ledger.write_batch(never, first)                 # the batch replayed after a crash
+    ledger.write_batch(never, batch(1, ["d"]))
+    table = spark.read.format("delta").load(str(tmp_path / "ledger"))
+    collected = table.collect()
+    assert sorted(r["uniq_key"] for r in collected) == ["a", "b", "c", "d"], "each row once"
+    rows = {r["uniq_key"]: r.asDict() for r in collected}
+    assert rows["a"] == {**first.delivered.to_pylist()[0]}
+    assert (rows["b"]["sent_date"], rows["b"]["lateness_ms"]) == ("1970-01-01", 900)
+    assert (rows["c"]["sent_date"], rows["c"]["lateness_ms"]) == ("1970-01-02", 1_300)
