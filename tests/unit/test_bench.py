@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from streaming.bench import Result, join
+from streaming.bench import PROJECT, Result, join
 
 
 def test_join_counts_lost_early_and_duplicates():
@@ -36,33 +36,40 @@ def test_problems_name_early_and_lost_only():
 
 def test_memory_peaks_tell_the_driver_jvm_from_the_driver_python_and_the_workers():
     """Children are told apart by their command line, as the real JVM and workers are; a
-    child holding 200 MiB stands in for the JVM, one holding 50 MiB for a worker."""
+    child holding 200 MiB stands in for the JVM, one holding 50 MiB for a worker. It runs in a
+    process of its own: the test session's may have a real Spark JVM as a child."""
+    import json
     import subprocess
     import sys
-    import time
 
-    import psutil
-
-    from streaming.bench import MemoryPeaks
-
-    hold = ("import sys, time; b = bytearray({} * 2**20); b[::4096] = b'x' * len(b[::4096]); "
-            "print(1, flush=True); time.sleep(30)")
-    jvm = subprocess.Popen([sys.executable, "-c", hold.format(200), "org.apache.spark.deploy.SparkSubmit"],
-                           stdout=subprocess.PIPE)
-    worker = subprocess.Popen([sys.executable, "-c", hold.format(50), "pyspark.daemon"],
-                              stdout=subprocess.PIPE)
-    try:
-        jvm.stdout.readline(), worker.stdout.readline()   # both have touched their memory
-        peaks = MemoryPeaks()
-        peaks.sample()
-        window = peaks.window_peaks()
-        me = psutil.Process().memory_info().rss / 2**20
-    finally:
-        jvm.kill(), worker.kill()
-        jvm.wait(), worker.wait()
+    script = """
+import json, subprocess, sys
+import psutil
+from streaming.bench import MemoryPeaks
+hold = ("import sys, time; b = bytearray({} * 2**20); b[::4096] = b'x' * len(b[::4096]); "
+        "print(1, flush=True); time.sleep(30)")
+jvm = subprocess.Popen([sys.executable, "-c", hold.format(200), "org.apache.spark.deploy.SparkSubmit"],
+                       stdout=subprocess.PIPE)
+worker = subprocess.Popen([sys.executable, "-c", hold.format(50), "pyspark.daemon"],
+                          stdout=subprocess.PIPE)
+try:
+    jvm.stdout.readline(), worker.stdout.readline()   # both have touched their memory
+    peaks = MemoryPeaks()
+    peaks.sample()
+    window = peaks.window_peaks()
+    me = psutil.Process().memory_info().rss / 2**20
+    print(json.dumps({"window": window, "stop": peaks.stop(), "me": me}))
+finally:
+    jvm.kill(), worker.kill()
+    jvm.wait(), worker.wait()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=PROJECT, timeout=60, check=True).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    window = got["window"]
     assert 200 <= window["driver_jvm_rss_peak_mb"] < 300
     assert 50 <= window["python_workers_rss_peak_mb"] < 150
-    assert abs(window["driver_python_rss_peak_mb"] - me) < 50
+    assert abs(window["driver_python_rss_peak_mb"] - got["me"]) < 50
     assert window["driver_rss_peak_mb"] == pytest.approx(
         window["driver_jvm_rss_peak_mb"] + window["driver_python_rss_peak_mb"], abs=1)
-    assert peaks.stop() == window
+    assert got["stop"] == window
