@@ -108,16 +108,16 @@ class DeliveryLedger(DeltaBatchTable):
         super().__init__(path, checkpoint)
         self.spool: LedgerSpool | None = None
 
-    def rows(self, sent: Sent, summary: BatchSummary) -> DataFrame | None:
-        return self.select(sent.frame(), summary) if summary.count("deliver") else None
-
     def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
         return ledger_rows(sent, summary)
 
     def write_batch(self, sent: Sent, summary: BatchSummary) -> None:
+        """The batch's ledger rows (`summary.delivered`, built by the job from the hold's
+        reports; None when the batch delivered nothing) to the spool, or straight to the table
+        when there is no spool."""
         if summary.delivered is None:
-            super().write_batch(sent, summary)
-        elif self.spool is not None:
+            return
+        if self.spool is not None:
             self.spool.put(summary.batch_id, summary.delivered)
         else:
             # A ledger beside a checkpoint on a store: appended by this batch itself, with the
