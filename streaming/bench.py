@@ -281,15 +281,18 @@ def _batches(query, after: int) -> dict:
             "input_rows": rows}
 
 
+def _start_ms(progress: dict) -> float:
+    """When a batch began, from its progress report (epoch ms)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+
+
 def _timeline(query, after: int, summaries: list) -> list[dict]:
     """Each batch after `after`: its start, duration, input rows, Spark's own phases and the
     job's steps (foreachBatch), for finding what makes the long batches long."""
-    from datetime import datetime
-
     steps = {s.batch_id: s.timings for s in summaries}
-    return [{"batch": p["batchId"],
-             "start_ms": int(datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
-                             .timestamp() * 1000),
+    return [{"batch": p["batchId"], "start_ms": int(_start_ms(p)),
              "ms": p["durationMs"].get("triggerExecution", 0), "rows": p["numInputRows"],
              "phases_ms": {k: v for k, v in p["durationMs"].items() if k != "triggerExecution"},
              "steps_s": steps.get(p["batchId"], {})}
@@ -299,23 +302,17 @@ def _timeline(query, after: int, summaries: list) -> list[dict]:
 def _processing_rate(query, after: int, until_ms: int | None) -> dict:
     """Rows per second of batch time over the batches that started before the last delivery:
     the pipe's own throughput, without the query's start-up or the reader's polling."""
-    from datetime import datetime
-
     if until_ms is None:
         return {}
-
-    def start_ms(p) -> float:
-        return datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
-
     # The batch that made the last delivery reports its progress when it commits.
     deadline = time.time() + 60
     while time.time() < deadline and not any(
-            start_ms(p) + p["durationMs"].get("triggerExecution", 0) >= until_ms
+            _start_ms(p) + p["durationMs"].get("triggerExecution", 0) >= until_ms
             for p in query.recentProgress):
         time.sleep(0.5)
     took = rows = 0
     for p in query.recentProgress:
-        if p["batchId"] > after and start_ms(p) <= until_ms:
+        if p["batchId"] > after and _start_ms(p) <= until_ms:
             took += p["durationMs"].get("triggerExecution", 0)
             rows += p["numInputRows"]
     return {"batch_rows": rows, "batch_seconds": round(took / 1000, 2),
