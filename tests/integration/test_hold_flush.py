@@ -10,9 +10,10 @@ import time
 import pyarrow as pa
 from pyspark.sql import functions as F
 
+from sinks.base import BatchSummary
 from sinks.kafka import (PRODUCER_OPTIONS, KafkaSink, _no_flush, hold_and_stamp,
                          worker_output_flush)
-from sinks.base import BatchSummary
+from sinks.ledger import collected_rows, delivered_rows
 from tests.support import consume_all
 
 LATER_S = 6
@@ -70,7 +71,8 @@ def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_top
              F.lit(0).alias("ipart"), F.lit(1).cast("long").alias("ioff"))
     sink = KafkaSink({"kafka.bootstrap.servers": kafka_bootstrap}, "unused-dlq", None, 2)
     summary = BatchSummary(0)
-    sent = {r["value"]: r for r in sink.write_batch(rows, summary).frame().collect()}
+    written = sink.write_batch(rows, summary)
+    sent = {r["value"]: r for r in written.frame().collect()}
     broker = {r.value: r.timestamp for r in consume_all(kafka_bootstrap, topic, expected=4)}
     for value in (b"overdue", b"later", b"soon"):
         assert sent[value]["due_ms"] <= sent[value]["sent_ms"] <= broker[value], value
@@ -85,3 +87,13 @@ def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_top
     for value in (b"overdue", b"later", b"soon"):
         row = released["k-" + value.decode()]
         assert row["due_ms"] <= row["sent_ms"] <= broker[value], value
+    # The fallback for a batch whose reports miss a delivery: the same ledger rows by a Spark
+    # job over the sent frame, in the same layout as those built from the reports.
+    fallback = collected_rows(written.frame(), summary)
+    assert fallback.schema == delivered_rows(summary.released, summary).schema
+    by_key = {r["uniq_key"]: r for r in fallback.to_pylist()}
+    assert sorted(by_key) == ["k-later", "k-overdue", "k-soon"]
+    for value in (b"overdue", b"later", b"soon"):
+        row = by_key["k-" + value.decode()]
+        assert row["due_ms"] <= row["sent_ms"] <= broker[value], value
+        assert row["lateness_ms"] == row["sent_ms"] - row["due_ms"]
