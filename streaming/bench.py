@@ -179,16 +179,24 @@ def _librdkafka_security(settings: Settings) -> dict:
 
 
 class MemoryPeaks(threading.Thread):
-    """Peak resident memory of the driver (its JVM and this Python process, together and each
-    alone) and of the Python workers, and CPU seconds per role (driver JVM, Python workers,
-    broker, load generator, reader, this process), sampled twice a second from /proc."""
+    """Peak memory of the driver (its JVM and this Python process, together and each alone)
+    and of the Python workers, and CPU seconds per role (driver JVM, Python workers, broker,
+    load generator, reader, this process), sampled twice a second from /proc.
+
+    The JVM and this process are measured by their resident set (RSS). The Python workers are
+    forks of one daemon that share its pages, so they are measured by their proportional set
+    (PSS: a page shared by n processes counts 1/n to each), which adds up to what they use
+    together; their RSS would count the shared pages once per worker. A child of the JVM that
+    still has the JVM's command line is a spawn that has not exec'd yet and shares the JVM's
+    memory: it is not counted (it doubled the JVM's peak in the backlog runs before
+    2026-11-24)."""
 
     ROLES = (("org.apache.spark.deploy.SparkSubmit", "spark_jvm"), ("pyspark", "python_workers"),
              ("kafka.Kafka", "broker"), ("streaming.loadgen produce", "load_generator"),
              ("streaming.loadgen consume", "reader"))
     # What the peaks are reported as, in the order `sample` measures them.
     PEAKS = ("driver_rss_peak_mb", "driver_jvm_rss_peak_mb", "driver_python_rss_peak_mb",
-             "python_workers_rss_peak_mb")
+             "python_workers_pss_peak_mb")
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -216,20 +224,27 @@ class MemoryPeaks(threading.Thread):
         python, jvm, workers, cpu = me.memory_info().rss, 0, 0, {}
         times = me.cpu_times()
         cpu[me.pid] = ("bench_python", times.user + times.system)
+        children = []
         for child in me.children(recursive=True):
             try:
-                role = self.role(" ".join(child.cmdline()))
-                rss = child.memory_info().rss
+                children.append((child, self.role(" ".join(child.cmdline())), child.ppid()))
+            except psutil.Error:
+                continue
+        jvms = {child.pid for child, role, _ in children if role == "spark_jvm"}
+        for child, role, parent in children:
+            if role is None or (role == "spark_jvm" and parent in jvms):
+                continue
+            try:
+                memory = (child.memory_full_info().pss if role == "python_workers"
+                          else child.memory_info().rss)
                 times = child.cpu_times()
             except psutil.Error:
                 continue
-            if role is None:
-                continue
             cpu[child.pid] = (role, times.user + times.system)
             if role == "spark_jvm":
-                jvm += rss
+                jvm += memory
             elif role == "python_workers":
-                workers += rss
+                workers += memory
         now = (jvm + python, jvm, python, workers)
         with self._lock:
             self._cpu.update(cpu)
@@ -240,7 +255,7 @@ class MemoryPeaks(threading.Thread):
         return {name: round(value / 2**20) for name, value in zip(self.PEAKS, peaks)}
 
     def window_peaks(self) -> dict:
-        """Peak RSS since the last call (a scenario's own), and start a new window."""
+        """Peaks since the last call (a scenario's own), and start a new window."""
         self.sample()
         with self._lock:
             window, self.window = self.window, [0] * len(self.PEAKS)
