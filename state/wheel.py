@@ -184,44 +184,62 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
 
         # The group's messages stay in Arrow: only incoming rows (already pandas) and the
         # rows that fire are converted, so a large group waiting for its time costs a copy of
-        # its stream per batch, not a conversion of every message.
-        held = decode(state.get[0]) if state.exists else None
-        before = held.num_rows if held is not None else 0
+        # its stream per batch, not a conversion of every message. Incoming rows that fire at
+        # once (a drain, or a level whose delay is shorter than the batch) go out as they came,
+        # without a round trip through Arrow.
+        held = decode(state.get[0]) if state.exists else PENDING.empty_table()
+        before = held.num_rows
         received = rolled = 0
-        arrived = None
-        if rows is not None:
-            new = rows[rows["kind"] == Kind.DELAY]
+        new = rows[rows["kind"] == Kind.DELAY] if rows is not None else None
+        if new is not None and len(new):
+            received = len(new) - int(new["rolled"].astype(bool).sum())
+            if before:
+                # A message rolled in twice (a retried roll after a crash) is held once.
+                keys = pd.Series(np.concatenate([
+                    held.column("uniq_key").to_numpy(zero_copy_only=False),
+                    new["uniq_key"].to_numpy()]))
+                first = ~keys.duplicated(keep="first").to_numpy()
+                if not first[:before].all():
+                    held = held.filter(pa.array(first[:before]))
+                new = new[first[before:]]
+            # Rolled messages were pending already, in the cold tier; a copy dropped above
+            # was pending once, as the held one.
             rolled = int(new["rolled"].astype(bool).sum())
-            received = len(new) - rolled
-            if len(new):
-                arrived = pa.Table.from_pandas(new[PENDING.names], schema=PENDING,
-                                               preserve_index=False)
-        parts = [t for t in (held, arrived) if t is not None]
-        pending = pa.concat_tables(parts) if parts else PENDING.empty_table()
-        if len(parts) > 1:
-            # A message rolled in twice (a retried roll after a crash) is held once.
-            first = ~pending.column("uniq_key").to_pandas().duplicated(keep="first").to_numpy()
-            if not first.all():
-                pending = pending.filter(pa.array(first))
 
         if rows is not None:
             cancels = rows[rows["kind"] == Kind.CANCEL]
             if len(cancels):
-                targets = pa.array(sorted(set(cancels["cancel_key"])), pa.string())
-                hit = pc.is_in(pending.column("uniq_key"), value_set=targets)
-                found = set(pending.filter(hit).column("uniq_key").to_pylist())
-                pending = pending.filter(pc.invert(hit))
+                targets = sorted(set(cancels["cancel_key"]))
+                hit = pc.is_in(held.column("uniq_key"), value_set=pa.array(targets, pa.string()))
+                found = set(held.filter(hit).column("uniq_key").to_pylist())
+                held = held.filter(pc.invert(hit))
+                if len(new):
+                    gone = new["uniq_key"].isin(targets).to_numpy()
+                    found.update(new["uniq_key"][gone])
+                    new = new[~gone]
                 yield _cancel_outcomes(cancels, found)
 
+        arriving = len(new) if new is not None else 0
         watermark = state.getCurrentWatermarkMs() + config.watermark_delay_ms
-        horizon = fire_horizon(watermark, config.lead_for(pending.num_rows, bucket))
-        due = pc.less_equal(pending.column("due_ms"), horizon)
-        fired = pending.filter(due)
-        if fired.num_rows:
-            yield _deliveries(fired.to_pandas(), config, now_ms)
-        rest = pending.filter(pc.invert(due))
+        horizon = fire_horizon(watermark, config.lead_for(held.num_rows + arriving, bucket))
+        due = pc.less_equal(held.column("due_ms"), horizon)
+        fired = [held.filter(due).to_pandas()] if held.num_rows else []
+        rest = held.filter(pc.invert(due))
+        if arriving:
+            now = new["due_ms"].to_numpy() <= horizon
+            new = new[PENDING.names]
+            some, every = now.any(), now.all()
+            if some:
+                fired.append(new if every else new[now])
+            if not every:
+                later = pa.Table.from_pandas(new[~now] if some else new, schema=PENDING,
+                                             preserve_index=False)
+                rest = pa.concat_tables([rest, later]) if rest.num_rows else later
+        fired = [frame for frame in fired if len(frame)]
+        if fired:
+            yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True),
+                              config, now_ms)
         if received or rolled or rest.num_rows != before:
-            # Rolled messages were pending already (in the cold tier): not new, not more.
             yield _tally({bucket: (received, rest.num_rows - before - rolled)})
         if rest.num_rows:
             earliest = pc.min(rest.column("due_ms")).as_py()

@@ -182,3 +182,43 @@ def test_a_timer_cancel_reaches_the_group_part_of_the_timer_it_names():
                                   ("UNIQ_KEY", f"m-{i}".encode())], i)), RULES, 1_000, 2,
                          NOW).to_pylist()[0]["slot"] % TIMER_PARTS for i in range(64)}
     assert len(parts) == TIMER_PARTS, "timers of one slot spread over its parts"
+
+
+def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
+    """A roll retried after a crash brings a held message in again; it must leave once, and
+    it still does when the copy arrives already due (the path that skips the state)."""
+    first = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"a")], 1))
+    st = state(NOW - 10_000)
+    assert run(first, st).empty
+    again = envelopes(([("REAL_TOPIC", b"t"), ("DELAYQ_ROLLED", b"2"),
+                        ("TIMER_DELIVER_MS", str(NOW + 2_000).encode()), ("UNIQ_KEY", b"a")], 7),
+                      ([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"b")], 8))
+    again["bucket"], again["slot"] = first["bucket"].iloc[0], first["slot"].iloc[0]
+    assert list(again["rolled"]) == [True, False]
+    fired = state(NOW + 2_000 - 10_000, value=st.get)
+    out = run(again, fired, clock_ms=NOW + 2_000)
+    assert list(zip(out["uniq_key"], out["ioff"])) == [("a", 1), ("b", 8)], \
+        "the held copy of a leaves, once; b, due on arrival, after it"
+    assert fired._removed
+    assert list(zip(run.tally["received"], run.tally["pending_delta"])) == [(1, -1)], \
+        "b taken in, a delivered: one fewer pending (the dropped copy was never pending twice)"
+
+
+def test_a_message_due_on_arrival_leaves_as_it_would_from_the_state():
+    """The same message, once held and fired by its timer, once already due when it arrives:
+    the wheel's output rows are equal in every column."""
+    message = ([("REAL_TOPIC", b"t"), ("REAL_QID", b"3"), ("DELAY", b"1"), ("UNIQ_KEY", b"a"),
+                ("h", b"\x00\xff"), ("h", None)], 5)
+    held = state(NOW - 10_000)
+    assert run(envelopes(message), held).empty
+    timed_out = state(NOW + 1_000 - 10_000, value=held.get, timed_out=True)
+    from_state = run(pd.DataFrame(columns=ENVELOPE.names), timed_out, clock_ms=NOW + 1_000)
+    on_arrival = run(envelopes(message), state(NOW + 1_000 - 10_000), clock_ms=NOW + 1_000)
+    assert list(on_arrival["kind"]) == ["deliver"]
+    for name in WHEEL_OUT_SPARK.fieldNames():
+        a, b = from_state.iloc[0][name], on_arrival.iloc[0][name]
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            assert list(a) == list(b), name
+        else:
+            assert a == b or (pd.isna(a) and pd.isna(b)), name
+    assert on_arrival.iloc[0]["partition"] == 3 and list(on_arrival.iloc[0]["hvals"]) == [b"\x00\xff", None]
