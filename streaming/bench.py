@@ -188,8 +188,8 @@ class MemoryPeaks(threading.Thread):
     (PSS: a page shared by n processes counts 1/n to each), which adds up to what they use
     together; their RSS would count the shared pages once per worker. A child of the JVM that
     still has the JVM's command line is a spawn that has not exec'd yet and shares the JVM's
-    memory: it is not counted (it doubled the JVM's peak in the backlog runs before
-    2026-11-24)."""
+    memory: it is not counted (counted, it doubled the JVM's peak in earlier backlog runs;
+    docs/benchmarks.md)."""
 
     ROLES = (("org.apache.spark.deploy.SparkSubmit", "spark_jvm"), ("pyspark", "python_workers"),
              ("kafka.Kafka", "broker"), ("streaming.loadgen produce", "load_generator"),
