@@ -55,8 +55,8 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # Spark writes each checkpoint file (offset and commit logs, the state's changelog) to
         # a temporary file and renames it into place. Its default manager renames through
         # Hadoop's FileContext, which on the local file system checks each path by running
-        # `readlink` in a child process of the JVM: about 2,000 children in a 2-minute bench
-        # run. The FileSystem manager renames with rename(2), atomic on the local or mounted
+        # `readlink` in a child process of the JVM: 2,054-2,715 of them in a 2-minute bench
+        # run (16-17 with this manager). The FileSystem manager renames with rename(2), atomic on the local or mounted
         # file system the checkpoint lives on (under data_dir); docs/benchmarks.md.
         "spark.sql.streaming.checkpointFileManagerClass": FILE_SYSTEM_CHECKPOINTS,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
