@@ -45,6 +45,16 @@ for part in spark kafka; do
     touch "$out/.resolved"
   fi
 done
+# delayq's local file system for Hadoop (file modes without a `chmod` process per file),
+# compiled by Maven against the Hadoop API pyspark ships; the job puts it on the class path.
+localfs=deploy/maven/localfs
+if [ ! -f .lib/localfs/delayq-localfs.jar ] || [ -n "$(find "$localfs" -newer .lib/localfs/delayq-localfs.jar -type f)" ]; then
+  echo "setup: building the local file system jar with Maven into .lib/localfs"
+  rm -rf .lib/build/localfs
+  mvn -q -B -f "$localfs/pom.xml" -Dbuild.dir="$PWD/.lib/build/localfs" package
+  mkdir -p .lib/localfs
+  cp .lib/build/localfs/delayq-localfs.jar .lib/localfs/delayq-localfs.jar
+fi
 # Class data sharing for the Spark driver JVM: its classes mapped from one archive instead of
 # loaded from the jars at every start (streaming/cds.py; about 3 s off each start). Once per
 # Java and jar set; a JVM without a matching archive starts as before.
@@ -56,4 +66,4 @@ sys.exit(0 if archive_path(load_settings()).is_file() else 1)' 2>/dev/null; then
   .venv/bin/python -m streaming.cds >.lib/cds-build.log 2>&1 || {
     echo "setup: the class data archive was not built (see .lib/cds-build.log); Spark starts without it" >&2; }
 fi
-echo "setup: ready (.venv, .lib/spark, .lib/kafka, .lib/cds)"
+echo "setup: ready (.venv, .lib/spark, .lib/kafka, .lib/localfs, .lib/cds)"

@@ -38,13 +38,13 @@ def archive_path(settings: Settings) -> Path | None:
     """Where the archive for this Java and these jars lives (None without a Java)."""
     import pyspark
 
-    from streaming.session import spark_jars
+    from streaming.session import local_fs_jar, spark_jars
 
     java = _java()
     if java is None:
         return None
     digest = hashlib.sha1()
-    jars = list(spark_jars(settings)) + sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    jars = [*spark_jars(settings), local_fs_jar(settings)] + sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     for path in [java, *jars]:
         stat = path.stat()
         digest.update(f"{path}|{stat.st_size}|{int(stat.st_mtime)}\n".encode())
@@ -142,6 +142,9 @@ def build(settings: Settings) -> Path | None:
         partial.unlink(missing_ok=True)
         raise RuntimeError("the training JVM did not write a class data archive")
     partial.rename(archive)   # complete: the JVM wrote it and exited
+    for stale in archive.parent.glob("spark-*.jsa"):   # for other jars or another Java
+        if stale != archive:
+            stale.unlink(missing_ok=True)
     return archive
 
 

@@ -17,6 +17,8 @@ FILE_SYSTEM_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointi
                            "FileSystemBasedCheckpointFileManager")
 # Jars the job cannot run without; the rest of .lib/spark are their runtime dependencies.
 REQUIRED_JARS = ("spark-sql-kafka-0-10_2.13-", "delta-spark_", "kafka-clients-")
+# Hadoop's local file system with file modes set in the JVM (deploy/maven/localfs).
+LOCAL_FS_CLASS = "io.delayq.hadoop.NioLocalFileSystem"
 
 
 def spark_jars(settings: Settings) -> list[Path]:
@@ -29,6 +31,16 @@ def spark_jars(settings: Settings) -> list[Path]:
                 f"Spark jars with Maven (or set DELAYQ_JARS_DIR to a folder holding spark/)"
             )
     return jars
+
+
+def local_fs_jar(settings: Settings) -> Path:
+    jar = settings.jars_path / "localfs" / "delayq-localfs.jar"
+    if not jar.is_file():
+        raise ConfigError(
+            f"no {jar}; run deploy/setup.sh once to build it with Maven "
+            f"(or set DELAYQ_JARS_DIR to a folder holding localfs/)"
+        )
+    return jar
 
 
 def java_options(settings: Settings) -> str:
@@ -49,6 +61,14 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
         "spark.driver.extraJavaOptions": f"{log4j} -Xss16m {java_options(settings)}".rstrip(),
         "spark.executor.extraJavaOptions": log4j,
+        # Without Hadoop's native library (PyPI's pyspark has none), Hadoop's local file
+        # system sets each new file's mode by running `chmod` in a child process of the JVM:
+        # two per checkpoint file (the file and its .crc), every batch. This one sets the
+        # mode through java.nio. Hadoop resolves fs.file.impl at its first file: path, before
+        # spark.jars are loaded, so the jar is on the JVMs' class path from their start.
+        "spark.hadoop.fs.file.impl": LOCAL_FS_CLASS,
+        "spark.driver.extraClassPath": str(local_fs_jar(settings)),
+        "spark.executor.extraClassPath": str(local_fs_jar(settings)),
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",

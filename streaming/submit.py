@@ -17,7 +17,7 @@ from pathlib import Path
 
 from conf.settings import CONF_DIR, Settings
 from streaming.cluster import spark_home
-from streaming.session import spark_jars
+from streaming.session import local_fs_jar, spark_jars
 
 PROJECT = CONF_DIR.parent
 PACKAGES = ("conf", "state", "streaming", "sinks")
@@ -47,6 +47,10 @@ def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
         "--deploy-mode", deploy_mode,
         "--name", settings.spark_app_name,
         "--jars", ",".join(str(j) for j in spark_jars(settings)),
+        # The local file system class must be on the JVMs' class path from their start
+        # (streaming/session.py); the job's session names it once the driver runs.
+        "--driver-class-path", str(local_fs_jar(settings)),
+        "--conf", f"spark.executor.extraClassPath={local_fs_jar(settings)}",
         "--py-files", str(py_zip or build_zip(settings)),
         "--driver-memory", settings.spark_driver_memory,
         "--executor-memory", settings.spark_executor_memory,

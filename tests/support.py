@@ -3,11 +3,25 @@ consuming a topic to the end."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable, TypeVar
 
 from streaming.process import free_ports  # noqa: F401  (tests import it from here)
 
 T = TypeVar("T")
+
+
+def fake_jars_dir(root: Path, spark_jars=("delta-spark_2.13-4.1.0.jar",
+                                          "spark-sql-kafka-0-10_2.13-4.1.1.jar",
+                                          "kafka-clients-3.9.1.jar")) -> Path:
+    """A jars folder laid out as deploy/setup.sh leaves it, with placeholder files: enough for
+    the settings' checks, which look at names only (no JVM reads these)."""
+    (root / "spark").mkdir(parents=True)
+    for name in spark_jars:
+        (root / "spark" / name).write_bytes(b"jar")
+    (root / "localfs").mkdir()
+    (root / "localfs" / "delayq-localfs.jar").write_bytes(b"jar")
+    return root
 
 
 def free_port() -> int:

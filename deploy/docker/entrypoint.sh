@@ -4,7 +4,8 @@
 # given (default: `delayq run`).
 set -euo pipefail
 
-jars_classpath() { echo "${SPARK_HOME}/jars/*:${DELAYQ_JARS_DIR}/spark/*"; }
+# delayq's local file system first: fs.file.impl names it (streaming/session.py).
+jars_classpath() { echo "${DELAYQ_JARS_DIR}/localfs/*:${SPARK_HOME}/jars/*:${DELAYQ_JARS_DIR}/spark/*"; }
 
 case "${1:-}" in
   driver)

@@ -7,24 +7,26 @@ import pytest
 
 from conf import load_settings
 from streaming import cds
+from tests.support import fake_jars_dir
 
 
 @pytest.fixture
 def jars(tmp_path):
-    folder = tmp_path / "lib" / "spark"
-    folder.mkdir(parents=True)
-    for name in ("delta-spark_2.13-4.0.0.jar", "spark-sql-kafka-0-10_2.13-4.1.1.jar",
-                 "delta-storage-4.0.0.jar", "kafka-clients-3.9.0.jar"):
-        (folder / name).write_bytes(b"jar")
+    fake_jars_dir(tmp_path / "lib", ("delta-spark_2.13-4.0.0.jar",
+                                     "spark-sql-kafka-0-10_2.13-4.1.1.jar",
+                                     "delta-storage-4.0.0.jar", "kafka-clients-3.9.0.jar"))
     return load_settings(jars_dir=str(tmp_path / "lib"), data_dir=str(tmp_path / "data"))
 
 
-def test_archive_name_changes_with_a_jar(jars):
+@pytest.mark.parametrize("jar", ["spark/kafka-clients-3.9.0.jar", "localfs/delayq-localfs.jar"])
+def test_archive_name_changes_with_a_jar(jars, jar):
+    """The archive holds the classes of every jar on the JVM's class path, the local file
+    system's included: another jar must mean another archive."""
     before = cds.archive_path(jars)
     assert before is not None and before.parent == jars.jars_path / "cds"
-    jar = jars.jars_path / "spark" / "kafka-clients-3.9.0.jar"
-    jar.write_bytes(b"another jar")
-    os.utime(jar, (1, 1))
+    path = jars.jars_path / jar
+    path.write_bytes(b"another jar")
+    os.utime(path, (1, 1))
     assert cds.archive_path(jars) != before
 
 

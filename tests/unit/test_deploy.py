@@ -54,8 +54,12 @@ def test_spark_application_runs_this_image_version_and_main_file(k8s):
     assert (ROOT / main).is_file(), main
     assert app["restartPolicy"]["type"] in ("Always", "OnFailure")
     provider = app["sparkConf"]["spark.sql.streaming.stateStore.providerClass"]
-    from streaming.session import ROCKSDB_PROVIDER
+    from streaming.session import LOCAL_FS_CLASS, ROCKSDB_PROVIDER
     assert provider == ROCKSDB_PROVIDER
+    # The local file system: named, and on the driver's class path where the image has it.
+    assert app["sparkConf"]["spark.hadoop.fs.file.impl"] == LOCAL_FS_CLASS
+    assert app["sparkConf"]["spark.driver.extraClassPath"] == \
+        "/opt/delayq/.lib/localfs/delayq-localfs.jar"
 
 
 def test_kubernetes_settings_are_settings_and_secrets_stay_in_the_secret(k8s):
@@ -92,8 +96,9 @@ def test_dockerfile_bakes_in_the_code_the_jars_and_the_entrypoint():
     text = (DEPLOY / "docker" / "Dockerfile").read_text()
     for package in ("conf", "state", "streaming", "sinks"):
         assert f"COPY {package} {package}" in text
-    for part in ("spark", "kafka"):
+    for part in ("spark", "kafka", "localfs"):
         assert f"deploy/maven/{part}/pom.xml" in text and (DEPLOY / "maven" / part / "pom.xml").is_file()
+    assert "/jars/localfs/" in text         # where the driver's class path and the entrypoint look
     assert "DELAYQ_JARS_DIR=/opt/delayq/.lib" in text and "COPY --from=jars /jars /opt/delayq/.lib" in text
     assert "COPY deploy/spark deploy/spark" in text
     assert re.search(r"EXPOSE .*\b%d\b" % DEFAULTS.metrics_port, text)
@@ -104,6 +109,7 @@ def test_entrypoint_starts_executors_with_a_class_pyspark_ships():
     script = DEPLOY / "docker" / "entrypoint.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
+    assert "${DELAYQ_JARS_DIR}/localfs/*" in text    # executors resolve fs.file.impl too
     backend = re.search(r"org\.apache\.spark\.scheduler\.cluster\.k8s\.(\w+)", text).group(0)
     from streaming.cluster import spark_home
     jar = next((spark_home() / "jars").glob("spark-kubernetes_*.jar"))

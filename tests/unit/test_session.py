@@ -6,20 +6,25 @@ from pathlib import Path
 
 import pyspark
 
+import pytest
+
 from conf import load_settings
-from streaming.session import FILE_SYSTEM_CHECKPOINTS, spark_conf
+from state.errors import ConfigError
+from streaming.session import FILE_SYSTEM_CHECKPOINTS, LOCAL_FS_CLASS, spark_conf
+from tests.support import fake_jars_dir
+
+PROJECT = Path(__file__).resolve().parents[2]
+
+
+def _settings(tmp_path):
+    fake_jars_dir(tmp_path / "lib")
+    return load_settings(jars_dir=str(tmp_path / "lib"), data_dir=str(tmp_path / "data"))
 
 
 def test_checkpoint_files_are_renamed_through_the_file_system_api(tmp_path):
     """The checkpoint manager named in the settings is a class of the Spark we run: a name
     Spark cannot load fails the first batch, so a Spark upgrade that moves it must fail here."""
-    folder = tmp_path / "lib" / "spark"
-    folder.mkdir(parents=True)
-    for name in ("delta-spark_2.13-4.1.0.jar", "spark-sql-kafka-0-10_2.13-4.1.1.jar",
-                 "kafka-clients-3.9.1.jar"):
-        (folder / name).write_bytes(b"jar")
-    settings = load_settings(jars_dir=str(tmp_path / "lib"), data_dir=str(tmp_path / "data"))
-    conf = spark_conf(settings)
+    conf = spark_conf(_settings(tmp_path))
     assert conf["spark.sql.streaming.checkpointFileManagerClass"] == FILE_SYSTEM_CHECKPOINTS
 
     jars = Path(pyspark.__file__).parent / "jars"
@@ -27,3 +32,41 @@ def test_checkpoint_files_are_renamed_through_the_file_system_api(tmp_path):
     holders = [jar.name for jar in jars.glob("spark-sql_*.jar")
                if entry in zipfile.ZipFile(jar).namelist()]
     assert holders, f"{FILE_SYSTEM_CHECKPOINTS} is in no spark-sql jar of {jars}"
+
+
+def test_the_local_file_system_is_ours_and_on_the_class_path_from_the_start(tmp_path):
+    """Hadoop resolves fs.file.impl at its first file: path, before spark.jars are loaded: the
+    jar must be on the driver's and the executors' class path, not only in spark.jars."""
+    settings = _settings(tmp_path)
+    conf = spark_conf(settings)
+    jar = str(settings.jars_path / "localfs" / "delayq-localfs.jar")
+    assert conf["spark.hadoop.fs.file.impl"] == LOCAL_FS_CLASS
+    assert conf["spark.driver.extraClassPath"] == jar
+    assert conf["spark.executor.extraClassPath"] == jar
+
+
+def test_a_missing_local_file_system_jar_says_how_to_build_it(tmp_path):
+    (fake_jars_dir(tmp_path / "lib") / "localfs" / "delayq-localfs.jar").unlink()
+    settings = load_settings(jars_dir=str(tmp_path / "lib"), data_dir=str(tmp_path / "data"))
+    with pytest.raises(ConfigError, match="deploy/setup.sh"):
+        spark_conf(settings)
+
+
+def test_the_class_named_is_the_class_the_source_defines():
+    """The name in the settings and the Java source agree (the jar is built from it)."""
+    package, _, name = LOCAL_FS_CLASS.rpartition(".")
+    source = (PROJECT / "deploy" / "maven" / "localfs" / "src" / "main" / "java"
+              / package.replace(".", "/") / f"{name}.java").read_text()
+    assert f"package {package};" in source
+    assert f"public class {name} extends LocalFileSystem" in source
+
+
+def test_a_submitted_job_has_it_on_the_class_paths_too(tmp_path):
+    """Under spark-submit the driver JVM starts before the job's session sets anything."""
+    from streaming.submit import submit_command
+
+    settings = _settings(tmp_path)
+    jar = str(settings.jars_path / "localfs" / "delayq-localfs.jar")
+    command = submit_command(settings, "local[1]", py_zip=tmp_path / "delayq-py.zip")
+    assert command[command.index("--driver-class-path") + 1] == jar
+    assert f"spark.executor.extraClassPath={jar}" in command
