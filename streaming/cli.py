@@ -253,7 +253,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     plan = Plan.short() if args.short else Plan()
     changes = {name: getattr(args, name) for name in
-               ("size", "drain", "rate", "seconds", "burst", "burst_lead_s", "backlog",
+               ("size", "drain", "rate", "seconds", "warmup_s", "burst", "burst_lead_s", "backlog",
                 "backlog_rate", "backlog_seconds")
                if getattr(args, name) is not None}
     if args.scenarios:
@@ -366,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--drain", type=int, help="messages preloaded for raw and drain [200000]")
     bench.add_argument("--rate", type=float, help="steady: msg/s [20000]")
     bench.add_argument("--seconds", type=float, help="steady: seconds of load [60]")
+    bench.add_argument("--warmup-s", type=float,
+                       help="steady: seconds of load before those, their lateness reported "
+                            "apart [0]")
     bench.add_argument("--levels", help="steady: levels, round robin [1,2]")
     bench.add_argument("--burst", type=int, help="burst: timers due in the same second [500000]")
     bench.add_argument("--burst-lead-s", type=float, help="burst: seconds from the first send to the due time [90]")

@@ -31,6 +31,9 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
         assert figures["messages"] > 0, name
         assert figures["delivered"] == figures["messages"], (name, figures["lost"])
         assert figures["lost"] == 0 and figures["early"] == 0, (name, figures)
+    steady = written["scenarios"]["steady"]      # its lateness after the warm-up, and during
+    assert steady["warmup"]["messages"] > 0 and steady["measured_messages"] > 0
+    assert steady["warmup"]["messages"] + steady["measured_messages"] == steady["delivered"]
     assert out.with_suffix(".png").stat().st_size > 0
     with capsys.disabled():
         print("\nshort bench (figures only, not judged):")
@@ -39,4 +42,8 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
                   f"{figures['early']}, dups {figures['duplicates']}, lateness p50/p99/max "
                   f"{figures['lateness_p50_ms']}/{figures['lateness_p99_ms']}/"
                   f"{figures['lateness_max_ms']} ms, out {figures['out_msg_s']} msg/s")
+        warmup = steady["warmup"]
+        print(f"  steady's warm-up ({warmup['seconds']:.0f} s, {warmup['messages']} msgs) apart: "
+              f"lateness p50/p99/max {warmup['lateness_p50_ms']}/{warmup['lateness_p99_ms']}/"
+              f"{warmup['lateness_max_ms']} ms")
         print(f"  drain/raw throughput ratio: {written['machine'].get('drain_ratio_to_raw')}")

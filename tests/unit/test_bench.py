@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from streaming.bench import PROJECT, Result, join
+from streaming.bench import PROJECT, Result, after_warmup, join
 
 
 def test_join_counts_lost_early_and_duplicates():
@@ -25,6 +25,22 @@ def test_an_early_duplicate_counts_as_early():
     due = np.array([2000])
     figures = join(np.array([1000]), due, np.array([0, 0]), np.array([2100, 1500]))
     assert figures["early"] == 1 and figures["duplicates"] == 1
+
+
+def test_warm_up_lateness_is_reported_apart_and_losses_stay_counted():
+    # Sent over 10 s; the first 4 s are the warm-up: 1 s late then, 100 ms late after.
+    append = np.arange(0, 10_000, 1_000)
+    due = append + 5_000
+    late = np.where(append < 4_000, 1_000, 100)
+    seq = np.arange(1, 10)                       # message 0, sent in the warm-up, never read
+    figures = join(append, due, seq, due[seq] + late[seq])
+    split = after_warmup(figures, 4)
+    assert split["measured_messages"] == 6
+    assert split["lateness_p50_ms"] == split["lateness_max_ms"] == 100
+    assert split["warmup"]["messages"] == 3
+    assert split["warmup"]["lateness_p50_ms"] == 1_000
+    figures.update(split)
+    assert figures["lost"] == 1                  # lost in the warm-up still fails the run
 
 
 def test_problems_name_early_and_lost_only():
