@@ -51,6 +51,7 @@ def java_options(settings: Settings) -> str:
 
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     log4j = f"-Dlog4j2.configurationFile=file:{CONF_DIR / 'log4j2.properties'}"
+    local_fs = str(local_fs_jar(settings))
     conf = {
         "spark.app.name": settings.spark_app_name,
         "spark.master": settings.spark_master,
@@ -67,8 +68,8 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # mode through java.nio. Hadoop resolves fs.file.impl at its first file: path, before
         # spark.jars are loaded, so the jar is on the JVMs' class path from their start.
         "spark.hadoop.fs.file.impl": LOCAL_FS_CLASS,
-        "spark.driver.extraClassPath": str(local_fs_jar(settings)),
-        "spark.executor.extraClassPath": str(local_fs_jar(settings)),
+        "spark.driver.extraClassPath": local_fs,
+        "spark.executor.extraClassPath": local_fs,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",

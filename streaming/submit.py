@@ -41,6 +41,7 @@ def build_zip(settings: Settings) -> Path:
 def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
                    total_cores: int | None = None, run_args: list[str] | None = None,
                    py_zip: Path | None = None) -> list[str]:
+    local_fs = str(local_fs_jar(settings))
     command = [
         str(spark_home() / "bin" / "spark-submit"),
         "--master", master,
@@ -49,8 +50,8 @@ def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
         "--jars", ",".join(str(j) for j in spark_jars(settings)),
         # The local file system class must be on the JVMs' class path from their start
         # (streaming/session.py); the job's session names it once the driver runs.
-        "--driver-class-path", str(local_fs_jar(settings)),
-        "--conf", f"spark.executor.extraClassPath={local_fs_jar(settings)}",
+        "--driver-class-path", local_fs,
+        "--conf", f"spark.executor.extraClassPath={local_fs}",
         "--py-files", str(py_zip or build_zip(settings)),
         "--driver-memory", settings.spark_driver_memory,
         "--executor-memory", settings.spark_executor_memory,
