@@ -48,7 +48,8 @@ done
 # delayq's local file system for Hadoop (file modes without a `chmod` process per file),
 # compiled by Maven against the Hadoop API pyspark ships; the job puts it on the class path.
 localfs=deploy/maven/localfs
-if [ ! -f .lib/localfs/delayq-localfs.jar ] || [ -n "$(find "$localfs" -newer .lib/localfs/delayq-localfs.jar -type f)" ]; then
+# Rebuilt only when its pom or source changed: a new jar means a new class data archive below.
+if [ ! -f .lib/localfs/delayq-localfs.jar ] || [ -n "$(find "$localfs/pom.xml" "$localfs/src" -newer .lib/localfs/delayq-localfs.jar -type f)" ]; then
   echo "setup: building the local file system jar with Maven into .lib/localfs"
   rm -rf .lib/build/localfs
   mvn -q -B -f "$localfs/pom.xml" -Dbuild.dir="$PWD/.lib/build/localfs" package

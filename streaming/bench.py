@@ -177,9 +177,8 @@ def after_warmup(figures: dict, warmup_s: float) -> dict:
     """The lateness of the messages sent after the first `warmup_s` seconds of a load, and
     that of the warm-up apart: a job runs for days, and its first minute (a young JVM still
     compiling) is not its sustained state. Lost, early and duplicates stay over every message."""
-    due, late = figures["_series"]
-    sent = figures["_sent_ms"]
-    warm = sent < figures["_load_start_ms"] + warmup_s * 1000
+    late = figures["_series"][1]
+    warm = figures["_sent_ms"] < figures["_load_start_ms"] + warmup_s * 1000
     return {**lateness(late[~warm]), "measured_messages": int(np.sum(~warm)),
             "warmup": {"seconds": warmup_s, "messages": int(np.sum(warm)), **lateness(late[warm])}}
 

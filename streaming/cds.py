@@ -142,10 +142,16 @@ def build(settings: Settings) -> Path | None:
         partial.unlink(missing_ok=True)
         raise RuntimeError("the training JVM did not write a class data archive")
     partial.rename(archive)   # complete: the JVM wrote it and exited
-    for stale in archive.parent.glob("spark-*.jsa"):   # for other jars or another Java
-        if stale != archive:
-            stale.unlink(missing_ok=True)
+    remove_stale(archive)
     return archive
+
+
+def remove_stale(archive: Path) -> None:
+    """Delete the archives beside `archive` (made for other jars or another Java; about
+    190 MB each, and no JVM of these settings maps them again)."""
+    for other in archive.parent.glob("spark-*.jsa"):
+        if other != archive:
+            other.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

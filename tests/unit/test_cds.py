@@ -44,3 +44,14 @@ def test_options_only_when_the_archive_exists(jars):
 def test_no_jars_means_no_options(tmp_path):
     settings = load_settings(jars_dir=str(tmp_path / "none"), data_dir=str(tmp_path / "data"))
     assert cds.java_options(settings) == ""
+
+
+def test_a_new_archive_removes_the_stale_ones_and_nothing_else(jars):
+    archive = cds.archive_path(jars)
+    archive.parent.mkdir(parents=True)
+    stale = archive.parent / "spark-0123456789abcdef.jsa"
+    partial = archive.parent / "spark-fedcba9876543210.partial"
+    for path in (archive, stale, partial):
+        path.write_bytes(b"archive")
+    cds.remove_stale(archive)
+    assert archive.is_file() and partial.is_file() and not stale.exists()
