@@ -66,3 +66,17 @@ def test_the_job_s_session_uses_it(spark, test_settings):
     data = jvm.org.apache.hadoop.fs.Path(test_settings.data_path.as_uri())
     assert local.getClass().getName() == LOCAL_FS_CLASS
     assert data.getFileSystem(conf).getClass().getName() == LOCAL_FS_CLASS
+
+
+def test_modes_java_nio_cannot_set_still_go_through_hadoop_s_way(spark, tmp_path):
+    """The sticky bit (and setuid, setgid) fall back to Hadoop's own code, in the job's JVM,
+    whose PATH has `chmod`."""
+    jvm = spark._jvm
+    fs = jvm.org.apache.hadoop.fs.FileSystem.getLocal(spark.sparkContext._jsc.hadoopConfiguration())
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    path = jvm.org.apache.hadoop.fs.Path(folder.as_uri())
+    fs.setPermission(path, jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o1770))
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o1770
+    fs.setPermission(path, jvm.org.apache.hadoop.fs.permission.FsPermission.createImmutable(0o750))
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o750
