@@ -42,6 +42,12 @@ class WheelConfig:
     # The Spark watermark trails the newest append time by this much (see streaming/job.py);
     # the wheel adds it back so its own arithmetic is in real time.
     watermark_delay_ms: int = 0
+    # The driver's clock when the query was built (epoch ms; 0 = none). A new query's first
+    # batch has no watermark yet (Spark passes 0): this stands in for it, so messages already
+    # overdue when a job starts on a backlog fire in that batch instead of waiting a batch in
+    # state. It is one value for every group of the batch, and a new query holds no state, so
+    # every group with messages is called in it: due order is kept (see fire_horizon).
+    first_watermark_ms: int = 0
     max_delay_ms: int = 30 * 86_400_000
     dlq_topic: str = "SCHEDULE_TOPIC_XXXX.DLQ"
 
@@ -86,6 +92,14 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
         return BUCKET_NOW, ioff % spread
     parts = parts_of(level)
     return level, slot_of(due_ms, slot_ms) * parts + part_of(uniq_key, parts)
+
+
+def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
+    """The wheel's watermark in real time: Spark's plus the delay Spark subtracted, or, in a
+    new query's first batch (Spark's is still 0), the query's start."""
+    if spark_watermark_ms <= 0 and config.first_watermark_ms:
+        return config.first_watermark_ms
+    return spark_watermark_ms + config.watermark_delay_ms
 
 
 def encode(pending: pa.Table) -> str:
@@ -220,7 +234,7 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
                 yield _cancel_outcomes(cancels, found)
 
         arriving = len(new) if new is not None else 0
-        watermark = state.getCurrentWatermarkMs() + config.watermark_delay_ms
+        watermark = real_watermark(state.getCurrentWatermarkMs(), config)
         horizon = fire_horizon(watermark, config.lead_for(held.num_rows + arriving, bucket))
         due = pc.less_equal(held.column("due_ms"), horizon)
         fired = [held.filter(due).to_pandas()] if held.num_rows else []

@@ -439,6 +439,7 @@ class Bench:
         self.start_job()
         figures = load.finish(self.plan.drain)
         figures.update(_processing_rate(self.job.query, -1, _last_delivery_ms(figures)))
+        figures["_timeline"] = _timeline(self.job.query, -1, self.summaries)
         return figures
 
     def _on_job(self, name: str) -> Load:

@@ -63,6 +63,7 @@ def wheel_config_of(settings: Settings) -> WheelConfig:
         lead_ms=settings.fire_lead_ms,
         lead_per_message_us=settings.fire_lead_per_message_us,
         watermark_delay_ms=settings.late_tolerance_ms,
+        first_watermark_ms=int(time.time() * 1000),
         max_delay_ms=settings.max_delay_ms,
         dlq_topic=settings.dlq_topic,
     )

@@ -7,6 +7,7 @@ import pytest
 from kafka import KafkaProducer
 
 from state.errors import JobError
+from streaming.admin import admin_client, ensure_topics
 from streaming.offsets import delay_offset_table
 from streaming.producer import DelayProducer
 from tests.integration.conftest import Sent
@@ -58,6 +59,42 @@ def test_idle_intake_still_delivers(job_settings, start_job, new_topic, kafka_bo
     # Nothing else is produced: only the job's heartbeat moves time.
     records = consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
     check_deliveries(records, sent, lateness_log=lateness_log)
+
+
+def test_a_new_job_delivers_what_is_overdue_at_its_start_in_its_first_batch(
+        job_settings, start_job, new_topic, kafka_bootstrap):
+    """A job started on an intake that already holds overdue messages (a first deployment, a
+    new checkpoint) sends them in its first batch, in due order per level, not a batch later
+    through the state. A timer due 12 s after it was sent is never early, whichever batch
+    fires it (a first batch fires what is due up to the job's start plus the fire lead, and
+    the hold keeps it until due)."""
+    settings = job_settings()
+    real = new_topic(partitions=1, **LOG_APPEND)
+    admin = admin_client(settings)
+    ensure_topics(settings, admin)
+    admin.close()
+    sent: dict = {}
+    with DelayProducer(settings) as producer:
+        for i in range(30):
+            send(producer, sent, real, f"overdue {i}".encode(), level=1 + i % 3)
+        later = producer.send(real, b"later", deliver_at_ms=int(time.time() * 1000) + 12_000)
+    sent[later.uniq_key] = Sent(None, b"later", [], later.due_ms)
+    time.sleep(3.5)  # the longest level is 3 s: all 30 are overdue when the job starts
+    summaries: list = []
+    start_job(settings, on_batch=summaries.append)
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
+    check_deliveries(records, sent)
+    first = summaries[0]
+    assert first.batch_id == 0
+    assert {level: first.delivered_by_level.get(level) for level in (1, 2, 3)} == \
+        {1: 10, 2: 10, 3: 10}, f"batch 0 delivered {first.delivered_by_level}"
+    due_by_level: dict[int, list] = {}
+    for record in sorted(records, key=lambda r: r.offset):
+        uniq = header_map(record)["UNIQ_KEY"].decode()
+        if uniq != later.uniq_key:
+            level = 1 + int(record.value.split()[1]) % 3
+            due_by_level.setdefault(level, []).append(sent[uniq].due_ms)
+    assert all(dues == sorted(dues) for dues in due_by_level.values()), due_by_level
 
 
 def test_missing_uniq_key_is_assigned_and_stable_across_replays(

@@ -222,3 +222,36 @@ def test_a_message_due_on_arrival_leaves_as_it_would_from_the_state():
         else:
             assert a == b or (pd.isna(a) and pd.isna(b)), name
     assert on_arrival.iloc[0]["partition"] == 3 and list(on_arrival.iloc[0]["hvals"]) == [b"\x00\xff", None]
+
+
+def test_a_new_query_s_first_batch_takes_the_job_s_start_for_its_missing_watermark():
+    """Spark's first batch of a new query has no watermark yet (it passes 0). The job's start
+    stands in for it: a message overdue at the start fires in that batch, one due later waits
+    in state with its timer; once Spark has a watermark, the start is ignored."""
+    config = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500,
+                         watermark_delay_ms=10_000, first_watermark_ms=NOW + 5_000)
+    wheel = make_wheel(config, clock=lambda: (NOW + 5_000) / 1000)
+    overdue = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"old")], 1))
+    later = envelopes(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 9_000).encode()),
+                        ("UNIQ_KEY", b"new")], 2))
+
+    first = state(0)
+    out = pd.concat(wheel((3, 0), iter([overdue]), first))
+    assert list(out.loc[out["kind"] == "deliver", "uniq_key"]) == ["old"]
+    assert not first.exists
+
+    held = state(0)
+    assert not any((f["kind"] == "deliver").any() for f in wheel((-1, 0), iter([later]), held))
+    assert held._timeout_timestamp + 10_000 == NOW + 9_000 - 500, "its timer, as in any batch"
+
+    # A later batch whose Spark watermark (real time NOW) is behind the job's start: Spark's
+    # watermark rules, and the overdue message waits for it like any other.
+    second = state(NOW - 10_000)
+    out = list(wheel((3, 0), iter([overdue]), second))
+    assert not any((f["kind"] == "deliver").any() for f in out) and second.exists
+
+    # Without a start (the default), a first batch holds everything, as Spark's watermark says.
+    plain = make_wheel(CONFIG, clock=lambda: (NOW + 5_000) / 1000)
+    untouched = state(0)
+    assert not any((f["kind"] == "deliver").any() for f in plain((3, 0), iter([overdue]), untouched))
+    assert untouched.exists
