@@ -135,8 +135,12 @@ class Load:
         sends and deliveries."""
         sent = np.load(self.out + "-sent.npz")
         last_due = int(sent["due"].max()) / 1000 if len(sent["due"]) else time.time()
-        Path(self.out + "-read.npz.expected").write_text(json.dumps(
+        # Renamed into place: the reader polls for this file and must never read it half
+        # written (it once did, and died on the empty JSON).
+        told = Path(self.out + "-read.npz.expected")
+        told.with_suffix(".partial").write_text(json.dumps(
             {"expected": expected, "quiet_from_s": max(time.time(), last_due)}))
+        told.with_suffix(".partial").replace(told)
         self.reader.wait()
         read = np.load(self.out + "-read.npz")
         return join(sent["append"], sent["due"], read["seq"], read["ts"])
