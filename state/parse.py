@@ -29,8 +29,19 @@ def _flat_headers(headers: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
 
 
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
-                now_ms: int) -> pa.RecordBatch:
-    """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns."""
+                now_ms: int, overdue_before_ms: int = 0) -> pa.RecordBatch:
+    """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns.
+
+    A level message due before `overdue_before_ms` (the moment the checkpoint's query first
+    started) is overdue on arrival: it goes out with the immediate messages, spread over the
+    pass-through groups, instead of into its level's wheel group. Since that held from the
+    checkpoint's first batch, no such message is ever in the state, so a level still leaves in
+    due order: the ones due before that moment in intake order (which, for a level, is due
+    order), every held one after them. A job started on a backlog (a first deployment, or a
+    checkpoint started over) then sends it as it reads it, instead of storing each batch and
+    firing it in the next, and the wheel's stage is no longer as uneven as a level's few slots
+    hash over the state partitions. Timers (a cancel names their group) and messages rolled in
+    from the cold tier keep to the wheel."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
     starts = np.concatenate(([0], np.cumsum(counts)))
@@ -47,10 +58,14 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
         a, b = starts[i], starts[i + 1]
         env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
                     rules, now_ms)
+        kind = env.kind
+        if kind == Kind.DELAY and env.level > 0 and not env.rolled \
+                and env.due_ms < overdue_before_ms:
+            kind = Kind.NOW
         cols["bucket"][i], cols["slot"][i] = group_of(
-            env.kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
-            env.cancel_key if env.kind == Kind.CANCEL else env.uniq_key)
-        cols["kind"][i] = env.kind.value
+            kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
+            env.cancel_key if kind == Kind.CANCEL else env.uniq_key)
+        cols["kind"][i] = kind.value
         cols["level"][i] = env.level
         cols["due_ms"][i] = env.due_ms
         cols["uniq_key"][i] = env.uniq_key
@@ -84,11 +99,12 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
 
 
 def make_parser(rules: Rules, slot_ms: int, spread: int,
-                clock: Callable[[], float] = time.time):
+                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0):
     """The function handed to mapInArrow."""
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000))
+            yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000),
+                              overdue_before_ms)
 
     return parse_batches

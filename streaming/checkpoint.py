@@ -167,13 +167,35 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
     return "resume"
 
 
-def write_stamp(settings: Settings, checkpoint: str) -> None:
+def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> None:
+    """The stamp, with `started_ms`: see `started_ms`."""
     if not is_local(checkpoint):
         return
     path = local_path(checkpoint)
     path.mkdir(parents=True, exist_ok=True)
     (path / STAMP).write_text(json.dumps({"settings": fingerprint(settings),
-                                          "state_format": STATE_FORMAT}, indent=1) + "\n")
+                                          "state_format": STATE_FORMAT,
+                                          "started_ms": started_ms}, indent=1) + "\n")
+
+
+def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
+    """When the checkpoint's query first started (epoch ms), or 0 where that is not known.
+
+    A level message due before this moment is overdue on arrival and passes through the wheel
+    without state (`state.parse`). That keeps due order only if it held from the checkpoint's
+    first batch: then the state never held a level message due before it. So it is `now_ms`
+    for a fresh checkpoint and the stamp's value for a resumed one; 0 (nothing passes) for a
+    checkpoint stamped before it was kept, or one that is not a local path (no stamp)."""
+    if verdict == "fresh":
+        return now_ms if is_local(checkpoint) else 0
+    stamp_file = local_path(checkpoint) / STAMP if is_local(checkpoint) else None
+    if stamp_file is None or not stamp_file.exists():
+        return 0
+    try:
+        return int(json.loads(stamp_file.read_text()).get("started_ms", 0))
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
+                              f"{exc}") from None
 
 
 # ---- the consumer-group mirror of the checkpoint's offsets ------------------------------

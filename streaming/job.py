@@ -88,14 +88,17 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     )
 
 
-def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None
-                 ) -> DataFrame:
+def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None,
+                 overdue_before_ms: int = 0) -> DataFrame:
     """The fired output of the wheel: rows of the OUTPUT layout, once per batch. `source`,
-    in the layout of `intake_stream`, replaces the intake topic (the class data training)."""
+    in the layout of `intake_stream`, replaces the intake topic (the class data training).
+    Level messages due before `overdue_before_ms` pass through without state (the
+    checkpoint's first start: `streaming.checkpoint.started_ms`)."""
     spread = settings.spark_shuffle_partitions
     source = intake_stream(spark, settings) if source is None else source
     parsed = source.mapInArrow(
-        make_parser(rules_of(settings), settings.slot_ms, spread), ENVELOPE_SPARK)
+        make_parser(rules_of(settings), settings.slot_ms, spread,
+                    overdue_before_ms=overdue_before_ms), ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
     fired = (timed.groupBy("bucket", "slot")
@@ -283,10 +286,12 @@ class DelayJob:
         largest = kadmin.ensure_topics(self.settings, self._admin)
         kadmin.check_intake(self.settings, self._admin)
         self._step("topics")
-        ckpt.check(self.settings, self.checkpoint,
-                   ckpt.read_group_offsets(self._admin, self.settings),
-                   allow_fresh=self._allow_fresh, allow_config_change=self._allow_config_change)
-        ckpt.write_stamp(self.settings, self.checkpoint)
+        verdict = ckpt.check(self.settings, self.checkpoint,
+                             ckpt.read_group_offsets(self._admin, self.settings),
+                             allow_fresh=self._allow_fresh,
+                             allow_config_change=self._allow_config_change)
+        started_ms = ckpt.started_ms(self.checkpoint, verdict, int(time.time() * 1000))
+        ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
         self._step("checkpoint")
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
                           kadmin.TopicCatalog(self._admin),
@@ -329,7 +334,8 @@ class DelayJob:
         self._heartbeat.start()
         self._step("listeners")
         for attempt in (1, 2):
-            self.query = (wheel_stream(self.spark, self.settings).writeStream
+            self.query = (wheel_stream(self.spark, self.settings,
+                                       overdue_before_ms=started_ms).writeStream
                           .queryName(self.query_name)
                           .foreachBatch(writer)
                           .option("checkpointLocation", self.checkpoint)

@@ -61,15 +61,10 @@ def test_idle_intake_still_delivers(job_settings, start_job, new_topic, kafka_bo
     check_deliveries(records, sent, lateness_log=lateness_log)
 
 
-def test_a_new_job_delivers_what_is_overdue_at_its_start_in_its_first_batch(
-        job_settings, start_job, new_topic, kafka_bootstrap):
-    """A job started on an intake that already holds overdue messages (a first deployment, a
-    new checkpoint) sends them in its first batch, in due order per level, not a batch later
-    through the state. A timer due 12 s after it was sent is never early, whichever batch
-    fires it (a first batch fires what is due up to the job's start plus the fire lead, and
-    the hold keeps it until due)."""
-    settings = job_settings()
-    real = new_topic(partitions=1, **LOG_APPEND)
+def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap) -> list:
+    """30 level messages over levels 1-3 and a timer due 12 s after it is sent, on an intake
+    no job has read; a new job started once the 30 are overdue. Checks that all arrive, as
+    sent, never early, and each level in due order; returns the job's batch summaries."""
     admin = admin_client(settings)
     ensure_topics(settings, admin)
     admin.close()
@@ -84,10 +79,6 @@ def test_a_new_job_delivers_what_is_overdue_at_its_start_in_its_first_batch(
     start_job(settings, on_batch=summaries.append)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent)
-    first = summaries[0]
-    assert first.batch_id == 0
-    assert {level: first.delivered_by_level.get(level) for level in (1, 2, 3)} == \
-        {1: 10, 2: 10, 3: 10}, f"batch 0 delivered {first.delivered_by_level}"
     due_by_level: dict[int, list] = {}
     for record in sorted(records, key=lambda r: r.offset):
         uniq = header_map(record)["UNIQ_KEY"].decode()
@@ -95,6 +86,38 @@ def test_a_new_job_delivers_what_is_overdue_at_its_start_in_its_first_batch(
             level = 1 + int(record.value.split()[1]) % 3
             due_by_level.setdefault(level, []).append(sent[uniq].due_ms)
     assert all(dues == sorted(dues) for dues in due_by_level.values()), due_by_level
+    return summaries
+
+
+def test_a_new_job_delivers_what_is_overdue_at_its_start_in_its_first_batch(
+        job_settings, start_job, new_topic, kafka_bootstrap):
+    """A job started on an intake that already holds overdue messages (a first deployment, a
+    new checkpoint) sends them in its first batch, in due order per level, not a batch later
+    through the state. A timer due 12 s after it was sent is never early, whichever batch
+    fires it (a first batch fires what is due up to the job's start plus the fire lead, and
+    the hold keeps it until due)."""
+    settings = job_settings()
+    summaries = _job_on_overdue_backlog(settings, new_topic(partitions=1, **LOG_APPEND),
+                                        start_job, kafka_bootstrap)
+    first = summaries[0]
+    assert first.batch_id == 0
+    assert {level: first.delivered_by_level.get(level) for level in (1, 2, 3)} == \
+        {1: 10, 2: 10, 3: 10}, f"batch 0 delivered {first.delivered_by_level}"
+
+
+def test_a_backlog_read_over_many_batches_never_enters_the_state(
+        job_settings, start_job, new_topic, kafka_bootstrap):
+    """The same backlog read a few records a batch: level messages due before the checkpoint's
+    first start pass through as they are read, in every batch, not only the first; none is
+    ever pending in the state, and each level still leaves in due order."""
+    settings = job_settings(max_offsets_per_trigger=6)
+    summaries = _job_on_overdue_backlog(settings, new_topic(partitions=1, **LOG_APPEND),
+                                        start_job, kafka_bootstrap)
+    taking = [s for s in summaries if any(s.received_by_level.get(lv) for lv in (1, 2, 3))]
+    assert len(taking) >= 3, f"the backlog was read over {len(taking)} batches"
+    pending = [(s.batch_id, s.pending_delta_by_level) for s in taking
+               if any(s.pending_delta_by_level.get(lv, 0) > 0 for lv in (1, 2, 3))]
+    assert not pending, f"overdue level messages went into the state: {pending}"
 
 
 def test_missing_uniq_key_is_assigned_and_stable_across_replays(

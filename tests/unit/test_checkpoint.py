@@ -9,7 +9,7 @@ import pytest
 
 from conf import load_settings
 from state.columns import STATE_FORMAT
-from streaming.checkpoint import CheckpointError, check, write_stamp
+from streaming.checkpoint import STAMP, CheckpointError, check, started_ms, write_stamp
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
                          delay_levels="1s 2s 3s")
@@ -44,6 +44,27 @@ def test_an_existing_checkpoint_resumes_under_the_same_settings(tmp_path):
     ckpt = spark_checkpoint(tmp_path / "ckpt")
     write_stamp(SETTINGS, ckpt)
     assert check(SETTINGS, ckpt, {0: 1}) == "resume"
+
+
+def test_the_checkpoint_s_first_start_is_kept_across_restarts(tmp_path):
+    """Level messages due before it pass through without state, which keeps due order only if
+    the moment is the checkpoint's first start, for every run on that checkpoint."""
+    ckpt = str(tmp_path / "ckpt")
+    first = started_ms(ckpt, check(SETTINGS, ckpt, {}), now_ms=1_000)
+    assert first == 1_000, "a fresh checkpoint starts now"
+    write_stamp(SETTINGS, ckpt, first)
+    spark_checkpoint(tmp_path / "ckpt")
+    assert started_ms(ckpt, check(SETTINGS, ckpt, {0: 1}), now_ms=9_000) == 1_000, \
+        "a resumed one keeps its first start"
+    stamp = json.loads((tmp_path / "ckpt" / STAMP).read_text())
+    del stamp["started_ms"]
+    (tmp_path / "ckpt" / STAMP).write_text(json.dumps(stamp))
+    assert started_ms(ckpt, "resume", now_ms=9_000) == 0, \
+        "stamped before the moment was kept: nothing passes"
+    assert started_ms("s3a://bucket/ckpt", "resume", now_ms=9_000) == 0, "no stamp off a local path"
+    (tmp_path / "ckpt" / STAMP).write_text("{torn")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        started_ms(ckpt, "resume", now_ms=9_000)
 
 
 def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):

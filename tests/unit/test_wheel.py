@@ -255,3 +255,37 @@ def test_a_new_query_s_first_batch_takes_the_job_s_start_for_its_missing_waterma
     untouched = state(0)
     assert not any((f["kind"] == "deliver").any() for f in plain((3, 0), iter([overdue]), untouched))
     assert untouched.exists
+
+
+def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_state():
+    """Due before the checkpoint's first start: a level message goes out with the immediate
+    ones, spread by intake offset, at its own due time and level; a timer (a cancel names its
+    group), a rolled-in message and one due later keep to the wheel."""
+    rows = (([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("UNIQ_KEY", b"old-a")], 4),
+            ([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("UNIQ_KEY", b"old-b")], 5),
+            ([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 1_500).encode()),
+              ("UNIQ_KEY", b"timer")], 6),
+            ([("REAL_TOPIC", b"t"), ("DELAYQ_ROLLED", b"1"), ("TIMER_DELIVER_MS", str(NOW + 1_000).encode()),
+              ("UNIQ_KEY", b"rolled")], 7),
+            ([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"later")], 8))
+    # Appended at NOW: "old-*" due at NOW + 1 s and the timer at NOW + 1.5 s, before the start
+    # at NOW + 2 s; "later" after it.
+    parsed = parse_batch(intake(*rows), RULES, 1_000, 2, NOW, overdue_before_ms=NOW + 2_000)
+    by_key = {r["uniq_key"]: r for r in parsed.to_pylist()}
+    assert [(by_key[k]["kind"], by_key[k]["bucket"], by_key[k]["slot"]) for k in ("old-a", "old-b")] \
+        == [("now", BUCKET_NOW, 0), ("now", BUCKET_NOW, 1)], "spread over the pass-through groups"
+    assert (by_key["old-a"]["level"], by_key["old-a"]["due_ms"]) == (1, NOW + 1_000)
+    assert [by_key[k]["kind"] for k in ("timer", "rolled", "later")] == ["delay"] * 3
+    assert by_key["rolled"]["rolled"] and by_key["rolled"]["bucket"] == 1
+    assert parse_batch(intake(*rows), RULES, 1_000, 2, NOW).column("kind").to_pylist() \
+        == ["delay"] * 5, "without a start, every one keeps to the wheel"
+
+    frame = parsed.to_pandas()
+    passing = frame[frame["uniq_key"] == "old-a"].reset_index(drop=True)   # its group's rows
+    st = state(NOW - 10_000)
+    out = run(passing, st, clock_ms=NOW + 2_000)
+    assert list(zip(out["kind"], out["uniq_key"], out["level"], out["due_ms"])) == [
+        ("deliver", "old-a", 1, NOW + 1_000)]
+    assert not st.exists, "no state"
+    assert list(zip(run.tally["level"], run.tally["received"], run.tally["pending_delta"])) \
+        == [(1, 1, 0)], "counted as taken in at its level, never pending"
