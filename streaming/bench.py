@@ -43,6 +43,9 @@ class Plan:
     scenarios: tuple[str, ...] = ("raw", "drain", "steady", "burst", "backlog", "restart")
     size: int = 1024
     drain: int = 200_000
+    # drain: the preload's msg/s (0: as fast as the broker takes it). A backlog sent slowly
+    # spreads its append times, and so its due times, over more than the fire lead per batch.
+    drain_rate: float = 0
     rate: float = 20_000
     seconds: float = 60
     warmup_s: float = 0
@@ -437,8 +440,8 @@ class Bench:
 
         ensure_topics(self.settings, self.admin)
         load.start_reader(timeout_s=900)
-        load.produce(self.settings.intake_topic, self.plan.drain, 0, self.plan.size, levels=(1,),
-                     partitions=len(self.settings.level_delays_ms))
+        load.produce(self.settings.intake_topic, self.plan.drain, self.plan.drain_rate,
+                     self.plan.size, levels=(1,), partitions=len(self.settings.level_delays_ms))
         time.sleep(self.settings.level_delays_ms[0] / 1000 + 0.5)  # all overdue at the start
         self.start_job()
         figures = load.finish(self.plan.drain)

@@ -253,7 +253,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     plan = Plan.short() if args.short else Plan()
     changes = {name: getattr(args, name) for name in
-               ("size", "drain", "rate", "seconds", "warmup_s", "burst", "burst_lead_s", "backlog",
+               ("size", "drain", "drain_rate", "rate", "seconds", "warmup_s", "burst", "burst_lead_s", "backlog",
                 "backlog_rate", "backlog_seconds")
                if getattr(args, name) is not None}
     if args.scenarios:
@@ -364,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma separated: raw,drain,steady,burst,backlog,restart")
     bench.add_argument("--size", type=int, help="message value bytes [1024]")
     bench.add_argument("--drain", type=int, help="messages preloaded for raw and drain [200000]")
+    bench.add_argument("--drain-rate", type=float,
+                       help="drain: msg/s of the preload, 0 = as fast as the broker takes it [0]")
     bench.add_argument("--rate", type=float, help="steady: msg/s [20000]")
     bench.add_argument("--seconds", type=float, help="steady: seconds of load [60]")
     bench.add_argument("--warmup-s", type=float,
