@@ -84,7 +84,8 @@ def _train(settings: Settings, out: Path) -> None:
         from streaming.schema import OUTPUT_SPARK
 
         # The job's own parse, wheel and hold, fed by a rate source instead of the intake:
-        # level-1 messages and some bad ones, so deliveries and dead letters both happen.
+        # level-1 messages, which leave as they arrive, level-2 ones (5 s), which wait in the
+        # state for their timers, and some bad ones, so every path of a batch runs.
         header = lambda k, v: F.struct(F.lit(k).alias("key"), F.lit(v).cast("binary").alias("value"))
         source = (spark.readStream.format("rate").option("rowsPerSecond", 500).load()
                   .select(F.lit(None).cast("binary").alias("key"),
@@ -94,6 +95,9 @@ def _train(settings: Settings, out: Path) -> None:
                           F.unix_millis("timestamp").alias("append_ms"),
                           F.when(F.col("value") % 50 == 0,
                                  F.array(header("DELAY", "-1")))
+                           .when(F.col("value") % 3 == 0,
+                                 F.array(header("REAL_TOPIC", "cds-training"),
+                                         header("DELAY", "2")))
                            .otherwise(F.array(header("REAL_TOPIC", "cds-training"),
                                               header("DELAY", "1"))).alias("headers")))
         schema = KafkaSink.sent_schema(OUTPUT_SPARK)
@@ -112,7 +116,7 @@ def _train(settings: Settings, out: Path) -> None:
         import time
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and query.isActive and (
-                query.lastProgress is None or query.lastProgress["batchId"] < 4):
+                query.lastProgress is None or query.lastProgress["batchId"] < 9):
             time.sleep(0.5)
         failure = query.exception()
         query.stop()
