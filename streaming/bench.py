@@ -443,10 +443,11 @@ class Bench:
         load.produce(self.settings.intake_topic, self.plan.drain, self.plan.drain_rate,
                      self.plan.size, levels=(1,), partitions=len(self.settings.level_delays_ms))
         time.sleep(self.settings.level_delays_ms[0] / 1000 + 0.5)  # all overdue at the start
+        first_summary = len(self.summaries)
         self.start_job()
         figures = load.finish(self.plan.drain)
         figures.update(_processing_rate(self.job.query, -1, _last_delivery_ms(figures)))
-        figures["_timeline"] = _timeline(self.job.query, -1, self.summaries)
+        figures["_timeline"] = _timeline(self.job.query, -1, self.summaries[first_summary:])
         return figures
 
     def _on_job(self, name: str) -> Load:

@@ -56,14 +56,14 @@ def rules_of(settings: Settings) -> Rules:
     )
 
 
-def wheel_config_of(settings: Settings) -> WheelConfig:
+def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelConfig:
     return WheelConfig(
         level_delays_ms=settings.level_delays_ms,
         slot_ms=settings.slot_ms,
         lead_ms=settings.fire_lead_ms,
         lead_per_message_us=settings.fire_lead_per_message_us,
         watermark_delay_ms=settings.late_tolerance_ms,
-        first_watermark_ms=int(time.time() * 1000),
+        first_watermark_ms=first_watermark_ms,
         max_delay_ms=settings.max_delay_ms,
         dlq_topic=settings.dlq_topic,
     )
@@ -89,11 +89,12 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
 
 
 def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None,
-                 overdue_before_ms: int = 0) -> DataFrame:
+                 overdue_before_ms: int = 0, first_watermark_ms: int = 0) -> DataFrame:
     """The fired output of the wheel: rows of the OUTPUT layout, once per batch. `source`,
     in the layout of `intake_stream`, replaces the intake topic (the class data training).
     Level messages due before `overdue_before_ms` pass through without state (the
-    checkpoint's first start: `streaming.checkpoint.started_ms`)."""
+    checkpoint's first start: `streaming.checkpoint.started_ms`); `first_watermark_ms` stands
+    in for a new query's missing watermark (`WheelConfig`). Both 0: neither."""
     spread = settings.spark_shuffle_partitions
     source = intake_stream(spark, settings) if source is None else source
     parsed = source.mapInArrow(
@@ -102,7 +103,8 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
     fired = (timed.groupBy("bucket", "slot")
-             .applyInPandasWithState(make_wheel(wheel_config_of(settings)), WHEEL_OUT_SPARK,
+             .applyInPandasWithState(make_wheel(wheel_config_of(settings, first_watermark_ms)),
+                                     WHEEL_OUT_SPARK,
                                      STATE_SPARK, "append", GroupStateTimeout.EventTimeTimeout))
     return with_kafka_headers(fired)
 
@@ -290,7 +292,10 @@ class DelayJob:
                              ckpt.read_group_offsets(self._admin, self.settings),
                              allow_fresh=self._allow_fresh,
                              allow_config_change=self._allow_config_change)
-        started_ms = ckpt.started_ms(self.checkpoint, verdict, int(time.time() * 1000))
+        # This run's start: the stand-in for a new query's first watermark, and, on a fresh
+        # checkpoint, the moment before which level messages pass through for good.
+        now_ms = int(time.time() * 1000)
+        started_ms = ckpt.started_ms(self.checkpoint, verdict, now_ms)
         ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
         self._step("checkpoint")
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
@@ -334,8 +339,8 @@ class DelayJob:
         self._heartbeat.start()
         self._step("listeners")
         for attempt in (1, 2):
-            self.query = (wheel_stream(self.spark, self.settings,
-                                       overdue_before_ms=started_ms).writeStream
+            self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
+                                       first_watermark_ms=now_ms).writeStream
                           .queryName(self.query_name)
                           .foreachBatch(writer)
                           .option("checkpointLocation", self.checkpoint)

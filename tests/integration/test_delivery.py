@@ -61,10 +61,13 @@ def test_idle_intake_still_delivers(job_settings, start_job, new_topic, kafka_bo
     check_deliveries(records, sent, lateness_log=lateness_log)
 
 
-def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap) -> list:
+def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap,
+                            restart_after: int | None = None, checkpoint: str | None = None
+                            ) -> list:
     """30 level messages over levels 1-3 and a timer due 12 s after it is sent, on an intake
-    no job has read; a new job started once the 30 are overdue. Checks that all arrive, as
-    sent, never early, and each level in due order; returns the job's batch summaries."""
+    no job has read; a new job started once the 30 are overdue (stopped once it has taken in
+    `restart_after` of them, and started again on its checkpoint). Checks that all arrive, as
+    sent, never early, and each level in due order; returns the batch summaries of every run."""
     admin = admin_client(settings)
     ensure_topics(settings, admin)
     admin.close()
@@ -76,7 +79,14 @@ def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap) -> list:
     sent[later.uniq_key] = Sent(None, b"later", [], later.due_ms)
     time.sleep(3.5)  # the longest level is 3 s: all 30 are overdue when the job starts
     summaries: list = []
-    start_job(settings, on_batch=summaries.append)
+    job = start_job(settings, checkpoint=checkpoint, on_batch=summaries.append)
+    if restart_after is not None:
+        taken = lambda: sum(s.received_by_level.get(lv, 0) for s in summaries for lv in (1, 2, 3))
+        assert_eventually(lambda: taken() >= restart_after, timeout_s=60,
+                          message=f"{restart_after} of the backlog taken in")
+        job.stop()
+        assert taken() < 30, "the backlog was still being read when the job stopped"
+        start_job(settings, checkpoint=checkpoint, on_batch=summaries.append)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent)
     due_by_level: dict[int, list] = {}
@@ -116,6 +126,21 @@ def test_a_backlog_read_over_many_batches_never_enters_the_state(
     taking = [s for s in summaries if any(s.received_by_level.get(lv) for lv in (1, 2, 3))]
     assert len(taking) >= 3, f"the backlog was read over {len(taking)} batches"
     pending = [(s.batch_id, s.pending_delta_by_level) for s in taking
+               if any(s.pending_delta_by_level.get(lv, 0) > 0 for lv in (1, 2, 3))]
+    assert not pending, f"overdue level messages went into the state: {pending}"
+
+
+def test_a_backlog_keeps_passing_through_after_a_restart_on_its_checkpoint(
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
+    """Stopped half way through the backlog and started again on its checkpoint, the job takes
+    the checkpoint's first start from its stamp, not its own: the rest of the backlog, due
+    before that moment, still passes through, and each level stays in due order."""
+    settings = job_settings(max_offsets_per_trigger=3)
+    checkpoint = str(work_dir / f"ckpt-backlog-{settings.intake_topic}")
+    summaries = _job_on_overdue_backlog(settings, new_topic(partitions=1, **LOG_APPEND),
+                                        start_job, kafka_bootstrap, restart_after=6,
+                                        checkpoint=checkpoint)
+    pending = [(s.batch_id, s.pending_delta_by_level) for s in summaries
                if any(s.pending_delta_by_level.get(lv, 0) > 0 for lv in (1, 2, 3))]
     assert not pending, f"overdue level messages went into the state: {pending}"
 
