@@ -84,8 +84,8 @@ def _train(settings: Settings, out: Path) -> None:
         from streaming.schema import OUTPUT_SPARK
 
         # The job's own parse, wheel and hold, fed by a rate source instead of the intake:
-        # level-1 messages, which leave as they arrive, level-2 ones (5 s), which wait in the
-        # state for their timers, and some bad ones, so every path of a batch runs.
+        # level-1 messages, level-2 ones (5 s), which wait in the state for their timers, and
+        # some bad ones, so every path of a batch runs.
         header = lambda k, v: F.struct(F.lit(k).alias("key"), F.lit(v).cast("binary").alias("value"))
         source = (spark.readStream.format("rate").option("rowsPerSecond", 500).load()
                   .select(F.lit(None).cast("binary").alias("key"),
