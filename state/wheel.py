@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
 from state.columns import PENDING, WHEEL_OUT
 from state.envelope import TIMER_LEVEL, Kind
+from state.placement import spread_slots
 from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
 
 BUCKET_NOW = 0
@@ -79,17 +80,19 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
              slot_ms: int, spread: int, uniq_key: str = "") -> tuple[int, int]:
     """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A wheel
     group's slot is the due slot times its bucket's parts plus the part of `uniq_key` (for a
-    cancel, the UNIQ_KEY it cancels).
+    cancel, the UNIQ_KEY it cancels). Pass-through rows go, by intake offset, to one of
+    `spread` groups that Spark runs on `spread` different state partitions (`spread` is the
+    shuffle partitions; state/placement.py).
 
     Heartbeats travel with immediate messages and are dropped in the wheel: a filter before
     the stateful operator would be pushed below withWatermark by the optimizer, and the
     watermark would never see them."""
     if kind == Kind.DEAD:
-        return BUCKET_DEAD, ioff % spread
+        return BUCKET_DEAD, spread_slots(BUCKET_DEAD, spread)[ioff % spread]
     if kind == Kind.COLD:
-        return BUCKET_COLD, ioff % spread
+        return BUCKET_COLD, spread_slots(BUCKET_COLD, spread)[ioff % spread]
     if kind in (Kind.NOW, Kind.HEARTBEAT):
-        return BUCKET_NOW, ioff % spread
+        return BUCKET_NOW, spread_slots(BUCKET_NOW, spread)[ioff % spread]
     parts = parts_of(level)
     return level, slot_of(due_ms, slot_ms) * parts + part_of(uniq_key, parts)
 

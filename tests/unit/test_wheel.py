@@ -7,6 +7,7 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from state.columns import ENVELOPE
 from state.envelope import Rules
 from state.parse import parse_batch
+from state.placement import partition_of
 from state.timing import correct_deliver_timestamp, correct_deliver_timestamps
 from state.wheel import BUCKET_DEAD, BUCKET_NOW, TIMER_PARTS, WheelConfig, decode, make_wheel
 from pyspark.sql.pandas.types import _create_converter_from_pandas
@@ -272,8 +273,10 @@ def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_s
     # at NOW + 2 s; "later" after it.
     parsed = parse_batch(intake(*rows), RULES, 1_000, 2, NOW, overdue_before_ms=NOW + 2_000)
     by_key = {r["uniq_key"]: r for r in parsed.to_pylist()}
-    assert [(by_key[k]["kind"], by_key[k]["bucket"], by_key[k]["slot"]) for k in ("old-a", "old-b")] \
-        == [("now", BUCKET_NOW, 0), ("now", BUCKET_NOW, 1)], "spread over the pass-through groups"
+    assert [(by_key[k]["kind"], by_key[k]["bucket"]) for k in ("old-a", "old-b")] \
+        == [("now", BUCKET_NOW)] * 2
+    assert sorted(partition_of(BUCKET_NOW, by_key[k]["slot"], 2) for k in ("old-a", "old-b")) \
+        == [0, 1], "spread over both state partitions"
     assert (by_key["old-a"]["level"], by_key["old-a"]["due_ms"]) == (1, NOW + 1_000)
     assert [by_key[k]["kind"] for k in ("timer", "rolled", "later")] == ["delay"] * 3
     assert by_key["rolled"]["rolled"] and by_key["rolled"]["bucket"] == 1

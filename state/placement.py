@@ -1,0 +1,74 @@
+"""Where Spark runs a wheel group: the state partition of its (bucket, slot) key.
+
+The stateful operator is planned over `HashPartitioning(bucket, slot)`: a group goes to the
+partition `pmod(murmur3(bucket, slot), partitions)`, Spark's Murmur3 x86 32-bit hash with seed
+42 over the int32 bucket and then the int64 slot (`Murmur3Hash`, `hashInt`, `hashLong`). Spark
+cannot change that rule without breaking every checkpoint's state, so it is computed here, and
+`tests/integration/test_placement.py` checks it against Spark's own placement.
+
+Pass-through groups keep no state, so their slot numbers are free: `spread_slots` picks one per
+partition, so the immediate messages spread over every partition. Spreading them by `ioff % n`
+did not: for two partitions, slots 0 and 1 of the immediate bucket both hash to partition 1,
+and the stateful stage of a drain ran in one task while the other core waited.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+_MASK = 0xFFFF_FFFF
+_SEED = 42
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _MASK
+
+
+def _mix_k1(k1: int) -> int:
+    k1 = (k1 * 0xCC9E_2D51) & _MASK
+    return (_rotl(k1, 15) * 0x1B87_3593) & _MASK
+
+
+def _mix_h1(h1: int, k1: int) -> int:
+    return (_rotl(h1 ^ k1, 13) * 5 + 0xE654_6B64) & _MASK
+
+
+def _fmix(h1: int, length: int) -> int:
+    h1 ^= length
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EB_CA6B) & _MASK
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2_AE35) & _MASK
+    return h1 ^ (h1 >> 16)
+
+
+def _hash_int(value: int, seed: int) -> int:
+    return _fmix(_mix_h1(seed, _mix_k1(value & _MASK)), 4)
+
+
+def _hash_long(value: int, seed: int) -> int:
+    value &= 0xFFFF_FFFF_FFFF_FFFF
+    h1 = _mix_h1(seed, _mix_k1(value & _MASK))
+    return _fmix(_mix_h1(h1, _mix_k1(value >> 32)), 8)
+
+
+def spark_hash(bucket: int, slot: int) -> int:
+    """Spark's `hash(bucket, slot)` for an int bucket and a long slot (a signed 32-bit int)."""
+    h = _hash_long(slot, _hash_int(bucket, _SEED))
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_of(bucket: int, slot: int, partitions: int) -> int:
+    """The state partition of the group (bucket, slot): Spark's pmod of the hash."""
+    return spark_hash(bucket, slot) % partitions
+
+
+@lru_cache(maxsize=None)
+def spread_slots(bucket: int, partitions: int) -> tuple[int, ...]:
+    """For each state partition in order, the smallest slot number ≥ 0 whose group of `bucket`
+    Spark runs there."""
+    slots: dict[int, int] = {}
+    slot = 0
+    while len(slots) < partitions:
+        slots.setdefault(partition_of(bucket, slot, partitions), slot)
+        slot += 1
+    return tuple(slots[p] for p in range(partitions))

@@ -1,0 +1,58 @@
+"""Where Spark runs a wheel group, checked against Spark itself (state/placement.py)."""
+from __future__ import annotations
+
+import random
+import time
+import uuid
+
+from pyspark.sql import functions as F
+
+from state.placement import partition_of
+from streaming.admin import ensure_topics
+from streaming.job import wheel_stream
+from streaming.producer import DelayProducer
+
+
+def test_placement_is_spark_s_hash_partitioning(spark):
+    rng = random.Random(7)
+    keys = [(rng.randint(-3, 18), rng.randint(-2**40, 2**40)) for _ in range(2_000)]
+    keys += [(0, s) for s in range(16)]
+    for partitions in (2, 3, 7):
+        placed = (spark.createDataFrame(keys, "bucket int, slot long")
+                  .repartition(partitions, "bucket", "slot")
+                  .select("bucket", "slot", F.spark_partition_id().alias("p")).collect())
+        wrong = [(r.bucket, r.slot, r.p) for r in placed
+                 if r.p != partition_of(r.bucket, r.slot, partitions)]
+        assert not wrong, f"{partitions} partitions: {wrong[:5]}"
+
+
+def test_immediate_messages_are_spread_over_every_state_partition(spark, job_settings, work_dir):
+    """The wheel's own output, tagged with the partition its stateful task ran in: each
+    immediate message leaves from the state partition its intake offset picks, so from both
+    (they all left from partition 1 when they were spread by intake offset modulo 2)."""
+    settings = job_settings()
+    assert settings.spark_shuffle_partitions == 2
+    ensure_topics(settings)
+    count = 40
+    with DelayProducer(settings) as producer:
+        handles = [producer.send("anywhere", f"now {i}".encode(), partition=0)
+                   for i in range(count)]
+    seen: list = []
+
+    def collect(batch, _batch_id):
+        seen.extend(batch.filter(F.col("kind") == "deliver")
+                    .select("uniq_key", F.spark_partition_id().alias("p")).collect())
+
+    query = (wheel_stream(spark, settings).writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(work_dir / f"ckpt-{uuid.uuid4().hex[:8]}"))
+             .trigger(processingTime="0 seconds").start())
+    try:
+        deadline = time.monotonic() + 120
+        while len(seen) < count and time.monotonic() < deadline and query.isActive:
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    assert sorted(r.uniq_key for r in seen) == sorted(h.uniq_key for h in handles)
+    wanted = {h.uniq_key: h.offset % 2 for h in handles}
+    assert {r.uniq_key: r.p for r in seen} == wanted
+    assert set(wanted.values()) == {0, 1}
