@@ -76,6 +76,11 @@ def part_of(uniq_key: str, parts: int) -> int:
     return zlib.crc32(uniq_key.encode()) % parts if parts > 1 else 0
 
 
+# The pass-through bucket of each kind that keeps no state in the wheel.
+_PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKET_NOW,
+                 Kind.HEARTBEAT: BUCKET_NOW}
+
+
 def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
              slot_ms: int, spread: int, uniq_key: str = "") -> tuple[int, int]:
     """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A wheel
@@ -87,12 +92,9 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
     Heartbeats travel with immediate messages and are dropped in the wheel: a filter before
     the stateful operator would be pushed below withWatermark by the optimizer, and the
     watermark would never see them."""
-    if kind == Kind.DEAD:
-        return BUCKET_DEAD, spread_slots(BUCKET_DEAD, spread)[ioff % spread]
-    if kind == Kind.COLD:
-        return BUCKET_COLD, spread_slots(BUCKET_COLD, spread)[ioff % spread]
-    if kind in (Kind.NOW, Kind.HEARTBEAT):
-        return BUCKET_NOW, spread_slots(BUCKET_NOW, spread)[ioff % spread]
+    passing = _PASS_THROUGH.get(kind)
+    if passing is not None:
+        return passing, spread_slots(passing, spread)[ioff % spread]
     parts = parts_of(level)
     return level, slot_of(due_ms, slot_ms) * parts + part_of(uniq_key, parts)
 
