@@ -52,6 +52,7 @@ def test_immediate_messages_are_spread_over_every_state_partition(spark, job_set
             time.sleep(0.5)
     finally:
         query.stop()
+    assert query.exception() is None, query.exception()
     assert sorted(r.uniq_key for r in seen) == sorted(h.uniq_key for h in handles)
     wanted = {h.uniq_key: h.offset % 2 for h in handles}
     assert {r.uniq_key: r.p for r in seen} == wanted
