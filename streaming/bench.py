@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -681,9 +682,29 @@ def write(result: Result, json_path: Path, plot_path: Path | None) -> None:
     plt.close(fig)
 
 
-def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None) -> int:
+def tidy(work: Path, keep: bool, problems: list[str] | None) -> str:
+    """What becomes of a run's folder (its broker's log, the job's checkpoint and tables, the
+    sent and read arrays: gigabytes for the default scenarios). Removed after a clean run,
+    unless asked to keep it; kept when the run found lost or early messages, or did not finish
+    (problems None), since its arrays and topics are what shows which ones. Returns the line
+    to print."""
+    if keep:
+        return f"bench: kept the run's data in {work}"
+    if problems is None or problems:
+        why = "the run did not finish" if problems is None else "lost or early messages"
+        return f"bench: kept the run's data in {work} ({why}); remove it when done"
+    shutil.rmtree(work, ignore_errors=True)
+    if work.exists():
+        return f"bench: could not remove all of {work}"
+    return f"bench: removed the run's data ({work}); --keep-data keeps it"
+
+
+def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None,
+         keep_data: bool = False) -> int:
     """The CLI entry: a broker of its own (on free ports) unless Kafka is configured, a Spark
-    session, the scenarios; prints the figures, writes them; 1 on early or lost."""
+    session, the scenarios; prints the figures, writes them; 1 on early or lost. The run's
+    folder under data_dir is removed after a clean run (`tidy`); the result is written beside
+    it unless `out` says where."""
     import tempfile
 
     from conf import load_settings
@@ -694,10 +715,12 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None) -> in
     base = load_settings(**overrides)
     base.data_path.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-", dir=base.data_path))
+    out = out or work.with_suffix(".json")
     tag = uuid.uuid4().hex[:6]
     overrides = {**overrides, "data_dir": str(work / "data"),
                  "intake_topic": f"bench-intake-{tag}", "dlq_topic": f"bench-intake-{tag}.DLQ"}
     spec = None
+    problems = None
     if base.embedded:
         port, controller = free_ports(2)
         spec = broker.BrokerSpec(home=work / "kafka", jars=base.jars_path / "kafka",
@@ -708,7 +731,6 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None) -> in
         settings = load_settings(**overrides)
         spark = build_session(settings)
         result = Bench(settings, spark, plan, work, overrides).run()
-        out = out or work / "result.json"
         write(result, out, plot or out.with_suffix(".png"))
         print(json.dumps({"machine": result.machine,
                           "scenarios": {k: _public(v) for k, v in result.scenarios.items()}},
@@ -721,3 +743,4 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None) -> in
     finally:
         if spec is not None:
             broker.stop(spec)
+        print(tidy(work, keep_data, problems))

@@ -265,7 +265,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.no_ledger:
         overrides["ledger"] = "false"
     return bench(overrides, plan, Path(args.out) if args.out else None,
-                 Path(args.plot) if args.plot else None)
+                 Path(args.plot) if args.plot else None, keep_data=args.keep_data)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -382,8 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="backlog: seconds of each near load [30]")
     bench.add_argument("--driver-memory", default="4g", help="Spark driver memory")
     bench.add_argument("--no-ledger", action="store_true", help="run the job without the Delta ledger")
-    bench.add_argument("--out", help="JSON result [<data_dir>/bench-*/result.json]")
+    bench.add_argument("--out", help="JSON result [<data_dir>/bench-*.json]")
     bench.add_argument("--plot", help="PNG of lateness over time [next to the JSON]")
+    bench.add_argument("--keep-data", action="store_true",
+                       help="keep the run's folder (broker log, checkpoint, sent and read "
+                            "arrays); a clean run's is removed, a failed run's kept")
     _common(bench)
     bench.set_defaults(func=cmd_bench)
 

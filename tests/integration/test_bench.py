@@ -35,6 +35,9 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
     assert steady["warmup"]["messages"] > 0 and steady["measured_messages"] > 0
     assert steady["warmup"]["messages"] + steady["measured_messages"] == steady["delivered"]
     assert out.with_suffix(".png").stat().st_size > 0
+    # A clean run leaves its result, not its gigabytes: broker log, checkpoint, arrays.
+    assert sorted(p.name for p in folder.iterdir()) == ["result.json", "result.png"]
+    assert "removed the run's data" in run.stdout
     with capsys.disabled():
         print("\nshort bench (figures only, not judged):")
         for name, figures in written["scenarios"].items():

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from streaming.bench import PROJECT, Result, after_warmup, join
+from streaming.bench import PROJECT, Result, after_warmup, join, tidy
 
 
 def test_join_counts_lost_early_and_duplicates():
@@ -96,3 +96,24 @@ finally:
     assert window["driver_rss_peak_mb"] == pytest.approx(
         window["driver_jvm_rss_peak_mb"] + window["driver_python_rss_peak_mb"], abs=1)
     assert got["stop"] == window
+
+
+def _run_folder(root):
+    work = root / "bench-x"
+    (work / "kafka" / "log").mkdir(parents=True)
+    (work / "kafka" / "log" / "00000.log").write_bytes(b"x" * 1000)
+    (work / "steady-sent.npz").write_bytes(b"y")
+    return work
+
+
+def test_a_clean_run_s_folder_is_removed_and_a_failed_or_kept_one_is_not(tmp_path):
+    work = _run_folder(tmp_path)
+    assert "removed" in tidy(work, keep=False, problems=[])
+    assert not work.exists()
+
+    work = _run_folder(tmp_path)
+    assert "lost or early" in tidy(work, keep=False, problems=["steady: 1 lost"])
+    assert (work / "steady-sent.npz").exists()
+    assert "did not finish" in tidy(work, keep=False, problems=None)
+    assert "kept" in tidy(work, keep=True, problems=[])
+    assert (work / "kafka" / "log" / "00000.log").exists()
