@@ -147,12 +147,14 @@ class Load:
         told.with_suffix(".partial").replace(told)
         self.reader.wait()
         read = np.load(self.out + "-read.npz")
-        return join(sent["append"], sent["due"], read["seq"], read["ts"])
+        return join(sent["append"], sent["due"], read["seq"], read["ts"], sent["level"])
 
 
-def join(append: np.ndarray, due: np.ndarray, seq: np.ndarray, ts: np.ndarray) -> dict:
-    """Figures of one scenario from what was sent (per sequence number: append and due time)
-    and what was read (sequence number and broker timestamp of each delivery)."""
+def join(append: np.ndarray, due: np.ndarray, seq: np.ndarray, ts: np.ndarray,
+         level: np.ndarray | None = None) -> dict:
+    """Figures of one scenario from what was sent (per sequence number: append and due time,
+    and the level, -1 for a timer) and what was read (sequence number and broker timestamp of
+    each delivery)."""
     n = len(due)
     ok = (seq >= 0) & (seq < n)
     seq, ts = seq[ok], ts[ok]
@@ -170,8 +172,10 @@ def join(append: np.ndarray, due: np.ndarray, seq: np.ndarray, ts: np.ndarray) -
         "early": int(np.sum(ts < due[seq])),
         **lateness(late),
         "out_msg_s": round((delivered - 1) / span_s, 1) if span_s else None,
+        **by_level(late, None if level is None else level[fseq]),
         "_series": (due[fseq], late),
         "_sent_ms": append[fseq], "_load_start_ms": int(append.min()) if n else 0,
+        "_levels": None if level is None else level[fseq],
     }
 
 
@@ -181,13 +185,25 @@ def lateness(late: np.ndarray) -> dict:
             "lateness_max_ms": int(late.max()) if len(late) else None}
 
 
+def by_level(late: np.ndarray, levels: np.ndarray | None) -> dict:
+    """Lateness per level ("timer" for -1), where the load had more than one: a short level
+    is bounded by how soon the job reads it, a long one by how close to its due time the
+    wheel fires it, and one figure over both hides which one is late."""
+    if levels is None or len(np.unique(levels)) < 2:
+        return {}
+    return {"by_level": {("timer" if lv < 0 else str(int(lv))): {
+        "messages": int(np.sum(levels == lv)), **lateness(late[levels == lv])}
+        for lv in np.unique(levels)}}
+
+
 def after_warmup(figures: dict, warmup_s: float) -> dict:
     """The lateness of the messages sent after the first `warmup_s` seconds of a load, and
     that of the warm-up apart: a job runs for days, and its first minute (a young JVM still
     compiling) is not its sustained state. Lost, early and duplicates stay over every message."""
-    late = figures["_series"][1]
+    late, levels = figures["_series"][1], figures.get("_levels")
     warm = figures["_sent_ms"] < figures["_load_start_ms"] + warmup_s * 1000
     return {**lateness(late[~warm]), "measured_messages": int(np.sum(~warm)),
+            **by_level(late[~warm], None if levels is None else levels[~warm]),
             "warmup": {"seconds": warmup_s, "messages": int(np.sum(warm)), **lateness(late[warm])}}
 
 

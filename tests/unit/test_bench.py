@@ -43,6 +43,26 @@ def test_warm_up_lateness_is_reported_apart_and_losses_stay_counted():
     assert figures["lost"] == 1                  # lost in the warm-up still fails the run
 
 
+def test_lateness_is_reported_per_level_after_the_warm_up():
+    # Levels 1 and 2 alternate; level 1 is 400 ms late, level 2 on time, timers 50 ms late.
+    append = np.arange(0, 9_000, 1_000)
+    level = np.array([1, 2, -1] * 3)
+    due = append + np.array([1_000, 5_000, 0])[np.array([0, 1, 2] * 3)]
+    late = np.array([400, 0, 50] * 3)
+    seq = np.arange(9)
+    figures = join(append, due, seq, due + late, level)
+    assert figures["by_level"]["1"] == {"messages": 3, "lateness_p50_ms": 400,
+                                        "lateness_p95_ms": 400, "lateness_p99_ms": 400,
+                                        "lateness_max_ms": 400}
+    assert figures["by_level"]["2"]["lateness_max_ms"] == 0
+    assert figures["by_level"]["timer"]["lateness_p50_ms"] == 50
+    split = after_warmup(figures, 3)               # the first three, one of each, are warm-up
+    assert {lv: f["messages"] for lv, f in split["by_level"].items()} == {
+        "1": 2, "2": 2, "timer": 2}
+    # One level: nothing per level.
+    assert "by_level" not in join(append, due, seq, due + late, np.ones(9, dtype=int))
+
+
 def test_problems_name_early_and_lost_only():
     result = Result(plan={}, machine={}, scenarios={
         "steady": {"early": 0, "lost": 0, "lateness_p99_ms": 99_999},
