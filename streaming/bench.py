@@ -207,6 +207,30 @@ def after_warmup(figures: dict, warmup_s: float) -> dict:
             "warmup": {"seconds": warmup_s, "messages": int(np.sum(warm)), **lateness(late[warm])}}
 
 
+def crash(job: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGKILL to every process of `job`'s session (it must have been started in a new one),
+    returning once all of them are gone. Killing only the driver's Python leaves its Spark JVM
+    (which exits when its Python's pipe closes) a moment longer, so a delivery counted at the
+    restart's instant could be the killed job's (one run reported 0.0 s that way)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(job.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for proc in procs:           # a child that left the session, should there be one
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    job.wait(timeout_s)
+    psutil.wait_procs(procs, timeout=timeout_s)
+
+
 def _librdkafka_security(settings: Settings) -> dict:
     config = {"security.protocol": settings.security_protocol}
     if settings.security_protocol.startswith("SASL"):
@@ -584,8 +608,11 @@ class Bench:
         logfile = open(self.work / "restart-job.log", "ab")
 
         def run():
+            # A session of its own, so the kill takes the whole job, its Spark JVM and Python
+            # workers with it, as a lost pod or machine would.
             return subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
-                                    cwd=PROJECT, stdout=logfile, stderr=subprocess.STDOUT)
+                                    cwd=PROJECT, stdout=logfile, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         count = int(self.plan.restart_rate * 20)
         load.start_reader(timeout_s=600)
         job = run()
@@ -600,8 +627,7 @@ class Bench:
                                 self.plan.size, levels=(2,),
                                 partitions=len(self.settings.level_delays_ms), wait=False)
         time.sleep(8)
-        job.send_signal(signal.SIGKILL)
-        job.wait()
+        crash(job)
         restarted = time.time()
         job = run()
         if job.poll() is not None:
@@ -612,7 +638,7 @@ class Bench:
         try:
             job.wait(60)
         except subprocess.TimeoutExpired:
-            job.kill()
+            crash(job)
         due, late = figures["_series"]
         stamps = due + late
         after = stamps[stamps >= restarted * 1000]
