@@ -8,6 +8,7 @@ Kafka writer, and with it this batch and every replay of it.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -33,6 +34,12 @@ PRODUCER_OPTIONS = {"kafka.linger.ms": "1", "kafka.acks": "all", "kafka.max.bloc
 # header count (5 each), and per header its two varint lengths (10).
 _BATCH_OVERHEAD = 61 + 21 + 15
 _HEADER_OVERHEAD = 10
+
+
+@functools.cache
+def _outgoing() -> F.Column:
+    """The rows the Kafka write sends; built once (each Column costs calls into the JVM)."""
+    return F.col("kind").isin("deliver", "dead")
 
 
 def record_size() -> F.Column:
@@ -77,6 +84,7 @@ class KafkaSink(BatchSink):
         self._catalog = catalog
         self._parallelism = max(1, parallelism)
         self._reports = None   # the hold tasks' reports (write_batch)
+        self._schema = None    # the hold's output layout (write_batch)
 
     def topic_sizes(self, topics) -> dict[str, int | None]:
         """Partition count of each real topic (None: the topic does not exist)."""
@@ -177,8 +185,10 @@ class KafkaSink(BatchSink):
         the lateness histogram), and per level the moment it began releasing, from which the
         returned frame's `sent_ms` follows (the later of that and the row's due time).
         """
-        out = batch.filter(F.col("kind").isin("deliver", "dead"))
-        schema = self.sent_schema(out.schema)
+        out = batch.filter(_outgoing())
+        if self._schema is None:   # the batch's layout is fixed: ask the JVM once
+            self._schema = self.sent_schema(out.schema)
+        schema = self._schema
         # One accumulator for the sink's life, emptied per batch: every task of the previous
         # write reported before its save returned, and a new one per batch would stay in
         # PySpark's registry for good.

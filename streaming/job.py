@@ -7,6 +7,7 @@ a cluster.) The checkpoint's Kafka offsets are RocketMQ's delayOffset: see `dela
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -201,11 +202,19 @@ def _ledger_rows(sent: Sent, summary: BatchSummary):
     return collected_rows(sent.frame(), summary)
 
 
+@functools.cache
+def _aggregate_columns() -> tuple[Column, ...]:
+    """The per-batch aggregate's columns, built once per process: PySpark builds a Column
+    with a call into the JVM per function, literal and lambda variable, and these took about
+    230 such calls, each batch, on the batch's own path (docs/benchmarks.md)."""
+    return (F.count("*").alias("count"), F.sum("received").alias("received"),
+            F.sum("pending_delta").alias("pending_delta"),
+            F.max(F.when(F.col("kind") == "deliver", record_size())).alias("largest"))
+
+
 def _aggregate(batch: DataFrame) -> list:
     return (batch.groupBy("kind", "topic", "partition", "level", "reason")
-            .agg(F.count("*").alias("count"), F.sum("received").alias("received"),
-                 F.sum("pending_delta").alias("pending_delta"),
-                 F.max(F.when(F.col("kind") == "deliver", record_size())).alias("largest"))
+            .agg(*_aggregate_columns())
             .collect())
 
 
