@@ -37,7 +37,7 @@ _HEADER_OVERHEAD = 10
 
 
 @functools.cache
-def _outgoing() -> F.Column:
+def outgoing_rows() -> F.Column:
     """The rows the Kafka write sends; built once (each Column costs calls into the JVM)."""
     return F.col("kind").isin("deliver", "dead")
 
@@ -185,7 +185,7 @@ class KafkaSink(BatchSink):
         the lateness histogram), and per level the moment it began releasing, from which the
         returned frame's `sent_ms` follows (the later of that and the row's due time).
         """
-        out = batch.filter(_outgoing())
+        out = batch.filter(outgoing_rows())
         if self._schema is None:   # the batch's layout is fixed: ask the JVM once
             self._schema = self.sent_schema(out.schema)
         schema = self._schema

@@ -207,30 +207,6 @@ def after_warmup(figures: dict, warmup_s: float) -> dict:
             "warmup": {"seconds": warmup_s, "messages": int(np.sum(warm)), **lateness(late[warm])}}
 
 
-def crash(job: subprocess.Popen, timeout_s: float = 30) -> None:
-    """SIGKILL to every process of `job`'s session (it must have been started in a new one),
-    returning once all of them are gone. Killing only the driver's Python leaves its Spark JVM
-    (which exits when its Python's pipe closes) a moment longer, so a delivery counted at the
-    restart's instant could be the killed job's (one run reported 0.0 s that way)."""
-    import psutil
-
-    try:
-        procs = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        procs = []
-    try:
-        os.killpg(job.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for proc in procs:           # a child that left the session, should there be one
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    job.wait(timeout_s)
-    psutil.wait_procs(procs, timeout=timeout_s)
-
-
 def _librdkafka_security(settings: Settings) -> dict:
     config = {"security.protocol": settings.security_protocol}
     if settings.security_protocol.startswith("SASL"):
@@ -595,7 +571,7 @@ class Bench:
             self.job = None
         real = _topic(self.admin, "bench-restart")
         load = Load(self.settings, self.work, real, "restart")
-        from streaming.process import free_ports
+        from streaming.process import free_ports, kill_session
 
         # A job of its own: its own intake and data folder (the checkpoint guard rightly
         # refuses a fresh checkpoint on an intake another run has read).
@@ -627,7 +603,7 @@ class Bench:
                                 self.plan.size, levels=(2,),
                                 partitions=len(self.settings.level_delays_ms), wait=False)
         time.sleep(8)
-        crash(job)
+        kill_session(job)
         restarted = time.time()
         job = run()
         if job.poll() is not None:
@@ -638,7 +614,7 @@ class Bench:
         try:
             job.wait(60)
         except subprocess.TimeoutExpired:
-            crash(job)
+            kill_session(job)
         due, late = figures["_series"]
         stamps = due + late
         after = stamps[stamps >= restarted * 1000]

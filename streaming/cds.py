@@ -79,7 +79,7 @@ def _train(settings: Settings, out: Path) -> None:
     try:
         from pyspark.sql import functions as F
 
-        from sinks.kafka import KafkaSink, hold_and_stamp
+        from sinks.kafka import KafkaSink, outgoing_rows, hold_and_stamp
         from streaming.job import _aggregate, wheel_stream
         from streaming.schema import OUTPUT_SPARK
 
@@ -105,7 +105,7 @@ def _train(settings: Settings, out: Path) -> None:
         def sink(batch, batch_id):
             batch = batch.persist()
             _aggregate(batch)
-            (batch.filter(F.col("kind").isin("deliver", "dead")).repartition(2, "level")
+            (batch.filter(outgoing_rows()).repartition(2, "level")
              .mapInArrow(hold_and_stamp, schema)
              .write.format("delta").mode("append").save(str(work / "sent")))
             batch.unpersist()

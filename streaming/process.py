@@ -83,3 +83,31 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+def session_pids(sid: int) -> list[int]:
+    """Every live process whose session is `sid` (Linux /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def kill_session(proc, timeout_s: float = 30) -> None:
+    """SIGKILL every process of `proc`'s session (`proc`, a Popen, started with
+    start_new_session=True), as a lost host would, and return once all are gone. Waiting
+    for `proc` alone is not enough: a delayq job's Spark JVM exits only when its driver's
+    pipe closes, a moment later, and a write it had under way can still land."""
+    members = session_pids(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while any(pid_alive(pid) for pid in members) and time.monotonic() < deadline:
+        time.sleep(0.05)

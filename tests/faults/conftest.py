@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from streaming.process import kill_session
 from tests.conftest import PROJECT
 
 READY_LINE = "delayq running"
@@ -49,8 +50,7 @@ class JobProcess:
     def kill(self) -> None:
         """SIGKILL the whole process group: the Python driver and its JVM, like a lost host."""
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+            kill_session(self.proc)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from streaming.bench import PROJECT, Result, after_warmup, crash, join, tidy
+from streaming.bench import PROJECT, Result, after_warmup, join, tidy
 
 
 def test_join_counts_lost_early_and_duplicates():
@@ -137,25 +137,3 @@ def test_a_clean_run_s_folder_is_removed_and_a_failed_or_kept_one_is_not(tmp_pat
     assert "did not finish" in tidy(work, keep=False, problems=None)
     assert "kept" in tidy(work, keep=True, problems=[])
     assert (work / "kafka" / "log" / "00000.log").exists()
-
-
-def test_crash_kills_the_whole_job_not_just_its_first_process():
-    """The restart scenario's kill: a parent that started a child (as the driver's Python
-    starts the Spark JVM) are both gone when it returns."""
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
-    job = subprocess.Popen([sys.executable, "-c",
-                            "import subprocess, sys, time; "
-                            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-                            "time.sleep(60)"], start_new_session=True)
-    deadline = time.monotonic() + 20
-    while not psutil.Process(job.pid).children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child = psutil.Process(job.pid).children()[0]
-    crash(job)
-    assert job.returncode == -9
-    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
