@@ -205,8 +205,8 @@ def _ledger_rows(sent: Sent, summary: BatchSummary):
 @functools.cache
 def _aggregate_columns() -> tuple[Column, ...]:
     """The per-batch aggregate's columns, built once per process: PySpark builds a Column
-    with a call into the JVM per function, literal and lambda variable, and these took about
-    230 such calls, each batch, on the batch's own path (docs/benchmarks.md)."""
+    with a call into the JVM per function, literal and lambda variable, and rebuilding these
+    took about 350 such calls, each batch, on the batch's own path (docs/benchmarks.md)."""
     return (F.count("*").alias("count"), F.sum("received").alias("received"),
             F.sum("pending_delta").alias("pending_delta"),
             F.max(F.when(F.col("kind") == "deliver", record_size())).alias("largest"))
