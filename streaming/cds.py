@@ -80,7 +80,7 @@ def _train(settings: Settings, out: Path) -> None:
         from pyspark.sql import functions as F
 
         from sinks.kafka import KafkaSink, outgoing_rows, hold_and_stamp
-        from streaming.job import _aggregate, wheel_stream
+        from streaming.job import _aggregate, kept, wheel_stream
         from streaming.schema import OUTPUT_SPARK
 
         # The job's own parse, wheel and hold, fed by a rate source instead of the intake:
@@ -103,12 +103,12 @@ def _train(settings: Settings, out: Path) -> None:
         schema = KafkaSink.sent_schema(OUTPUT_SPARK)
 
         def sink(batch, batch_id):
-            batch = batch.persist()
+            batch, release = kept(batch)
             _aggregate(batch)
             (batch.filter(outgoing_rows()).repartition(2, "level")
              .mapInArrow(hold_and_stamp, schema)
              .write.format("delta").mode("append").save(str(work / "sent")))
-            batch.unpersist()
+            release()
 
         query = (wheel_stream(spark, settings, source).writeStream.foreachBatch(sink)
                  .option("checkpointLocation", str(work / "ckpt"))

@@ -128,7 +128,7 @@ def with_kafka_headers(fired: DataFrame) -> DataFrame:
 
 @dataclass
 class BatchWriter:
-    """foreachBatch: compute the batch once (persist), then hand it to every sink."""
+    """foreachBatch: compute the batch once (`kept`), then hand it to every sink."""
 
     kafka: KafkaSink
     sinks: list[BatchSink] = field(default_factory=list)
@@ -139,7 +139,7 @@ class BatchWriter:
     first: tuple[float, dict] | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        base = batch.persist(StorageLevel.MEMORY_AND_DISK)
+        batch, release = kept(batch)
         clock = time.monotonic()
         timings = {}
         if self.first is None:
@@ -186,7 +186,21 @@ class BatchWriter:
             if self.on_batch:
                 self.on_batch(summary)
         finally:
-            base.unpersist()
+            release()
+
+
+def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
+    """The batch computed once by its first action and kept for the next, and the call that
+    drops it. The wheel must not run twice for one batch, so every sink reads the rows kept.
+
+    They are kept as rows (a local checkpoint, in memory and spilled to disk), not in Spark's
+    cache: `persist` builds the cache's columns row by row, copying each payload out of its
+    row and into a column buffer, which took a fifth of the Spark JVM's samples in a drain
+    (docs/benchmarks.md); a kept row is one copy. Unlike a cached batch, a kept one is never
+    computed again: a lost block fails the batch, which then runs again from the checkpoint."""
+    kept = batch.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    rows = kept._jdf.queryExecution().logical().rdd()
+    return kept, lambda: rows.unpersist(False)
 
 
 def _ledger_rows(sent: Sent, summary: BatchSummary):

@@ -86,9 +86,6 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # (default 50). Its state is a few thousand log actions: one task does it, and the
         # ledger step of a delivery batch fell from 3.4 s to 0.9 s (median; docs/benchmarks.md).
         "spark.databricks.delta.snapshotPartitions": "1",
-        # Each batch is persisted once and read back by its sinks within the batch: building
-        # the cache's compressed columns cost more CPU than it saved.
-        "spark.sql.inMemoryColumnarStorage.compressed": "false",
         "spark.sql.warehouse.dir": str(settings.data_path / "warehouse"),
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.showConsoleProgress": "false",

@@ -1,0 +1,35 @@
+"""A micro-batch is computed once for all its sinks, kept as rows, and dropped when it ends."""
+from __future__ import annotations
+
+from pyspark.sql import functions as F
+
+from streaming.job import kept
+
+
+def test_a_kept_batch_is_computed_once_and_dropped_on_release(spark):
+    computed = spark.sparkContext.accumulator(0)
+
+    def counted(batches):
+        for batch in batches:
+            computed.add(batch.num_rows)
+            yield batch
+
+    # Rows with a payload, as a batch of the wheel has, made by Python as the wheel's are.
+    frame = (spark.range(0, 5_000, numPartitions=2)
+             .withColumn("value", F.expr("repeat('x', 1000)"))
+             .mapInArrow(counted, "id long, value string"))
+    batch, release = kept(frame)
+    assert computed.value == 0   # nothing runs until the batch's first action
+
+    assert batch.count() == 5_000
+    assert batch.filter("id % 2 = 0").count() == 2_500
+    rows = batch.collect()
+    assert sorted(r.id for r in rows) == list(range(5_000))
+    assert {len(r.value) for r in rows} == {1000}
+    # Three actions, one computation: the wheel of a real batch must not run twice.
+    assert computed.value == 5_000
+
+    rdd_id = batch._jdf.queryExecution().logical().rdd().id()
+    assert rdd_id in spark.sparkContext._jsc.getPersistentRDDs()
+    release()
+    assert rdd_id not in spark.sparkContext._jsc.getPersistentRDDs()
