@@ -737,7 +737,7 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None,
     tag = uuid.uuid4().hex[:6]
     overrides = {**overrides, "data_dir": str(work / "data"),
                  "intake_topic": f"bench-intake-{tag}", "dlq_topic": f"bench-intake-{tag}.DLQ"}
-    spec = None
+    spec = spark = None
     problems = None
     if base.embedded:
         port, controller = free_ports(2)
@@ -759,6 +759,10 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None,
             print(f"bench: FAILED: {line}", file=sys.stderr)
         return 1 if problems else 0
     finally:
+        # Spark first: its state store maintenance still writes the checkpoint's snapshots
+        # after the query stops, and would put files back into the folder being removed.
+        if spark is not None:
+            spark.stop()
         if spec is not None:
             broker.stop(spec)
         print(tidy(work, keep_data, problems))
