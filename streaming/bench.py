@@ -759,10 +759,12 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None,
             print(f"bench: FAILED: {line}", file=sys.stderr)
         return 1 if problems else 0
     finally:
-        # Spark first: its state store maintenance still writes the checkpoint's snapshots
-        # after the query stops, and would put files back into the folder being removed.
-        if spark is not None:
-            spark.stop()
-        if spec is not None:
-            broker.stop(spec)
-        print(tidy(work, keep_data, problems))
+        try:
+            # Spark first: its state store maintenance still writes the checkpoint's snapshots
+            # after the query stops, and would put files back into the folder being removed.
+            if spark is not None:
+                spark.stop()
+        finally:
+            if spec is not None:
+                broker.stop(spec)
+            print(tidy(work, keep_data, problems))
