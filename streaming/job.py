@@ -193,11 +193,13 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
     """The batch computed once by its first action and kept for the next, and the call that
     drops it. The wheel must not run twice for one batch, so every sink reads the rows kept.
 
-    They are kept as rows (a local checkpoint, in memory and spilled to disk), not in Spark's
-    cache: `persist` builds the cache's columns row by row, copying each payload out of its
-    row and into a column buffer, which took a fifth of the Spark JVM's samples in a drain
-    (docs/benchmarks.md); a kept row is one copy. Unlike a cached batch, a kept one is never
-    computed again: a lost block fails the batch, which then runs again from the checkpoint."""
+    They are kept as rows (a lazy local checkpoint, serialized, in memory and spilled to
+    disk), not in Spark's cache: `persist` builds the cache's columns row by row, copying each
+    payload out of its row to learn its size and again into a column buffer, which took a
+    fifth of the Spark JVM's samples in a drain (docs/benchmarks.md); a kept row is written
+    whole. Unlike a cached batch, a kept one is never computed again: Spark fails a job that
+    finds a local checkpoint's block lost (an executor gone, on a cluster), and the batch then
+    runs again from the checkpoint, as after any failed batch."""
     kept = batch.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
     rows = kept._jdf.queryExecution().logical().rdd()
     return kept, lambda: rows.unpersist(False)

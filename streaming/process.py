@@ -84,6 +84,7 @@ def free_ports(count: int) -> list[int]:
         for sock in sockets:
             sock.close()
 
+
 def session_pids(sid: int) -> list[int]:
     """Every live process whose session is `sid` (Linux /proc)."""
     pids = []
