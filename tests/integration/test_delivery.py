@@ -25,10 +25,10 @@ def send(producer: DelayProducer, sent: dict, topic: str, value: bytes, *, key=N
 
 
 def test_every_level_on_time_and_exactly_as_sent(job_settings, start_job, new_topic,
-                                                 kafka_bootstrap, lateness_log):
+                                                 kafka_bootstrap, lateness_log, spark):
     settings = job_settings()
     real = new_topic(partitions=3, **LOG_APPEND)
-    start_job(settings)
+    job = start_job(settings)
     sent: dict = {}
     user_headers = [("trace", b"t-1"), ("bin", b"\x00\xff\xfe"), ("trace", b"t-2")]
     with DelayProducer(settings) as producer:
@@ -46,6 +46,16 @@ def test_every_level_on_time_and_exactly_as_sent(job_settings, start_job, new_to
     sent["clamped"] = Sent(None, b"level 9 is clamped to 3", [], meta.timestamp + 3_000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent, lateness_log=lateness_log)
+    # Every batch dropped the rows it kept (streaming.job.kept): after all these batches, at
+    # most the one under way holds any.
+    assert job.query.lastProgress["batchId"] >= 3
+    assert len(kept_batches(spark)) <= 1
+
+
+def kept_batches(spark) -> list[int]:
+    """Ids of the RDDs Spark holds as local checkpoints (the batches `kept` keeps)."""
+    held = spark.sparkContext._jsc.getPersistentRDDs()
+    return [int(i) for i in held.keySet() if held.get(i).rdd().isLocallyCheckpointed()]
 
 
 def test_idle_intake_still_delivers(job_settings, start_job, new_topic, kafka_bootstrap,
