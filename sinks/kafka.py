@@ -1,10 +1,12 @@
 """The Kafka sink: delivered messages to their real topics, rejected ones to the dead-letter
 topic. At-least-once: a replayed batch sends its messages again, with the same UNIQ_KEY.
 
-Before writing it checks every real topic against the cluster's metadata: a message for a
-topic that does not exist, for a partition beyond the topic's last, or larger than the topic
-takes (max.message.bytes), becomes a dead letter with its reason, instead of failing the
-Kafka writer, and with it this batch and every replay of it.
+A message for a topic that does not exist, for a partition beyond the topic's last, or larger
+than the topic takes (max.message.bytes) becomes a dead letter with its reason, instead of
+failing the Kafka writer, and with it this batch and every replay of it. The write is the
+batch's one Spark job: its hold tasks send the deliveries the topics already seen are known
+to take (`clearance`) and count every row of the batch; the rest, rare, are checked against
+the cluster's metadata and sent after them (`write_batch`).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from sinks.base import BatchSink, BatchSummary, Sent  # noqa: F401
 from state import headers as H
+from state.columns import OUTPUT
 from state.hold import hold_until_due
 
 # Send as soon as a held row is released: lateness, not throughput, is what this writer buys.
@@ -40,6 +43,22 @@ _HEADER_OVERHEAD = 10
 def outgoing_rows() -> F.Column:
     """The rows the Kafka write sends; built once (each Column costs calls into the JVM)."""
     return F.col("kind").isin("deliver", "dead")
+
+
+# The hold's column of rows it may send: deliveries the clearance passed, and every dead letter.
+CLEAR = "_clear"
+# What the hold counts the batch's rows by (the summary's counts, sinks/base.py).
+COUNTED_BY = ("kind", "topic", "partition", "level", "reason")
+_PAYLOAD = ("key", "value", "headers")
+
+
+@functools.cache
+def _counted_columns() -> tuple[F.Column, ...]:
+    """The batch's columns as the hold takes them: a row that is not sent (a tally, a parked
+    cold message, a cancel's outcome) is only counted there, so its payload stays behind
+    instead of crossing the shuffle."""
+    return tuple(F.when(outgoing_rows(), F.col(name)).alias(name) if name in _PAYLOAD
+                 else F.col(name) for name in OUTPUT.names)
 
 
 def record_size() -> F.Column:
@@ -85,6 +104,7 @@ class KafkaSink(BatchSink):
         self._parallelism = max(1, parallelism)
         self._reports = None   # the hold tasks' reports (write_batch)
         self._schema = None    # the hold's output layout (write_batch)
+        self._clearance = None  # (metadata snapshot, its Column) (clearance)
 
     def topic_sizes(self, topics) -> dict[str, int | None]:
         """Partition count of each real topic (None: the topic does not exist)."""
@@ -170,49 +190,118 @@ class KafkaSink(BatchSink):
     def sent_schema(batch_schema: StructType) -> StructType:
         return StructType(batch_schema.fields + [StructField("sent_ms", LongType())])
 
+    def clearance(self) -> F.Column:
+        """True for a row the hold may send without asking the cluster: a dead letter, or a
+        delivery to a topic already found, to a partition it has, no larger than it takes.
+        Built from what `plan` has looked up so far (the topic's limit refreshed when its cache
+        expires), and again only when that changes (each Column costs calls into the JVM)."""
+        known = self._catalog.known()
+        snapshot = tuple(sorted(
+            (topic, parts, min(self._catalog.max_message_bytes(topic) or self._max_request,
+                               self._max_request))
+            for topic, parts in known.items()))
+        if self._clearance is None or self._clearance[0] != snapshot:
+            passes = F.col("kind") != "deliver"
+            if snapshot:
+                parts = F.try_element_at(F.create_map(*[
+                    x for topic, n, _ in snapshot for x in (F.lit(topic), F.lit(n))]), F.col("topic"))
+                limit = F.try_element_at(F.create_map(*[
+                    x for topic, _, n in snapshot for x in (F.lit(topic), F.lit(n).cast("long"))]),
+                    F.col("topic"))
+                passes = passes | (parts.isNotNull()
+                                   & (F.col("partition").isNull() | (F.col("partition") < parts))
+                                   & (record_size() <= limit))
+            self._clearance = (snapshot, F.coalesce(passes, F.lit(False)))
+        return self._clearance[1]
+
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
-        """Send the batch's deliveries and dead letters, each at its due time. Returns what
-        was sent, with `sent_ms`: the moment the hold released each row.
+        """Send the batch's deliveries and dead letters, each at its due time, and count every
+        row of the batch into `summary`. Returns what was sent, with `sent_ms`: the moment the
+        hold released each row.
+
+        This is the batch's one Spark job: it computes the batch (which `kept` keeps for any
+        later reader), and its hold tasks count every row by COUNTED_BY as they go, so no job
+        of its own counts the batch. A delivery the clearance does not pass (a topic not seen
+        yet, or one whose partition or size the known metadata refuses) is counted but not
+        sent; the driver then asks the cluster about those alone (`plan`), turns the refused
+        ones into dead letters (`refuse`) and sends them in a second job, after the first.
+        """
+        clear = self.clearance()
+        counts, began, released, sent = self._hold_and_write(
+            batch.select(*_counted_columns(), clear.alias(CLEAR)))
+        frames = [lambda: self._sent_frame(batch.filter(outgoing_rows() & clear), began, sent)]
+        withheld = 0
+        for row in counts:
+            if row["kind"] == "deliver" and not row[CLEAR]:
+                withheld += row["count"]
+            else:
+                self._count(summary, row)
+        tables = [released] if released is not None else []
+        if withheld:
+            clock = time.monotonic()
+            rest = batch.filter((F.col("kind") == "deliver") & ~clear)
+            refusals = self.plan(aggregate(rest))
+            rest = self.refuse(rest, refusals)
+            counts, began2, released2, sent2 = self._hold_and_write(
+                rest.withColumn(CLEAR, F.lit(True)))
+            for row in counts:
+                self._count(summary, row)
+            if released2 is not None:
+                tables.append(released2)
+            frames.append(lambda: self._sent_frame(rest, began2, sent2))
+            summary.timings["kafka_withheld"] = round(time.monotonic() - clock, 3)
+        summary.released = (None if not tables else tables[0] if len(tables) == 1
+                            else pa.concat_tables(tables))
+
+        def frame() -> DataFrame:
+            built = [make() for make in frames]
+            return built[0] if len(built) == 1 else built[0].unionByName(built[1])
+        return Sent(frame, batch.sparkSession)
+
+    @staticmethod
+    def _count(summary: BatchSummary, row: dict) -> None:
+        summary.add(row["kind"], row["level"], row["reason"], row["count"],
+                    row["received"] or 0, row["pending_delta"] or 0)
+        if row["kind"] == "deliver":
+            summary.topics.add(row["topic"])
+
+    def _hold_and_write(self, rows: DataFrame):
+        """One Kafka write of `rows` (the OUTPUT layout and CLEAR) through the hold: returns
+        the hold tasks' counts, the moment each level began releasing, the released deliveries
+        (RELEASED columns, or None) and when the write ended.
 
         The Kafka writer reads the hold's output directly, so each row goes out as it is
         released. (Persisting the output for the ledger made Spark build each partition whole
         before the writer read any of it: rows left in one burst when their task's last row
-        was due; docs/benchmarks.md.)
-
-        Each hold task reports through one accumulator what the driver needs afterwards,
-        without running the hold again: its deliveries in the `RELEASED` columns with the
-        moment each was released (`summary.released`, an Arrow table: the ledger's rows and
-        the lateness histogram), and per level the moment it began releasing, from which the
-        returned frame's `sent_ms` follows (the later of that and the row's due time).
-        """
-        out = batch.filter(outgoing_rows())
+        was due; docs/benchmarks.md.)"""
         if self._schema is None:   # the batch's layout is fixed: ask the JVM once
-            self._schema = self.sent_schema(out.schema)
-        schema = self._schema
-        # One accumulator for the sink's life, emptied per batch: every task of the previous
+            self._schema = self.sent_schema(rows.drop(CLEAR).schema)
+        # One accumulator for the sink's life, emptied per write: every task of the previous
         # write reported before its save returned, and a new one per batch would stay in
         # PySpark's registry for good.
         if self._reports is None:
-            self._reports = out.sparkSession.sparkContext.accumulator(
+            self._reports = rows.sparkSession.sparkContext.accumulator(
                 HoldReports.zero(None), HoldReports())
         reports, reports.value = self._reports, HoldReports.zero(None)
         # One task per level: a level's messages leave in due order (the hold sorts each
         # task's rows), which matters when a restart finds many overdue at once.
-        (out.repartition(self._parallelism, "level")
-         .mapInArrow(hold_reporting(reports), schema)
+        (rows.repartition(self._parallelism, "level")
+         .mapInArrow(hold_reporting(reports), self._schema)
          .select("topic", "partition", "key", "value", "headers")
          .write.format("kafka").options(**self._options).save())
-        began, summary.released = HoldReports.read(reports.value)
-        # A row whose level no task reported (a dead letter without a level): the write's end.
-        ended_ms = int(time.time() * 1000)
+        began, released = HoldReports.read(reports.value)
+        return HoldReports.counts(reports.value), began, released, int(time.time() * 1000)
 
-        def frame() -> DataFrame:
-            fallback = F.lit(ended_ms).cast("long")
-            release = (F.coalesce(F.element_at(F.create_map(*[
-                x for level, ms in began.items() for x in (F.lit(level), F.lit(ms).cast("long"))]),
-                F.col("level")), fallback) if began else fallback)
-            return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
-        return Sent(frame, out.sparkSession)
+    @staticmethod
+    def _sent_frame(out: DataFrame, began: dict, ended_ms: int) -> DataFrame:
+        """`out` with `sent_ms`: the later of a row's due time and the moment its level began
+        releasing (the write's end for a row whose level no task reported: a dead letter
+        without a level)."""
+        fallback = F.lit(ended_ms).cast("long")
+        release = (F.coalesce(F.element_at(F.create_map(*[
+            x for level, ms in began.items() for x in (F.lit(level), F.lit(ms).cast("long"))]),
+            F.col("level")), fallback) if began else fallback)
+        return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
 
 
 # A delivery's columns the driver keeps after the write, with `sent_ms`, the moment the hold
@@ -224,17 +313,20 @@ RELEASED = ("uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_
 class HoldReports(AccumulatorParam):
     """What the hold tasks of one write report: {"starts": level -> ms when a task began
     releasing that level's rows (the latest attempt's, should Spark run a task again),
-    "rows": one Arrow IPC stream of RELEASED columns per task}. Spark applies the updates of
-    an action's task once, from its successful attempt, so every delivery is in "rows" once."""
+    "rows": one Arrow IPC stream of RELEASED columns per task, "counts": one dict per task
+    and COUNTED_BY group of the rows it took (with CLEAR, "count", and the sums of "received"
+    and "pending_delta")}. Spark applies the updates of an action's task once, from its
+    successful attempt, so every row is counted once and every delivery is in "rows" once."""
 
     @staticmethod
     def zero(value):
-        return {"starts": {}, "rows": []}
+        return {"starts": {}, "rows": [], "counts": []}
 
     def addInPlace(self, value1, value2):
         for level, ms in value2["starts"].items():
             value1["starts"][level] = max(ms, value1["starts"].get(level, ms))
         value1["rows"].extend(value2["rows"])
+        value1["counts"].extend(value2.get("counts", ()))
         return value1
 
     @staticmethod
@@ -243,13 +335,50 @@ class HoldReports(AccumulatorParam):
         tables = [pa.ipc.open_stream(pa.py_buffer(blob)).read_all() for blob in value["rows"]]
         return value["starts"], pa.concat_tables(tables) if tables else None
 
+    @staticmethod
+    def counts(value) -> list[dict]:
+        return value.get("counts", [])
+
+
+def count_rows(batch: pa.RecordBatch) -> list[dict]:
+    """A batch's rows counted by COUNTED_BY and CLEAR (True where the column is absent)."""
+    keys = list(COUNTED_BY)
+    table = pa.Table.from_batches([batch.select(keys + ["received", "pending_delta"])])
+    table = table.append_column(CLEAR, batch.column(CLEAR) if CLEAR in batch.schema.names
+                                else pa.array([True] * batch.num_rows))
+    groups = table.group_by(keys + [CLEAR], use_threads=False).aggregate(
+        [([], "count_all"), ("received", "sum"), ("pending_delta", "sum")])
+    return [{**{k: row[k] for k in keys + [CLEAR]}, "count": row["count_all"],
+             "received": row["received_sum"], "pending_delta": row["pending_delta_sum"]}
+            for row in groups.to_pylist()]
+
+
+def _sendable(batches: Iterator[pa.RecordBatch], counts: list) -> Iterator[pa.RecordBatch]:
+    """The rows of `batches` the hold sends (deliveries and dead letters the clearance passed),
+    in the OUTPUT layout; every row is counted into `counts` on the way."""
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        counts.extend(count_rows(batch))
+        keep = pc.is_in(batch.column("kind"), value_set=_SENT_KINDS)
+        if CLEAR in batch.schema.names:
+            keep = pc.and_(keep, pc.fill_null(batch.column(CLEAR), False))
+            batch = batch.select([name for name in batch.schema.names if name != CLEAR])
+        batch = batch.filter(keep)
+        if batch.num_rows:
+            yield batch
+
+
+_SENT_KINDS = pa.array(["deliver", "dead"], pa.string())
+
 
 def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """`hold_and_stamp`, reporting to the accumulator `reports` (HoldReports) the task's
-    first release for every level it held and its deliveries' RELEASED columns."""
+    """`hold_and_stamp` over the rows it may send, reporting to the accumulator `reports`
+    (HoldReports) the counts of every row it took, and the task's first release for every
+    level it held and its deliveries' RELEASED columns."""
     def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        first, levels, delivered = None, set(), []
-        for out in hold_and_stamp(batches):
+        first, levels, delivered, counts = None, set(), [], []
+        for out in hold_and_stamp(_sendable(batches, counts)):
             if first is None:
                 first = out.column("sent_ms")[0].as_py()
             levels.update(pc.unique(out.column("level")).to_pylist())
@@ -258,7 +387,7 @@ def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
             if rows.num_rows:
                 delivered.append(rows)
             yield out
-        if first is None:
+        if not counts:
             return
         blobs = []
         if delivered:
@@ -267,9 +396,24 @@ def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
                 for rows in delivered:
                     writer.write_batch(rows)
             blobs.append(sink.getvalue().to_pybytes())
-        reports.add({"starts": {level: first for level in levels if level is not None},
-                     "rows": blobs})
+        starts = {} if first is None else {level: first for level in levels if level is not None}
+        reports.add({"starts": starts, "rows": blobs, "counts": counts})
     return hold
+
+
+@functools.cache
+def _aggregate_columns() -> tuple[F.Column, ...]:
+    """The aggregate's columns, built once per process: PySpark builds a Column with a call
+    into the JVM per function, literal and lambda variable (about 350 for these)."""
+    return (F.count("*").alias("count"), F.sum("received").alias("received"),
+            F.sum("pending_delta").alias("pending_delta"),
+            F.max(F.when(F.col("kind") == "deliver", record_size())).alias("largest"))
+
+
+def aggregate(batch: DataFrame) -> list:
+    """A batch's rows counted by COUNTED_BY, with the largest delivery's record size: what
+    `plan` decides on. A Spark job of its own."""
+    return batch.groupBy(*COUNTED_BY).agg(*_aggregate_columns()).collect()
 
 
 def hold_and_stamp(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

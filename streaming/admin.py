@@ -133,6 +133,10 @@ class TopicCatalog:
             self._limits[topic] = cached
         return cached[0]
 
+    def known(self) -> dict[str, int]:
+        """Partition counts of the topics found so far (no lookup)."""
+        return dict(self._known)
+
     def partitions(self, topics: list[str]) -> dict[str, int | None]:
         now = time.monotonic()
         wanted = [t for t in topics if t not in self._known

@@ -79,8 +79,8 @@ def _train(settings: Settings, out: Path) -> None:
     try:
         from pyspark.sql import functions as F
 
-        from sinks.kafka import KafkaSink, outgoing_rows, hold_and_stamp
-        from streaming.job import _aggregate, kept, wheel_stream
+        from sinks.kafka import KafkaSink, aggregate, outgoing_rows, hold_and_stamp
+        from streaming.job import kept, wheel_stream
         from streaming.schema import OUTPUT_SPARK
 
         # The job's own parse, wheel and hold, fed by a rate source instead of the intake:
@@ -104,7 +104,7 @@ def _train(settings: Settings, out: Path) -> None:
 
         def sink(batch, batch_id):
             batch, release = kept(batch)
-            _aggregate(batch)
+            aggregate(batch)
             (batch.filter(outgoing_rows()).repartition(2, "level")
              .mapInArrow(hold_and_stamp, schema)
              .write.format("delta").mode("append").save(str(work / "sent")))

@@ -7,7 +7,6 @@ a cluster.) The checkpoint's Kafka offsets are RocketMQ's delayOffset: see `dela
 """
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -128,7 +127,8 @@ def with_kafka_headers(fired: DataFrame) -> DataFrame:
 
 @dataclass
 class BatchWriter:
-    """foreachBatch: compute the batch once (`kept`), then hand it to every sink."""
+    """foreachBatch: the batch kept (`kept`), sent and counted by the Kafka sink in one
+    Spark job, then handed to every other sink."""
 
     kafka: KafkaSink
     sinks: list[BatchSink] = field(default_factory=list)
@@ -151,28 +151,16 @@ class BatchWriter:
             timings[step] = round(now - clock, 3)
             clock = now
         try:
-            # One small aggregate, computed with the batch itself: every sink and the metrics
-            # read their counts from it instead of running jobs of their own.
-            rows = _aggregate(batch)
-            lap("wheel")
-            refusals = self.kafka.plan(rows)
-            if refusals:
-                # Rare (bad input): rewrite the refused deliveries as dead letters, count again.
-                batch = self.kafka.refuse(batch, refusals)
-                rows = _aggregate(batch)
-                lap("refuse")
             summary = BatchSummary(batch_id, int(time.time() * 1000), timings=timings)
-            summary.topics = {r["topic"] for r in rows if r["kind"] == "deliver"}
-            for row in rows:
-                summary.add(row["kind"], row["level"], row["reason"], row["count"],
-                            row["received"] or 0, row["pending_delta"] or 0)
+            # The batch's one Spark job: it computes the batch, sends what is due and counts
+            # every row for the sinks and the metrics (sinks/kafka.py).
+            sent = self.kafka.write_batch(batch, summary)
+            lap("kafka")
             if self.cold is not None:
                 self.cold.park(batch, summary)
                 self.cold.advance()
                 lap("cold")
             if summary.sends:
-                sent = self.kafka.write_batch(batch, summary)
-                lap("kafka")
                 if summary.count("deliver"):
                     # The lateness histogram and the ledger's rows, from what the hold tasks
                     # reported: no Spark job.
@@ -225,22 +213,6 @@ def _ledger_rows(sent: Sent, summary: BatchSummary):
                 "with Spark", summary.batch_id,
                 0 if released is None else released.num_rows, expected)
     return collected_rows(sent.frame(), summary)
-
-
-@functools.cache
-def _aggregate_columns() -> tuple[Column, ...]:
-    """The per-batch aggregate's columns, built once per process: PySpark builds a Column
-    with a call into the JVM per function, literal and lambda variable, and rebuilding these
-    took about 350 such calls, each batch, on the batch's own path (docs/benchmarks.md)."""
-    return (F.count("*").alias("count"), F.sum("received").alias("received"),
-            F.sum("pending_delta").alias("pending_delta"),
-            F.max(F.when(F.col("kind") == "deliver", record_size())).alias("largest"))
-
-
-def _aggregate(batch: DataFrame) -> list:
-    return (batch.groupBy("kind", "topic", "partition", "level", "reason")
-            .agg(*_aggregate_columns())
-            .collect())
 
 
 def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None

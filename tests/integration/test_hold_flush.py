@@ -8,12 +8,15 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+import pytest
+from kafka import KafkaAdminClient
 from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary
 from sinks.kafka import (PRODUCER_OPTIONS, KafkaSink, _no_flush, hold_and_stamp,
                          worker_output_flush)
 from sinks.ledger import collected_rows, delivered_rows
+from streaming.admin import TopicCatalog
 from tests.support import consume_all
 
 LATER_S = 6
@@ -50,11 +53,14 @@ def test_a_released_row_reaches_the_broker_before_the_next_one_is_due(spark, new
         f"with the second ({LATER_S} s later)")
 
 
+@pytest.mark.parametrize("topic_known", [True, False], ids=["topic-known", "topic-new"])
 def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_topic,
-                                                                  kafka_bootstrap):
+                                                                  kafka_bootstrap, topic_known):
     """KafkaSink.write_batch: no cache between the hold and the writer (a row leaves when
     released, not with the last row of its task), and `sent_ms` for every row from the hold
-    tasks' reports: never before due, never after the broker had the record."""
+    tasks' reports: never before due, never after the broker had the record. The same when
+    the sink has not seen the topic yet: its deliveries wait for the driver's look-up and go
+    in the second write."""
     topic = new_topic(message_timestamp_type="LogAppendTime")
     now_ms = int(time.time() * 1000)
     later_due = now_ms + LATER_S * 1000
@@ -68,10 +74,22 @@ def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_top
              F.lit(None).cast("binary").alias("key"), "value",
              F.array().cast("array<struct<key:string,value:binary>>").alias("headers"),
              "uniq_key", "level", "due_ms", F.lit(now_ms - 3_000).alias("append_ms"),
-             F.lit(0).alias("ipart"), F.lit(1).cast("long").alias("ioff"))
-    sink = KafkaSink({"kafka.bootstrap.servers": kafka_bootstrap}, "unused-dlq", None, 2)
+             F.lit(0).alias("ipart"), F.lit(1).cast("long").alias("ioff"),
+             F.when(F.col("kind") == "dead", F.lit("bad")).alias("reason"),
+             F.lit(None).cast("int").alias("received"),
+             F.lit(None).cast("int").alias("pending_delta"))
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    catalog = TopicCatalog(admin)
+    if topic_known:
+        assert catalog.partitions([topic]) == {topic: 1}
+    sink = KafkaSink({"kafka.bootstrap.servers": kafka_bootstrap}, "unused-dlq", catalog, 2)
     summary = BatchSummary(0)
-    written = sink.write_batch(rows, summary)
+    try:
+        written = sink.write_batch(rows, summary)
+    finally:
+        admin.close()
+    assert (summary.by_kind, summary.topics) == ({"deliver": 3, "dead": 1}, {topic})
+    assert ("kafka_withheld" in summary.timings) is not topic_known
     sent = {r["value"]: r for r in written.frame().collect()}
     broker = {r.value: r.timestamp for r in consume_all(kafka_bootstrap, topic, expected=4)}
     for value in (b"overdue", b"later", b"soon"):

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from sinks.base import BatchSummary, Sent
-from sinks.kafka import RELEASED, HoldReports, hold_reporting
+from sinks.kafka import CLEAR, RELEASED, HoldReports, hold_reporting
 from sinks.ledger import LEDGER, delivered_rows
 from streaming import job
 
@@ -36,7 +36,41 @@ def output_rows(now_ms: int) -> pa.RecordBatch:
         "append_ms": pa.array([now_ms - 6_000, now_ms, now_ms - 4_700, now_ms - 1_010], pa.int64()),
         "ipart": pa.array([0, 0, 1, 0], pa.int32()),
         "ioff": pa.array([10, 11, 7, 12], pa.int64()),
+        "reason": pa.array([None, "bad", None, None], pa.string()),
+        "received": pa.array([None] * 4, pa.int32()),
+        "pending_delta": pa.array([None] * 4, pa.int32()),
     })
+
+
+def unsent_rows() -> pa.RecordBatch:
+    """Rows the hold only counts: two tallies of level 2, a parked cold message, a cancel's
+    outcome."""
+    return pa.record_batch({
+        "kind": ["tally", "tally", "cold", "cancelled"],
+        "topic": [None, None, "t", None],
+        "partition": pa.array([None] * 4, pa.int32()),
+        "value": [None, None, b"later", None],
+        "uniq_key": [None, None, "k-cold", "k-gone"],
+        "level": pa.array([2, 2, 3, 2], pa.int32()),
+        "due_ms": pa.array([None, None, 9_000_000_000_000, 1], pa.int64()),
+        "append_ms": pa.array([None, None, 1, 1], pa.int64()),
+        "ipart": pa.array([None, None, 0, 0], pa.int32()),
+        "ioff": pa.array([None, None, 20, 21], pa.int64()),
+        "reason": pa.array([None] * 4, pa.string()),
+        "received": pa.array([5, 2, None, None], pa.int32()),
+        "pending_delta": pa.array([4, -1, None, None], pa.int32()),
+    })
+
+
+def counted(reports) -> dict:
+    """The reports' counts as {(kind, topic, level, reason, clear): (count, received, delta)}."""
+    total = {}
+    for row in HoldReports.counts(reports.value):
+        key = (row["kind"], row["topic"], row["level"], row["reason"], row[CLEAR])
+        count, received, delta = total.get(key, (0, 0, 0))
+        total[key] = (count + row["count"], received + (row["received"] or 0),
+                      delta + (row["pending_delta"] or 0))
+    return total
 
 
 def test_a_hold_task_reports_each_delivery_once_with_the_moment_it_was_released():
@@ -77,10 +111,48 @@ def test_reports_of_several_tasks_add_up():
     assert starts == {1: 102, 2: 200}, "the latest report per level"
 
 
-def test_a_task_with_nothing_released_reports_nothing():
+def test_a_task_with_no_rows_reports_nothing():
     acc = Accumulator()
     assert list(hold_reporting(acc)(iter([]))) == []
     assert HoldReports.read(acc.value) == ({}, None)
+    assert HoldReports.counts(acc.value) == []
+
+
+def test_a_hold_task_counts_every_row_it_takes_and_sends_only_deliveries_and_dead_letters():
+    now_ms = int(time.time() * 1000)
+    acc = Accumulator()
+    sent = [row for chunk in hold_reporting(acc)(iter([unsent_rows(), output_rows(now_ms - 1_000)]))
+            for row in chunk.to_pylist()]
+    assert sorted(r["ioff"] for r in sent) == [7, 10, 11, 12]
+    assert counted(acc) == {
+        ("tally", None, 2, None, True): (2, 7, 3),
+        ("cold", "t", 3, None, True): (1, 0, 0),
+        ("cancelled", None, 2, None, True): (1, 0, 0),
+        ("deliver", "t", 1, None, True): (1, 0, 0),
+        ("deliver", "t", 2, None, True): (1, 0, 0),
+        ("deliver", "u", 1, None, True): (1, 0, 0),
+        ("dead", "dlq", None, "bad", True): (1, 0, 0),
+    }
+
+
+def test_a_task_with_only_rows_it_does_not_send_reports_their_counts():
+    acc = Accumulator()
+    assert list(hold_reporting(acc)(iter([unsent_rows()]))) == []
+    assert HoldReports.read(acc.value) == ({}, None)
+    assert counted(acc)[("tally", None, 2, None, True)] == (2, 7, 3)
+
+
+def test_deliveries_the_clearance_did_not_pass_are_counted_apart_and_not_sent():
+    now_ms = int(time.time() * 1000)
+    rows = output_rows(now_ms - 1_000)
+    rows = rows.append_column(CLEAR, pa.array([True, True, False, True]))
+    acc = Accumulator()
+    sent = [row for chunk in hold_reporting(acc)(iter([rows])) for row in chunk.to_pylist()]
+    assert sorted(r["ioff"] for r in sent) == [10, 11, 12], "the withheld delivery stays"
+    assert CLEAR not in sent[0], "the hold's output is the sent layout"
+    assert counted(acc)[("deliver", "t", 2, None, False)] == (1, 0, 0)
+    _, released = HoldReports.read(acc.value)
+    assert sorted(released.column("uniq_key").to_pylist()) == ["k-a", "k-c"]
 
 
 def test_ledger_rows_from_the_reports():
