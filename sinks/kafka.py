@@ -74,9 +74,9 @@ def record_size() -> F.Column:
 
 @dataclass
 class Refusals:
-    """Deliveries the cluster cannot take, decided once on the driver from the batch's
-    aggregate: whole (topic, partition) pairs with their reason, and per topic the largest
-    record it takes, for topics where some row of the batch is larger."""
+    """Deliveries the cluster cannot take, decided once on the driver from the aggregate of
+    the deliveries the clearance did not pass: whole (topic, partition) pairs with their
+    reason, and per topic the largest record it takes, for topics where some row is larger."""
 
     pairs: dict[tuple[str, int | None], str] = field(default_factory=dict)
     limits: dict[str, int] = field(default_factory=dict)
