@@ -326,7 +326,7 @@ class HoldReports(AccumulatorParam):
         for level, ms in value2["starts"].items():
             value1["starts"][level] = max(ms, value1["starts"].get(level, ms))
         value1["rows"].extend(value2["rows"])
-        value1["counts"].extend(value2.get("counts", ()))
+        value1["counts"].extend(value2["counts"])
         return value1
 
     @staticmethod
@@ -337,7 +337,7 @@ class HoldReports(AccumulatorParam):
 
     @staticmethod
     def counts(value) -> list[dict]:
-        return value.get("counts", [])
+        return value["counts"]
 
 
 def count_rows(batch: pa.RecordBatch) -> list[dict]:
