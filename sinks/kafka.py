@@ -225,7 +225,13 @@ class KafkaSink(BatchSink):
         yet, or one whose partition or size the known metadata refuses) is counted but not
         sent; the driver then asks the cluster about those alone (`plan`), turns the refused
         ones into dead letters (`refuse`) and sends them in a second job, after the first.
+        Until the sink has looked up any topic, an aggregate job looks up the batch's first.
         """
+        if not self._catalog.known():
+            # Nothing looked up yet (a job's first batches): one aggregate job finds the
+            # batch's topics first, or every delivery of a drain or of a restart on a backlog
+            # would wait for a second write (a drain of 200,000 spent 8.4 s of its 22.8 s so).
+            self.plan(aggregate(batch))
         clear = self.clearance()
         counts, began, released, sent = self._hold_and_write(
             batch.select(*_counted_columns(), clear.alias(CLEAR)))
