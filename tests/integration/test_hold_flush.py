@@ -119,3 +119,47 @@ def test_the_kafka_sink_sends_each_row_as_released_and_knows_when(spark, new_top
         row = by_key["k-" + value.decode()]
         assert row["due_ms"] <= row["sent_ms"] <= broker[value], value
         assert row["lateness_ms"] == row["sent_ms"] - row["due_ms"]
+
+
+@pytest.mark.parametrize("catalog_knows", ["nothing", "another"])
+def test_a_delivery_the_cluster_refuses_is_a_dead_letter_with_its_reason(spark, new_topic,
+                                                                         kafka_bootstrap,
+                                                                         catalog_knows):
+    """Both ways a refusal is decided: on a sink's first batch (aggregate, plan and refuse
+    before the one write) and once it knows topics (held back by the clearance, refused and
+    sent by the second write). The good delivery beside it leaves in either case."""
+    topic, dlq = new_topic(), new_topic()
+    missing = f"no-such-topic-{time.time_ns()}"
+    now_ms = int(time.time() * 1000)
+    rows = spark.createDataFrame(
+        [("deliver", topic, b"good", "k-good"), ("deliver", missing, b"refused", "k-refused")],
+        "kind string, topic string, value binary, uniq_key string"
+    ).select("kind", "topic", F.lit(None).cast("int").alias("partition"),
+             F.lit(None).cast("binary").alias("key"), "value",
+             F.array().cast("array<struct<key:string,value:binary>>").alias("headers"),
+             "uniq_key", F.lit(1).alias("level"), F.lit(now_ms - 1_000).alias("due_ms"),
+             F.lit(now_ms - 2_000).alias("append_ms"), F.lit(0).alias("ipart"),
+             F.lit(1).cast("long").alias("ioff"), F.lit(None).cast("string").alias("reason"),
+             F.lit(None).cast("int").alias("received"),
+             F.lit(None).cast("int").alias("pending_delta"))
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    catalog = TopicCatalog(admin)
+    if catalog_knows == "another":
+        other = new_topic()
+        assert catalog.partitions([other]) == {other: 1}
+    sink = KafkaSink({"kafka.bootstrap.servers": kafka_bootstrap}, dlq, catalog, 2)
+    summary = BatchSummary(0)
+    try:
+        written = sink.write_batch(rows, summary)
+    finally:
+        admin.close()
+    assert summary.by_kind == {"deliver": 1, "dead": 1}
+    assert summary.dead_by_reason == {"unknown_topic": 1}
+    assert ("kafka_withheld" in summary.timings) is (catalog_knows == "another")
+    assert [r.value for r in consume_all(kafka_bootstrap, topic, expected=1, idle_s=1)] == [b"good"]
+    [dead] = consume_all(kafka_bootstrap, dlq, expected=1, idle_s=1)
+    assert dead.value == b"refused"
+    assert missing in dict(dead.headers)["DLQ_REASON"].decode()
+    sent = {r["value"]: r["kind"] for r in written.frame().collect()}
+    assert sent == {b"good": "deliver", b"refused": "dead"}
+    assert [r["uniq_key"] for r in summary.released.to_pylist()] == ["k-good"]
