@@ -29,6 +29,7 @@ from sinks.base import BatchSink, BatchSummary, Sent  # noqa: F401
 from state import headers as H
 from state.columns import OUTPUT
 from state.hold import hold_until_due
+from state.worker import settle
 
 # Send as soon as a held row is released: lateness, not throughput, is what this writer buys.
 PRODUCER_OPTIONS = {"kafka.linger.ms": "1", "kafka.acks": "all", "kafka.max.block.ms": "30000"}
@@ -387,6 +388,7 @@ def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
     (HoldReports) the counts of every row it took, and the task's first release for every
     level it held and its deliveries' RELEASED columns."""
     def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        settle()
         first, levels, delivered, counts = None, set(), [], []
         for out in hold_and_stamp(_sendable(batches, counts)):
             if first is None:

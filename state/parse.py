@@ -17,6 +17,7 @@ from state import headers as H
 from state.columns import ENVELOPE
 from state.envelope import Kind, Rules, parse
 from state.wheel import group_of
+from state.worker import settle
 
 _CONTROL = pa.array(sorted(H.CONTROL_HEADERS), pa.string())
 
@@ -103,6 +104,7 @@ def make_parser(rules: Rules, slot_ms: int, spread: int,
     """The function handed to mapInArrow."""
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        settle()
         for batch in batches:
             yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000),
                               overdue_before_ms)

@@ -24,6 +24,7 @@ from state.columns import PENDING, WHEEL_OUT
 from state.envelope import TIMER_LEVEL, Kind
 from state.placement import spread_slots
 from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
+from state.worker import settle
 
 BUCKET_NOW = 0
 BUCKET_DEAD = -2
@@ -177,6 +178,7 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
     """The function handed to applyInPandasWithState, closed over its configuration."""
 
     def wheel(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
+        settle()
         bucket = int(key[0])
         incoming = [frame for frame in frames if len(frame)]
         rows = pd.concat(incoming, ignore_index=True) if incoming else None

@@ -1,0 +1,32 @@
+"""A Python worker's cyclic garbage collector, settled once per worker process.
+
+PySpark reuses a worker process for task after task and runs a full `gc.collect()` after each
+(`pyspark/daemon.py`, when SPARK_REUSE_WORKER is set). A full collection walks every object
+the process tracks; with pandas, pyarrow, numpy and PySpark imported that is about 76,000
+objects, 37 ms, so every task of the job cost about 40 ms of a core however few its rows
+(docs/benchmarks.md, "The Python workers' collection after every task").
+
+`settle()`, called by each function the job hands to a worker (the parse, the wheel, the
+hold), collects once and then freezes what the worker holds at its first task (`gc.freeze`):
+the modules and their tables, which live as long as the process. The collection after each
+task then walks only the objects made since. Frozen objects are still freed by reference
+counting; only a reference cycle among them is never collected, and they were made once.
+"""
+from __future__ import annotations
+
+import gc
+import os
+
+_settled = False
+
+
+def settle() -> None:
+    """Freeze the objects this process holds, the first time it is called in a reused PySpark
+    worker; elsewhere (the driver, a test) nothing."""
+    global _settled
+    if _settled:
+        return
+    _settled = True
+    if os.environ.get("SPARK_REUSE_WORKER"):
+        gc.collect()
+        gc.freeze()

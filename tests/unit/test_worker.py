@@ -1,0 +1,69 @@
+"""A Python worker settles its collector at its first task (state/worker.py), and every
+function the job hands to a worker settles it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sinks.kafka
+import state.parse
+import state.wheel
+from sinks.kafka import HoldReports, hold_reporting
+from state.parse import make_parser
+from state.wheel import make_wheel
+from tests.unit.test_wheel import CONFIG, NOW, RULES, intake, state as group_state
+
+PROBE = """
+import gc, os, sys
+sys.path.insert(0, {root!r})
+from state.worker import settle
+settle()
+first = gc.get_freeze_count()
+kept = [[i] for i in range(10_000)]   # new objects, made after the first task began
+settle()
+print(first, gc.get_freeze_count())
+"""
+
+
+def _freeze_counts(env: dict) -> tuple[int, int]:
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=root)], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def test_a_reused_worker_freezes_what_it_holds_once():
+    first, again = _freeze_counts({"SPARK_REUSE_WORKER": "1", "PATH": ""})
+    assert first > 1_000        # the interpreter's and the imported modules' objects
+    assert again == first       # what later tasks make is left to the collector
+
+
+def test_outside_a_reused_worker_nothing_is_frozen():
+    assert _freeze_counts({"PATH": ""}) == (0, 0)
+
+
+@pytest.fixture
+def settles(monkeypatch):
+    calls = []
+    for module in (state.parse, state.wheel, sinks.kafka):
+        monkeypatch.setattr(module, "settle", lambda name=module.__name__: calls.append(name))
+    return calls
+
+
+def test_the_parse_the_wheel_and_the_hold_each_settle_their_worker(settles):
+    batch = intake(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0))
+    assert list(make_parser(RULES, 1_000, 2)(iter([batch])))
+    list(make_wheel(CONFIG)((2, 0), iter([]), group_state(NOW)))
+    list(hold_reporting(_Reports())(iter([])))
+    assert settles == ["state.parse", "state.wheel", "sinks.kafka"]
+
+
+class _Reports:
+    value = HoldReports.zero(None)
+
+    def add(self, value):
+        pass
+
