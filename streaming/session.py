@@ -92,6 +92,12 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.metrics.conf": str(CONF_DIR / "spark-metrics.properties"),
         "spark.ui.prometheus.enabled": "true",
         "spark.sql.streaming.metricsEnabled": "true",
+        # One pool of Python workers instead of two: Spark keeps a daemon and its workers per
+        # distinct worker environment, and only some of its Python runners set
+        # SPARK_SIMPLIFIED_TRACEBACK in theirs, so the job's executor ran two daemons, each
+        # with its own workers and their imports (docs/benchmarks.md).
+        # A Python error's traceback then keeps PySpark's own frames.
+        "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         # The driver's Python and the workers' Python must be the same interpreter.
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,

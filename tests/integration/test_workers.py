@@ -1,10 +1,13 @@
-"""Spark's own Python workers settle their collector at their first task (state/worker.py):
-the reuse that makes PySpark collect after every task is what `settle` looks for."""
+"""Spark's own Python workers: they settle their collector at their first task
+(state/worker.py), and the job's Python functions all run in one pool of them."""
 from __future__ import annotations
 
+import psutil
 import pyarrow as pa
 
 from state.parse import make_parser
+from streaming.producer import DelayProducer
+from tests.support import consume_all
 from tests.unit.test_wheel import RULES
 
 
@@ -30,3 +33,26 @@ def test_a_spark_python_worker_freezes_what_it_holds_at_the_parse(spark):
     assert row.reused
     assert row.before == 0
     assert row.after > 10_000   # pyarrow's, pandas' and PySpark's objects, among others
+
+
+def test_the_parse_the_wheel_and_the_hold_share_one_pool_of_python_workers(
+        job_settings, start_job, new_topic, kafka_bootstrap):
+    """Spark keeps a daemon (and its workers) per distinct worker environment; the wheel's
+    runner once had one of its own (streaming/session.py, simplifiedTraceback)."""
+    settings = job_settings()
+    real = new_topic(partitions=1, message_timestamp_type="LogAppendTime")
+    start_job(settings)
+    with DelayProducer(settings) as producer:
+        producer.send(real, b"through the wheel", level=1)
+    [record] = consume_all(kafka_bootstrap, real, expected=1, timeout_s=90, idle_s=2)
+    assert record.value == b"through the wheel"
+    assert len(_python_daemons()) == 1
+
+
+def _python_daemons() -> list:
+    """The PySpark daemons under this test session's Spark JVM."""
+    jvms = [child for child in psutil.Process().children()
+            if "org.apache.spark.deploy.SparkSubmit" in " ".join(child.cmdline())]
+    assert len(jvms) == 1
+    return [child for child in jvms[0].children()
+            if "pyspark.daemon" in " ".join(child.cmdline())]
