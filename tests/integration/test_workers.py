@@ -37,8 +37,8 @@ def test_a_spark_python_worker_freezes_what_it_holds_at_the_parse(spark):
 
 def test_the_parse_the_wheel_and_the_hold_share_one_pool_of_python_workers(
         job_settings, start_job, new_topic, kafka_bootstrap):
-    """Spark keeps a daemon (and its workers) per distinct worker environment; the wheel's
-    runner once had one of its own (streaming/session.py, simplifiedTraceback)."""
+    """Spark keeps a daemon (and its workers) per distinct worker environment; the job's
+    runners once had two between them (streaming/session.py, simplifiedTraceback)."""
     settings = job_settings()
     real = new_topic(partitions=1, message_timestamp_type="LogAppendTime")
     start_job(settings)

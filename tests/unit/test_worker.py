@@ -11,9 +11,10 @@ import pytest
 import sinks.kafka
 import state.parse
 import state.wheel
-from sinks.kafka import HoldReports, hold_reporting
+from sinks.kafka import hold_reporting
 from state.parse import make_parser
 from state.wheel import make_wheel
+from tests.unit.test_hold_reports import Accumulator
 from tests.unit.test_wheel import CONFIG, NOW, RULES, intake, state as group_state
 
 PROBE = """
@@ -57,13 +58,6 @@ def test_the_parse_the_wheel_and_the_hold_each_settle_their_worker(settles):
     batch = intake(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0))
     assert list(make_parser(RULES, 1_000, 2)(iter([batch])))
     list(make_wheel(CONFIG)((2, 0), iter([]), group_state(NOW)))
-    list(hold_reporting(_Reports())(iter([])))
+    list(hold_reporting(Accumulator())(iter([])))
     assert settles == ["state.parse", "state.wheel", "sinks.kafka"]
-
-
-class _Reports:
-    value = HoldReports.zero(None)
-
-    def add(self, value):
-        pass
 
