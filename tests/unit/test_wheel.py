@@ -10,9 +10,10 @@ from state.parse import parse_batch
 from state.placement import partition_of
 from state.timing import correct_deliver_timestamp, correct_deliver_timestamps
 from state.wheel import BUCKET_DEAD, BUCKET_NOW, TIMER_PARTS, WheelConfig, decode, make_wheel
-from pyspark.sql.pandas.types import _create_converter_from_pandas
+from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer
 
-from streaming.schema import STATE_SPARK, WHEEL_OUT_SPARK
+from state.columns import WHEEL_OUT
+from streaming.schema import STATE_SPARK
 
 NOW = 1_700_000_000_000
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ")
@@ -42,13 +43,18 @@ def state(watermark_ms, value=None, timed_out=False):
         timeoutTimestamp=-1, keyAsUnsafe=b"", valueSchema=STATE_SPARK)
 
 
+# As pyspark/worker.py builds it for applyInPandasWithState (with state/compat.py's patches,
+# which the wheel's module imports).
+SERIALIZER = ApplyInPandasWithStateSerializer("UTC", False, True, STATE_SPARK, 10_000, False, False)
+
+
 def run(frame, st, clock_ms=NOW):
     wheel = make_wheel(CONFIG, clock=lambda: clock_ms / 1000)
     key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else (2, 0)
     out = list(wheel(key, iter([frame] if len(frame) else []), st))
-    for part in out:  # what PySpark's worker does with each frame: convert every column
-        for field in WHEEL_OUT_SPARK.fields:
-            _create_converter_from_pandas(field.dataType, timezone="UTC")(part[field.name])
+    for part in out:  # what PySpark's worker does with each frame: every column to Arrow
+        for field in WHEEL_OUT:
+            SERIALIZER._create_array(part[field.name], field.type, arrow_cast=True)
     rows = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["kind"])
     run.tally = rows[rows["kind"] == "tally"]
     return rows[rows["kind"] != "tally"].reset_index(drop=True)
@@ -216,7 +222,7 @@ def test_a_message_due_on_arrival_leaves_as_it_would_from_the_state():
     from_state = run(pd.DataFrame(columns=ENVELOPE.names), timed_out, clock_ms=NOW + 1_000)
     on_arrival = run(envelopes(message), state(NOW + 1_000 - 10_000), clock_ms=NOW + 1_000)
     assert list(on_arrival["kind"]) == ["deliver"]
-    for name in WHEEL_OUT_SPARK.fieldNames():
+    for name in WHEEL_OUT.names:
         a, b = from_state.iloc[0][name], on_arrival.iloc[0][name]
         if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
             assert list(a) == list(b), name
