@@ -15,11 +15,16 @@ import pyarrow.compute as pc
 
 from state import headers as H
 from state.columns import ENVELOPE
-from state.envelope import Kind, Rules, parse
-from state.wheel import group_of
+from state.envelope import BadInput, Kind, Rules, _level, _text, cold_bucket, parse, topic_refusal
+from state.placement import spread_slots
+from state.timing import correct_deliver_timestamps
+from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of
 from state.worker import settle
 
 _CONTROL = pa.array(sorted(H.CONTROL_HEADERS), pa.string())
+# The control headers of the common message, a level message with its topic and maybe its
+# key: rows with only these, once each, are parsed for the whole batch at once (`_common`).
+_COMMON = (H.REAL_TOPIC, H.DELAY, H.UNIQ_KEY)
 
 
 def _flat_headers(headers: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
@@ -29,8 +34,109 @@ def _flat_headers(headers: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
     return counts.astype(np.int64), names, values
 
 
+def _header_of(mask: np.ndarray, row_of: np.ndarray, n: int, rows: np.ndarray) -> pa.Array:
+    """For each of `rows`, the index of its header where `mask` holds (it has exactly one)."""
+    at = np.nonzero(mask)[0]
+    index = np.zeros(n, np.int64)
+    index[row_of[at]] = at
+    return pa.array(index[rows])
+
+
+def _per_value(raw: pa.Array, decide: Callable) -> tuple[np.ndarray, np.ndarray]:
+    """`decide` run once per distinct value of `raw` (None: not decided here): the decision
+    per row (an object array) and whether there is one."""
+    encoded = raw.dictionary_encode()
+    decided = [decide(v) for v in encoded.dictionary.to_pylist()] + [None]
+    codes = pc.fill_null(encoded.indices, len(decided) - 1).to_numpy(zero_copy_only=False)
+    return (np.array(decided, dtype=object)[codes],
+            np.array([d is not None for d in decided], dtype=bool)[codes])
+
+
+def _printable(edge: pa.Array) -> pa.Array:
+    """Whether each binary of at most one byte is one byte of printable ASCII other than space
+    (0x21-0x7e): binaries compare byte by byte, and b"" sorts first."""
+    return pc.and_(pc.greater_equal(edge, pa.scalar(b"\x21", pa.binary())),
+                   pc.less_equal(edge, pa.scalar(b"\x7e", pa.binary())))
+
+
+def _common(n: int, row_of: np.ndarray, names: pa.Array, values: pa.Array,
+            ipart: np.ndarray, ioff: np.ndarray, append: np.ndarray, rules: Rules,
+            slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> dict:
+    """`parse`, `group_of` and the overdue rule of `parse_batch`, at once, for the batch's
+    common rows: REAL_TOPIC and DELAY once each, UNIQ_KEY at most once, no other control
+    header, and values the per-row rules take as they are. Returns the row numbers ("rows")
+    and their ENVELOPE columns; every other row, and every value these checks are not sure of,
+    takes the per-row rules. tests/unit/test_parse_fast.py holds the two paths equal."""
+    control = pc.fill_null(pc.is_in(names, value_set=_CONTROL), False).to_numpy(
+        zero_copy_only=False)
+    which = {name: pc.fill_null(pc.equal(names, name), False).to_numpy(zero_copy_only=False)
+             for name in _COMMON}
+    count = {name: np.bincount(row_of[m], minlength=n) for name, m in which.items()}
+    rows = np.nonzero((count[H.REAL_TOPIC] == 1) & (count[H.DELAY] == 1)
+                      & (count[H.UNIQ_KEY] <= 1)
+                      & (np.bincount(row_of[control], minlength=n) == sum(count.values())))[0]
+    if not len(rows):
+        return {"rows": rows}
+
+    def topic(raw):
+        try:
+            text = _text(H.REAL_TOPIC, raw).strip()
+        except BadInput:
+            return None
+        return None if topic_refusal(text, rules) else text
+
+    def level(raw):
+        try:
+            return _level({H.DELAY: raw}, rules)
+        except BadInput:
+            return None
+
+    topics, good = _per_value(values.take(_header_of(which[H.REAL_TOPIC], row_of, n, rows)), topic)
+    levels, good_level = _per_value(values.take(_header_of(which[H.DELAY], row_of, n, rows)), level)
+    good &= good_level
+
+    # UNIQ_KEY is taken as it is only when it is UTF-8 and `strip()` would not change it: its
+    # first and last bytes are printable ASCII other than space (a multi-byte character's first
+    # and last bytes are >= 0x80, and every character `strip()` removes starts below 0x21 or
+    # at or above 0x80).
+    uniq = np.empty(len(rows), dtype=object)
+    keyed = count[H.UNIQ_KEY][rows] == 1
+    if keyed.any():
+        raw = values.take(_header_of(which[H.UNIQ_KEY], row_of, n, rows[keyed]))
+        plain = pc.and_(_printable(pc.binary_slice(raw, 0, 1)),
+                        _printable(pc.binary_slice(raw, -1, None)))
+        plain = pc.fill_null(plain, False).to_numpy(zero_copy_only=False)
+        try:
+            uniq[keyed] = raw.cast(pa.string()).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:   # some key is not UTF-8: the per-row rules say which
+            plain[:] = False
+        good[np.nonzero(keyed)[0][~plain]] = False
+    default = np.nonzero(~keyed)[0]
+    uniq[default] = [f"{p}-{o}" for p, o in zip(ipart[rows[default]].tolist(),
+                                                 ioff[rows[default]].tolist())]
+
+    rows, topics, uniq = rows[good], topics[good], uniq[good]
+    level = levels[good].astype(np.int64)
+    at = append[rows]
+    delays = np.asarray(rules.level_delays_ms, dtype=np.int64)[np.maximum(level, 1) - 1]
+    due = np.where(level > 0, correct_deliver_timestamps(now_ms, at + delays, delays), at)
+    delay = (level > 0) & (due > at)
+    cold = delay & (cold_bucket(due, rules.cold_bucket_ms) > at + rules.near_horizon_ms)
+    delay &= ~cold & (due >= overdue_before_ms)
+    kind = np.where(cold, Kind.COLD.value, np.where(delay, Kind.DELAY.value, Kind.NOW.value))
+    spread_of = {b: np.asarray(spread_slots(b, spread), dtype=np.int64)[ioff[rows] % spread]
+                 for b in (BUCKET_NOW, BUCKET_COLD)}
+    return {
+        "rows": rows, "kind": kind.astype(object), "level": level, "due_ms": due,
+        "bucket": np.where(delay, level, np.where(cold, BUCKET_COLD, BUCKET_NOW)),
+        "slot": np.where(delay, due // slot_ms,
+                         np.where(cold, spread_of[BUCKET_COLD], spread_of[BUCKET_NOW])),
+        "uniq_key": uniq, "topic": topics,
+    }
+
+
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
-                now_ms: int, overdue_before_ms: int = 0) -> pa.RecordBatch:
+                now_ms: int, overdue_before_ms: int = 0, common: bool = True) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns.
 
     A level message due before `overdue_before_ms` (the moment the checkpoint's query first
@@ -42,20 +148,35 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     checkpoint started over) then sends it as it reads it, instead of storing each batch and
     firing it in the next, and the wheel's stage is no longer as uneven as a level's few slots
     hash over the state partitions. Timers (a cancel names their group) and messages rolled in
-    from the cold tier keep to the wheel."""
+    from the cold tier keep to the wheel.
+
+    The common rows are parsed for the whole batch at once (`_common`); with `common=False`
+    every row takes the per-row rules (the tests compare the two)."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
+    row_of = np.repeat(np.arange(n), counts)
     starts = np.concatenate(([0], np.cumsum(counts)))
-    name_list, value_list = names.to_pylist(), values.to_pylist()
-    ipart = batch.column("ipart").to_pylist()
-    ioff = batch.column("ioff").to_pylist()
-    append = batch.column("append_ms").to_pylist()
+    numbers = {name: batch.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
+               for name in ("ipart", "ioff", "append_ms")}
+    fast = _common(n, row_of, names, values, numbers["ipart"], numbers["ioff"],
+                   numbers["append_ms"], rules, slot_ms, spread, now_ms, overdue_before_ms) \
+        if common else {"rows": np.zeros(0, np.int64)}
 
-    cols: dict[str, list] = {name: [None] * n for name in
-                             ("kind", "bucket", "slot", "level", "due_ms", "uniq_key", "topic",
-                              "qid", "reason", "cancel_key", "rolled")}
+    cols: dict[str, np.ndarray] = {name: np.empty(n, dtype=object) for name in
+                                   ("kind", "bucket", "slot", "level", "due_ms", "uniq_key",
+                                    "topic", "qid", "reason", "cancel_key", "rolled")}
+    for name, column in fast.items():
+        if name != "rows":
+            cols[name][fast["rows"]] = column
+    cols["rolled"][fast["rows"]] = False
+    slow = np.ones(n, dtype=bool)
+    slow[fast["rows"]] = False
+    slow = np.nonzero(slow)[0].tolist()
+    if slow:
+        name_list, value_list = names.to_pylist(), values.to_pylist()
+        ipart, ioff, append = (numbers[name].tolist() for name in ("ipart", "ioff", "append_ms"))
     dead = np.zeros(n, dtype=bool)
-    for i in range(n):
+    for i in slow:
         a, b = starts[i], starts[i + 1]
         env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
                     rules, now_ms)
@@ -79,7 +200,6 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
 
     # User headers: every header but the contract's control headers, in order; a dead letter
     # keeps all of its original headers.
-    row_of = np.repeat(np.arange(n), counts)
     keep = ~pc.is_in(names, value_set=_CONTROL).to_numpy(zero_copy_only=False) | dead[row_of]
     offsets = pa.array(np.concatenate(([0], np.cumsum(np.bincount(row_of[keep], minlength=n)))),
                        pa.int32())
