@@ -97,6 +97,23 @@ def topic_refusal(topic: str, rules: Rules) -> str | None:
     return None
 
 
+def real_topic_of(raw: bytes | None, rules: Rules) -> str | None:
+    """The topic a REAL_TOPIC value names, or None where `parse` would refuse it."""
+    try:
+        topic = _text(H.REAL_TOPIC, raw).strip()
+    except BadInput:
+        return None
+    return None if topic_refusal(topic, rules) else topic
+
+
+def level_of(raw: bytes | None, rules: Rules) -> int | None:
+    """The level a DELAY value names, clamped as `parse` does, or None where it refuses it."""
+    try:
+        return _level({H.DELAY: raw}, rules)
+    except BadInput:
+        return None
+
+
 def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
           rules: Rules, now_ms: int) -> Envelope:
     """Decide what one intake record is. Never raises for bad input: returns a DEAD envelope."""

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from state import headers as H
 from state.columns import ENVELOPE
-from state.envelope import BadInput, Kind, Rules, _level, _text, cold_bucket, parse, topic_refusal
+from state.envelope import Kind, Rules, cold_bucket, level_of, parse, real_topic_of
 from state.placement import spread_slots
 from state.timing import correct_deliver_timestamps
 from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of
@@ -78,21 +78,10 @@ def _common(n: int, row_of: np.ndarray, names: pa.Array, values: pa.Array,
     if not len(rows):
         return {"rows": rows}
 
-    def topic(raw):
-        try:
-            text = _text(H.REAL_TOPIC, raw).strip()
-        except BadInput:
-            return None
-        return None if topic_refusal(text, rules) else text
-
-    def level(raw):
-        try:
-            return _level({H.DELAY: raw}, rules)
-        except BadInput:
-            return None
-
-    topics, good = _per_value(values.take(_header_of(which[H.REAL_TOPIC], row_of, n, rows)), topic)
-    levels, good_level = _per_value(values.take(_header_of(which[H.DELAY], row_of, n, rows)), level)
+    topics, good = _per_value(values.take(_header_of(which[H.REAL_TOPIC], row_of, n, rows)),
+                              lambda raw: real_topic_of(raw, rules))
+    levels, good_level = _per_value(values.take(_header_of(which[H.DELAY], row_of, n, rows)),
+                                    lambda raw: level_of(raw, rules))
     good &= good_level
 
     # UNIQ_KEY is taken as it is only when it is UTF-8 and `strip()` would not change it: its

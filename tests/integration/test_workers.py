@@ -52,7 +52,15 @@ def test_the_parse_the_wheel_and_the_hold_share_one_pool_of_python_workers(
 def _python_daemons() -> list:
     """The PySpark daemons under this test session's Spark JVM."""
     jvms = [child for child in psutil.Process().children()
-            if "org.apache.spark.deploy.SparkSubmit" in " ".join(child.cmdline())]
+            if "org.apache.spark.deploy.SparkSubmit" in _command(child)]
     assert len(jvms) == 1
-    return [child for child in jvms[0].children()
-            if "pyspark.daemon" in " ".join(child.cmdline())]
+    return [child for child in jvms[0].children() if "pyspark.daemon" in _command(child)]
+
+
+def _command(process) -> str:
+    """A process's command line; "" for one that has ended (an earlier test's child not yet
+    reaped is a zombie, whose command line psutil refuses to read)."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return ""
