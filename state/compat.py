@@ -77,8 +77,8 @@ _patch_zip_invalidation()
 # (`pyspark.sql.pandas.types._create_converter_from_pandas`: `series.apply(list(value))`)
 # before Arrow reads it. The wheel returns its messages' header names and values as such
 # columns, each row a NumPy array (Arrow's own `to_pandas` of the state) or a list, which
-# Arrow reads as they are: for 10,000 rows the two columns took 18-20 ms with the call and
-# about 2 ms without it, of 29-33 ms for the whole frame (docs/benchmarks.md, "The wheel's output
+# Arrow reads as they are: for 10,000 rows the two columns took 18-21 ms with the call and
+# under 2 ms without it, of 29-33 ms for the whole frame (docs/benchmarks.md, "The wheel's output
 # frames and the parse's common rows").
 # So a list of strings or of bytes goes to Arrow directly; anything Arrow refuses takes
 # PySpark's own path, as before. Remove when PySpark hands such columns to Arrow itself.

@@ -114,10 +114,15 @@ def level_of(raw: bytes | None, rules: Rules) -> int | None:
         return None
 
 
+def default_uniq_key(partition: int, offset: int) -> str:
+    """The UNIQ_KEY of a record that names none: its intake partition and offset."""
+    return f"{partition}-{offset}"
+
+
 def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
           rules: Rules, now_ms: int) -> Envelope:
     """Decide what one intake record is. Never raises for bad input: returns a DEAD envelope."""
-    default_key = f"{partition}-{offset}"
+    default_key = default_uniq_key(partition, offset)
     control: dict[str, bytes | None] = {}
     user: list[Header] = []
     for name, value in headers:

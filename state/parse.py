@@ -15,7 +15,8 @@ import pyarrow.compute as pc
 
 from state import headers as H
 from state.columns import ENVELOPE
-from state.envelope import Kind, Rules, cold_bucket, level_of, parse, real_topic_of
+from state.envelope import (Kind, Rules, cold_bucket, default_uniq_key, level_of, parse,
+                            real_topic_of)
 from state.placement import spread_slots
 from state.timing import correct_deliver_timestamps
 from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of
@@ -59,7 +60,7 @@ def _printable(edge: pa.Array) -> pa.Array:
                    pc.less_equal(edge, pa.scalar(b"\x7e", pa.binary())))
 
 
-def _common(n: int, row_of: np.ndarray, names: pa.Array, values: pa.Array,
+def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, values: pa.Array,
             ipart: np.ndarray, ioff: np.ndarray, append: np.ndarray, rules: Rules,
             slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> dict:
     """`parse`, `group_of` and the overdue rule of `parse_batch`, at once, for the batch's
@@ -67,8 +68,6 @@ def _common(n: int, row_of: np.ndarray, names: pa.Array, values: pa.Array,
     header, and values the per-row rules take as they are. Returns the row numbers ("rows")
     and their ENVELOPE columns; every other row, and every value these checks are not sure of,
     takes the per-row rules. tests/unit/test_parse_fast.py holds the two paths equal."""
-    control = pc.fill_null(pc.is_in(names, value_set=_CONTROL), False).to_numpy(
-        zero_copy_only=False)
     which = {name: pc.fill_null(pc.equal(names, name), False).to_numpy(zero_copy_only=False)
              for name in _COMMON}
     count = {name: np.bincount(row_of[m], minlength=n) for name, m in which.items()}
@@ -101,8 +100,8 @@ def _common(n: int, row_of: np.ndarray, names: pa.Array, values: pa.Array,
             plain[:] = False
         good[np.nonzero(keyed)[0][~plain]] = False
     default = np.nonzero(~keyed)[0]
-    uniq[default] = [f"{p}-{o}" for p, o in zip(ipart[rows[default]].tolist(),
-                                                 ioff[rows[default]].tolist())]
+    uniq[default] = [default_uniq_key(p, o) for p, o in zip(ipart[rows[default]].tolist(),
+                                                              ioff[rows[default]].tolist())]
 
     rows, topics, uniq = rows[good], topics[good], uniq[good]
     level = levels[good].astype(np.int64)
@@ -147,7 +146,10 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     starts = np.concatenate(([0], np.cumsum(counts)))
     numbers = {name: batch.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
                for name in ("ipart", "ioff", "append_ms")}
-    fast = _common(n, row_of, names, values, numbers["ipart"], numbers["ioff"],
+    # Which of the batch's headers are the contract's control headers (the rest are the user's).
+    control = pc.fill_null(pc.is_in(names, value_set=_CONTROL), False).to_numpy(
+        zero_copy_only=False)
+    fast = _common(n, row_of, control, names, values, numbers["ipart"], numbers["ioff"],
                    numbers["append_ms"], rules, slot_ms, spread, now_ms, overdue_before_ms) \
         if common else {"rows": np.zeros(0, np.int64)}
 
@@ -189,7 +191,7 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
 
     # User headers: every header but the contract's control headers, in order; a dead letter
     # keeps all of its original headers.
-    keep = ~pc.is_in(names, value_set=_CONTROL).to_numpy(zero_copy_only=False) | dead[row_of]
+    keep = ~control | dead[row_of]
     offsets = pa.array(np.concatenate(([0], np.cumsum(np.bincount(row_of[keep], minlength=n)))),
                        pa.int32())
     mask = pa.array(keep)

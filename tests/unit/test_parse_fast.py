@@ -83,9 +83,10 @@ def test_a_batch_of_common_rows_takes_the_batch_path():
     rows = [[(H.REAL_TOPIC, b"orders"), (H.DELAY, b"2"), (H.UNIQ_KEY, b"k%d" % i)]
             for i in range(50)]
     rows += [[(H.DELAY, b"1"), (H.REAL_TOPIC, b"orders")]] * 50
+    names, values = batch(rows, [0] * 100, 0).column("headers").flatten().flatten()
     common = parse_module._common(
-        100, np.repeat(np.arange(100), [3] * 50 + [2] * 50),
-        *batch(rows, [0] * 100, 0).column("headers").flatten().flatten(),
+        100, np.repeat(np.arange(100), [3] * 50 + [2] * 50), np.ones(len(names), dtype=bool),
+        names, values,
         np.zeros(100, np.int64), np.arange(100), np.full(100, 10**12), RULES, 1_000, 2, 10**12, 0)
     assert list(common["rows"]) == list(range(100))
     assert list(common["uniq_key"][:2]) == ["k0", "k1"] and common["uniq_key"][50] == "0-50"
