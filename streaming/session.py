@@ -43,19 +43,6 @@ def local_fs_jar(settings: Settings) -> Path:
     return jar
 
 
-# G1 treats an object of half a region or more as humongous: allocated straight into the old
-# generation, and each such allocation may start a young collection and a concurrent cycle. A
-# wheel group's state crosses to Python and back as one string (a second of one level's
-# messages: about 8 MB at 5,000 msg/s of 1 KiB), and Spark's pickler grows its buffer to twice
-# that, so with the 2 MiB regions G1 picks for a 4 GiB heap, 202 of 204 young collections in a
-# 10,000 msg/s run were started by such an allocation. With 32 MiB regions (G1's largest on
-# Java 17) an object under 16 MiB is an ordinary young one; in a run with them no collection
-# was started by a humongous allocation (docs/benchmarks.md). Measured in local mode, where the
-# tasks run in the driver's JVM; executors of a cluster keep G1's choice until measured with
-# their own, smaller heaps.
-GC_OPTIONS = "-XX:G1HeapRegionSize=32m"
-
-
 def java_options(settings: Settings) -> str:
     from streaming import cds
 
@@ -72,10 +59,8 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.driver.memory": settings.spark_driver_memory,
         # A query stopped mid-batch fails its foreachBatch call; Spark then matches the long
         # Python traceback with a backtracking regex that overflows the default 1 MiB stack.
-        # Plus G1's region size (GC_OPTIONS) and the class data archive of deploy/setup.sh,
-        # when there is one (streaming/cds.py).
-        "spark.driver.extraJavaOptions":
-            f"{log4j} -Xss16m {GC_OPTIONS} {java_options(settings)}".rstrip(),
+        # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
+        "spark.driver.extraJavaOptions": f"{log4j} -Xss16m {java_options(settings)}".rstrip(),
         "spark.executor.extraJavaOptions": log4j,
         # Without Hadoop's native library (PyPI's pyspark has none), Hadoop's local file
         # system sets each new file's mode by running `chmod` in a child process of the JVM:
