@@ -55,6 +55,7 @@ class Settings(BaseSettings):
 
     slot_ms: int
     fire_lead_ms: int
+    hold: Literal["tasks", "driver"]
     fire_lead_per_message_us: int
     heartbeat_ms: int
     late_tolerance: str

@@ -55,16 +55,19 @@ class BatchSummary:
     # RELEASED columns), and in the ledger's columns (sinks/ledger.py), on the driver
     released: object = None
     delivered: object = None
+    # True when the driver's hold sends this batch's rows after the batch (sinks/driver_hold.py):
+    # its deliveries are counted, and their ledger rows and lateness recorded, as they are sent.
+    deferred: bool = False
 
     def add(self, kind: str, level: int | None, reason: str | None, count: int,
-            received: int = 0, pending_delta: int = 0) -> None:
+            received: int = 0, pending_delta: int = 0, delivered: bool = True) -> None:
         if kind == "tally":
             self.received_by_level[level] = self.received_by_level.get(level, 0) + received
             self.pending_delta_by_level[level] = \
                 self.pending_delta_by_level.get(level, 0) + pending_delta
             return
         self.by_kind[kind] = self.by_kind.get(kind, 0) + count
-        if kind == "deliver":
+        if kind == "deliver" and delivered:
             self.delivered_by_level[level] = self.delivered_by_level.get(level, 0) + count
         elif kind == "dead":
             label = reason_label(reason)

@@ -95,7 +95,9 @@ class KafkaSink(BatchSink):
     name = "kafka"
 
     def __init__(self, options: dict[str, str], dlq_topic: str, catalog, parallelism: int,
-                 max_request_bytes: int = 1_048_576):
+                 max_request_bytes: int = 1_048_576, hold=None):
+        # The driver's hold (sinks/driver_hold.py DriverHold), or None: the tasks hold.
+        self.hold = hold
         # The producer must take the largest record the dead-letter topic takes.
         self._max_request = max_request_bytes
         self._options = {**PRODUCER_OPTIONS, "kafka.max.request.size": str(max_request_bytes),
@@ -216,6 +218,58 @@ class KafkaSink(BatchSink):
         return self._clearance[1]
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
+        """The batch to Kafka: through the driver's hold when the sink has one (`spool_batch`),
+        else through the tasks' hold (`hold_batch`)."""
+        if self.hold is not None:
+            return self.spool_batch(batch, summary)
+        return self.hold_batch(batch, summary)
+
+    def spool_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
+        """Hand the batch's deliveries and dead letters to the driver's hold
+        (sinks/driver_hold.py), which sends each at its due time after the batch, and count
+        every row of the batch into `summary` (deliveries as they will be sent: they are
+        counted as delivered when Kafka has them). The batch's rows cross to the driver in one
+        Spark job, the refusals are decided as in `hold_batch`, and the rows are on disk
+        before this returns, so before the batch commits."""
+        summary.deferred = True
+        if self._catalog.known():
+            clear = self.clearance()
+        else:
+            batch = self.refuse(batch, self.plan(aggregate(batch)))
+            clear = F.lit(True)
+        clock = time.monotonic()
+        rows = batch.select(*_counted_columns(), clear.alias(CLEAR)).toArrow()
+        summary.timings["kafka_collect"] = round(time.monotonic() - clock, 3)
+        ended_ms = int(time.time() * 1000)
+        outgoing, withheld = [], 0
+        for row in _count_table(rows):
+            if row["kind"] == "deliver" and not row[CLEAR]:
+                withheld += row["count"]
+            else:
+                self._count(summary, row, delivered=False)
+        outgoing.append(_sendable_table(rows))
+        frames = [lambda: self._sent_frame(batch.filter(outgoing_rows() & clear), {}, ended_ms)]
+        if withheld:
+            clock = time.monotonic()
+            rest = batch.filter((F.col("kind") == "deliver") & ~clear)
+            rest = self.refuse(rest, self.plan(aggregate(rest)))
+            more = rest.select(*_counted_columns()).toArrow()
+            for row in _count_table(more):
+                self._count(summary, row, delivered=False)
+            outgoing.append(_sendable_table(more))
+            frames.append(lambda: self._sent_frame(rest, {}, ended_ms))
+            summary.timings["kafka_withheld"] = round(time.monotonic() - clock, 3)
+        clock = time.monotonic()
+        self.hold.put(summary.batch_id, summary.batch_time_ms,
+                      pa.concat_tables(outgoing, promote_options="default"))
+        summary.timings["kafka_spool"] = round(time.monotonic() - clock, 3)
+
+        def frame() -> DataFrame:
+            built = [make() for make in frames]
+            return built[0] if len(built) == 1 else built[0].unionByName(built[1])
+        return Sent(frame, batch.sparkSession)
+
+    def hold_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
         """Send the batch's deliveries and dead letters, each at its due time, and count every
         row of the batch into `summary`. Returns what was sent, with `sent_ms`: the moment the
         hold released each row.
@@ -270,9 +324,9 @@ class KafkaSink(BatchSink):
         return Sent(frame, batch.sparkSession)
 
     @staticmethod
-    def _count(summary: BatchSummary, row: dict) -> None:
+    def _count(summary: BatchSummary, row: dict, delivered: bool = True) -> None:
         summary.add(row["kind"], row["level"], row["reason"], row["count"],
-                    row["received"] or 0, row["pending_delta"] or 0)
+                    row["received"] or 0, row["pending_delta"] or 0, delivered=delivered)
         if row["kind"] == "deliver":
             summary.topics.add(row["topic"])
 
@@ -381,6 +435,20 @@ def _sendable(batches: Iterator[pa.RecordBatch], counts: list) -> Iterator[pa.Re
 
 
 _SENT_KINDS = pa.array(["deliver", "dead"], pa.string())
+
+
+def _count_table(table: pa.Table) -> list[dict]:
+    """`count_rows` over a table's record batches."""
+    return [row for batch in table.to_batches() for row in count_rows(batch)]
+
+
+def _sendable_table(table: pa.Table) -> pa.Table:
+    """The rows of `table` a hold sends (as `_sendable`), without CLEAR."""
+    keep = pc.is_in(table.column("kind"), value_set=_SENT_KINDS)
+    if CLEAR in table.schema.names:
+        keep = pc.and_(keep, pc.fill_null(table.column(CLEAR), False))
+        table = table.drop_columns([CLEAR])
+    return table.filter(keep)
 
 
 def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

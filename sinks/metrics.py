@@ -85,6 +85,14 @@ class Metrics:
         if summary.lateness is not None:
             self.lateness.add(*summary.lateness)
 
+    def observe_sent(self, delivered_by_level: dict[int, int],
+                     lateness: tuple[list[int], int, float] | None) -> None:
+        """Deliveries the driver's hold sent after their batch (sinks/driver_hold.py)."""
+        for level, n in delivered_by_level.items():
+            self.delivered.labels(level=str(level)).inc(n)
+        if lateness is not None:
+            self.lateness.add(*lateness)
+
     def observe_progress(self, progress: dict, late_tolerance_ms: int, intake_topic: str,
                          now: float | None = None) -> None:
         now = time.time() if now is None else now

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -22,6 +23,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary, Sent
 from sinks.cold import ColdTier
+from sinks import driver_hold
 from sinks.kafka import KafkaSink, header_struct, record_size
 from sinks.ledger import (DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER,
                           collected_rows, delivered_rows)
@@ -33,7 +35,7 @@ from state.parse import make_parser
 from state.wheel import WheelConfig, make_wheel
 from streaming import admin as kadmin
 from streaming.heartbeat import Heartbeat
-from streaming.kafka_config import spark_options
+from streaming.kafka_config import librdkafka_config, spark_options
 from streaming import checkpoint as ckpt
 from streaming.listener import OffsetMirror, ProgressListener
 from streaming.offsets import last_committed_batch
@@ -161,7 +163,7 @@ class BatchWriter:
                 self.cold.advance()
                 lap("cold")
             if summary.sends:
-                if summary.count("deliver"):
+                if summary.count("deliver") and not summary.deferred:
                     # The lateness histogram and the ledger's rows, from what the hold tasks
                     # reported: no Spark job.
                     summary.delivered = _ledger_rows(sent, summary)
@@ -281,6 +283,7 @@ class DelayJob:
         self.first_batch_s: dict[str, float] = {}   # the first batch's steps
         self._seeder: threading.Thread | None = None
         self._spool: LedgerSpool | None = None
+        self._hold: driver_hold.DriverHold | None = None
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -304,10 +307,12 @@ class DelayJob:
         started_ms = ckpt.started_ms(self.checkpoint, verdict, now_ms)
         ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
         self._step("checkpoint")
+        self._hold = self._driver_hold(max(largest, 1_048_576))
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
                           kadmin.TopicCatalog(self._admin),
                           self.spark.sparkContext.defaultParallelism,
-                          max_request_bytes=max(largest, 1_048_576))
+                          max_request_bytes=max(largest, 1_048_576),
+                          hold=self._hold if self.settings.hold == "driver" else None)
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint,
                         self.settings.intake_topic,
                         kadmin.TopicCatalog(self._admin).partitions(
@@ -331,6 +336,8 @@ class DelayJob:
         # does not hold up the first deliveries after a restart.
         seed_batch = last_committed_batch(Path(self.checkpoint))
         self._start_spool(seed_batch)
+        if self._hold is not None:
+            self._hold.start(seed_batch)
         if self.metrics is not None:
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
@@ -392,6 +399,42 @@ class DelayJob:
             interval_s=self.settings.ledger_interval_ms / 1000, on_behind=gauge).start()
         ledger.spool = self._spool
 
+    def _driver_hold(self, max_request_bytes: int) -> driver_hold.DriverHold | None:
+        """The driver's hold (sinks/driver_hold.py) when the settings ask for it and the
+        checkpoint is a folder to spool into; None: the batch's tasks hold. With the tasks'
+        hold, a spool an earlier run with the driver's left behind is still sent, by a driver's
+        hold that takes no new batches."""
+        if not ckpt.is_local(self.checkpoint):
+            if self.settings.hold == "driver":
+                log.warning("hold = driver needs a checkpoint on a local or mounted folder; %s "
+                            "is not one, so the batch's tasks hold", self.checkpoint)
+            return None
+        folder = ckpt.local_path(self.checkpoint) / driver_hold.SPOOL_FOLDER
+        if self.settings.hold != "driver" and not any(folder.glob("*.arrow")):
+            return None
+        return driver_hold.DriverHold(
+            folder,
+            driver_hold.producer_config(self.settings.bootstrap,
+                                        librdkafka_config(self.settings), max_request_bytes),
+            on_sent=self._sent)
+
+    def _sent(self, batch_id: int, batch_time_ms: int, released) -> None:
+        """A batch's deliveries, all acknowledged by Kafka (called by the driver's hold, in
+        batch order): their ledger rows and lateness, and the delivered counts."""
+        if not released.num_rows:
+            return
+        summary = BatchSummary(batch_id, batch_time_ms)
+        rows = delivered_rows(released, summary)
+        ledger = next((s for s in self._extra_sinks if isinstance(s, DeliveryLedger)), None)
+        if ledger is not None and ledger.spool is not None:
+            ledger.spool.put(batch_id, rows)
+        if self.metrics is not None:
+            levels = rows.column("level").to_numpy(zero_copy_only=False)
+            values, counts = np.unique(levels, return_counts=True)
+            self.metrics.observe_sent(
+                {int(v): int(n) for v, n in zip(values, counts)},
+                lateness_of(rows.column("lateness_ms").to_numpy()))
+
     def _seed_pending(self, batch_id: int) -> None:
         def seed():
             t0 = time.monotonic()
@@ -437,6 +480,8 @@ class DelayJob:
             self._listener = self._mirror = None
             if self._seeder is not None:
                 self._seeder.join(timeout=30)
+            if self._hold is not None:   # before the ledger's spool: it puts the last rows there
+                self._hold.stop()
             if self._spool is not None:
                 self._spool.stop()
         finally:

@@ -44,3 +44,15 @@ def spark_options(settings: Settings) -> dict[str, str]:
         options["kafka.ssl.truststore.type"] = "PEM"
         options["kafka.ssl.truststore.location"] = settings.ssl_cafile
     return options
+
+
+def librdkafka_config(settings: Settings) -> dict[str, object]:
+    """The same connection for librdkafka (confluent-kafka): the driver's hold."""
+    config: dict[str, object] = {"security.protocol": settings.security_protocol}
+    if settings.security_protocol.startswith("SASL"):
+        config.update({"sasl.mechanism": settings.sasl_mechanism,
+                       "sasl.username": settings.sasl_username,
+                       "sasl.password": settings.sasl_password.get_secret_value()})
+    if settings.ssl_cafile:
+        config["ssl.ca.location"] = settings.ssl_cafile
+    return config

@@ -27,6 +27,23 @@ def test_batch_counts_become_counters_and_gauges():
     assert r.get_sample_value("delayq_build_info", {"version": "1.2.3", "spark_version": "4.1.1"}) == 1
 
 
+def test_with_the_drivers_hold_deliveries_count_when_sent_not_with_their_batch():
+    """`hold = "driver"`: the batch counts its deliveries without calling them delivered
+    (`delivered=False`); the hold reports them once Kafka has them (`observe_sent`)."""
+    m = fresh()
+    s = BatchSummary(4, deferred=True)
+    s.add("deliver", 2, None, 3, delivered=False)
+    m.observe_batch(s)
+    r = m.registry
+    assert s.count("deliver") == 3 and s.sends == 3
+    assert r.get_sample_value("delayq_messages_delivered_total", {"level": "2"}) is None
+    cumulative = [1] * len(LATENESS_BUCKETS)
+    m.observe_sent({2: 3}, (cumulative, 3, 0.03))
+    assert r.get_sample_value("delayq_messages_delivered_total", {"level": "2"}) == 3
+    assert r.get_sample_value("delayq_delivery_lateness_seconds_count") == 3
+    assert r.get_sample_value("delayq_delivery_lateness_seconds_bucket", {"le": "0.01"}) == 1
+
+
 def test_pending_is_the_seed_plus_the_deltas_in_either_order():
     for seed_first in (True, False):
         m = fresh()

@@ -1,0 +1,366 @@
+"""The driver's hold: a batch's deliveries and dead letters sent to Kafka at their due time by a
+thread of the driver, after the batch has ended.
+
+The tasks' hold (sinks/kafka.py) keeps its micro-batch open until the last fired row is due, so
+every batch lasts at least as long as the fire lead reaches past its start, and a longer lead,
+which would fire more messages in time, makes every batch longer (docs/benchmarks.md, "The
+fire lead"). Here the batch only writes its outgoing rows to a spool file beside the checkpoint
+and returns; this thread sends each row when it is due, through librdkafka.
+
+Never lost: a batch's file is written (temporary name, fsync, rename) before the batch commits,
+and deleted only once Kafka has acknowledged every row in it. A start sends again every file of
+a committed batch that is still there, from the rows a clean stop recorded as sent
+(`<file>.sent`); files of batches Spark did not commit are deleted, since Spark runs those
+batches again and they spool their rows anew. After a crash a row can so be sent twice, with
+the same UNIQ_KEY. Never early: a row is handed to the producer only once the clock has reached
+its due time.
+
+`on_sent(batch_id, batch_time_ms, released)` is called once per file, in batch order, when all
+of its rows are acknowledged, with its deliveries' RELEASED columns (sent_ms: when each was
+handed to the producer): what the ledger and the lateness histogram record.
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+log = logging.getLogger(__name__)
+
+SPOOL_FOLDER = "hold-spool"
+# What a spooled row keeps: the record as written to Kafka, and what the ledger records.
+SPOOLED = ("topic", "partition", "key", "value", "headers", "kind", "uniq_key", "level", "ipart",
+           "ioff", "append_ms", "due_ms")
+RELEASED = ("uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms",
+            "sent_ms")
+_BATCH_TIME = b"delayq.batch_time_ms"
+
+
+def producer_config(bootstrap: str, security: dict[str, object] | None = None,
+                    max_request_bytes: int = 1_048_576) -> dict:
+    """librdkafka's settings for the hold: send each row as soon as it is released, wait for
+    every in-sync replica, take the largest record the tasks' writer takes, and place keyed
+    rows without REAL_QID as Kafka's Java client does (murmur2), as Spark's Kafka writer in the
+    tasks' hold places them."""
+    return {"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
+            "message.max.bytes": max_request_bytes,
+            "enable.idempotence": True, "partitioner": "murmur2_random",
+            "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_097_151,
+            **(security or {})}
+
+
+@dataclass
+class _File:
+    batch_id: int
+    batch_time_ms: int
+    path: Path
+    rows: pa.Table
+    due: np.ndarray
+    sent_ms: np.ndarray            # when each row was handed to the producer (-1: not yet)
+    ok: np.ndarray                 # acknowledged by Kafka
+    next: int = 0                  # rows before this one have been handed to the producer
+    acked: int = 0
+    failed: list[int] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.acked == len(self.due)
+
+    def acked_prefix(self) -> int:
+        """How many rows, in due order, are acknowledged without a gap."""
+        return len(self.ok) if self.ok.all() else int(np.argmin(self.ok))
+
+
+class DriverHold:
+    def __init__(self, folder: Path, config: dict,
+                 on_sent: Callable[[int, int, pa.Table], None] | None = None,
+                 clock: Callable[[], float] = time.time):
+        from confluent_kafka import Producer
+
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._producer = Producer(config)
+        self._on_sent = on_sent
+        self._clock = clock
+        self._token = uuid.uuid4().hex[:8]
+        self._files: dict[tuple[int, str], _File] = {}   # in put order, which is batch order
+        self._heap: list[tuple[int, int, str]] = []      # (next due, batch id, file name)
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # Finished files, reported by a thread of their own (in order), so that no send waits
+        # for the ledger's file or the metrics.
+        self._reports: queue.Queue = queue.Queue()
+        self._reporter: threading.Thread | None = None
+        self.last_error: str | None = None
+
+    # ---- spool files ---------------------------------------------------------------------
+    @staticmethod
+    def _batch_of(path: Path) -> int:
+        return int(path.name.split("-", 1)[0])
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.glob("*.arrow"), key=lambda p: (self._batch_of(p), p.name))
+
+    def put(self, batch_id: int, batch_time_ms: int, rows: pa.Table) -> None:
+        """Spool a batch's outgoing rows (SPOOLED columns) and queue them. Returns once they
+        are on disk: the batch may commit then."""
+        rows = rows.select(list(SPOOLED))
+        if not rows.num_rows:
+            return
+        rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
+        rows = rows.replace_schema_metadata({_BATCH_TIME: str(batch_time_ms).encode()})
+        final = self.folder / f"{batch_id:019d}-{self._token}.arrow"
+        tmp = self.folder / f".{final.name}.tmp"
+        with open(tmp, "wb") as f:
+            with pa.ipc.new_file(f, rows.schema) as writer:
+                writer.write_table(rows)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(self.folder)
+        self._queue(final, rows, batch_id, batch_time_ms, sent=None)
+
+    def _queue(self, path: Path, rows: pa.Table, batch_id: int, batch_time_ms: int,
+               sent: np.ndarray | None) -> None:
+        due = rows.column("due_ms").to_numpy()
+        entry = _File(batch_id, batch_time_ms, path, rows, due,
+                      np.full(len(due), -1, np.int64), np.zeros(len(due), bool))
+        if sent is not None:       # rows a clean stop recorded as acknowledged
+            entry.sent_ms[:len(sent)] = sent
+            entry.ok[:len(sent)] = True
+            entry.next = entry.acked = len(sent)
+        with self._wake:
+            self._files[(batch_id, path.name)] = entry
+            if entry.next < len(due):
+                heapq.heappush(self._heap, (int(due[entry.next]), batch_id, path.name))
+            self._wake.notify()
+
+    def start(self, last_committed: int | None) -> "DriverHold":
+        """Queue what an earlier run left: files of committed batches (up to `last_committed`)
+        are sent again from where a clean stop left them; later ones are deleted, their
+        batches run again."""
+        for stale in self.folder.glob(".*.tmp"):
+            stale.unlink()
+        for path in self.files():
+            batch_id = self._batch_of(path)
+            marker = path.with_name(path.name + ".sent")
+            if last_committed is None or batch_id > last_committed:
+                path.unlink()
+                marker.unlink(missing_ok=True)
+                continue
+            with pa.memory_map(str(path)) as source:
+                rows = pa.ipc.open_file(source).read_all()
+            sent = None
+            if marker.exists():
+                with pa.memory_map(str(marker)) as source:
+                    sent = pa.ipc.open_file(source).read_all().column("sent_ms").to_numpy()
+            meta = rows.schema.metadata or {}
+            log.info("hold: sending again %d rows of batch %d left by the last run",
+                     rows.num_rows - (0 if sent is None else len(sent)), batch_id)
+            self._queue(path, rows, batch_id, int(meta.get(_BATCH_TIME, b"0")), sent)
+        for marker in self.folder.glob("*.arrow.sent"):
+            if not marker.with_name(marker.name[:-len(".sent")]).exists():
+                marker.unlink()
+        self._reporter = threading.Thread(target=self._report, name="delayq-hold-report",
+                                          daemon=True)
+        self._reporter.start()
+        self._thread = threading.Thread(target=self._run, name="delayq-hold", daemon=True)
+        self._thread.start()
+        return self
+
+    def pending(self) -> int:
+        """Rows spooled and not yet acknowledged."""
+        with self._wake:
+            return sum(len(f.due) - f.acked for f in self._files.values())
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop releasing, wait for what was sent to be acknowledged, and record for each
+        file how far it was sent; the rest is sent by the next start."""
+        if self._thread is None:
+            self._close()
+            return
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout=timeout_s)
+        self._producer.flush(timeout_s)
+        self._complete()
+        with self._wake:
+            left = list(self._files.values())
+        for entry in left:
+            acked = entry.acked_prefix()
+            if acked:
+                _write_sent(entry.path.with_name(entry.path.name + ".sent"),
+                            entry.sent_ms[:acked])
+        if left:
+            log.info("hold: %d rows not yet due at the stop stay spooled for the next start",
+                     sum(len(f.due) - f.acked for f in left))
+        self._thread = None
+        self._reports.put(None)
+        self._reporter.join(timeout=timeout_s)
+        self._close()
+
+    def _report(self) -> None:
+        while True:
+            item = self._reports.get()
+            if item is None:
+                return
+            entry = item
+            if self._on_sent is not None:
+                released = entry.rows.select(list(RELEASED[:-1])).append_column(
+                    "sent_ms", pa.array(entry.sent_ms, pa.int64()))
+                released = released.filter(pc.equal(entry.rows.column("kind"), "deliver"))
+                try:
+                    self._on_sent(entry.batch_id, entry.batch_time_ms, released)
+                except Exception:  # the ledger or a gauge, never a reason to stop sending
+                    log.exception("hold: reporting batch %d failed", entry.batch_id)
+            entry.path.unlink(missing_ok=True)
+            entry.path.with_name(entry.path.name + ".sent").unlink(missing_ok=True)
+
+    def _close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+
+    # ---- the sending thread --------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if self._stopping:
+                    return
+                retry = [f for f in self._files.values() if f.failed]
+                wait = 0.1
+                if not retry and self._heap:
+                    wait = (self._heap[0][0] - self._clock() * 1000) / 1000
+                if not retry and wait > 0:
+                    self._wake.wait(min(wait, 0.1))
+            self._producer.poll(0)
+            self._complete()
+            for entry in retry:
+                self._resend(entry)
+            self._release()
+
+    def _release(self) -> None:
+        """Hand every row that is due now to the producer."""
+        while True:
+            with self._wake:
+                if not self._heap or self._stopping:
+                    return
+                due, batch_id, name = self._heap[0]
+                now_ms = int(self._clock() * 1000)
+                if due > now_ms:
+                    return
+                heapq.heappop(self._heap)
+                entry = self._files[(batch_id, name)]
+            start = entry.next
+            end = int(entry.due.searchsorted(now_ms, side="right"))
+            self._send(entry, range(start, end), now_ms)
+            with self._wake:
+                entry.next = end
+                if end < len(entry.due):
+                    heapq.heappush(self._heap, (int(entry.due[end]), batch_id, name))
+
+    def _send(self, entry: _File, indexes, now_ms: int) -> None:
+        rows = entry.rows
+        if isinstance(indexes, range):
+            chunk = rows.slice(indexes.start, len(indexes))
+        else:
+            chunk = rows.take(pa.array(indexes, pa.int64()))
+        topics, partitions, keys, values = (chunk.column(name).to_pylist()
+                                            for name in ("topic", "partition", "key", "value"))
+        headers = _header_lists(chunk.column("headers"))
+        produce, poll, delivered = self._producer.produce, self._producer.poll, self._delivered
+        for i, topic, partition, key, value, hs in zip(indexes, topics, partitions, keys, values,
+                                                       headers):
+            entry.sent_ms[i] = now_ms
+            callback = functools.partial(delivered, entry, i)
+            while True:
+                try:
+                    if partition is None:
+                        produce(topic, value, key, headers=hs, on_delivery=callback)
+                    else:
+                        produce(topic, value, key, partition=partition, headers=hs,
+                                on_delivery=callback)
+                    break
+                except BufferError:     # the producer's queue is full: let it drain
+                    poll(0.05)
+        poll(0)
+
+    def _delivered(self, entry: _File, index: int, error, message) -> None:
+        if error is None:
+            if not entry.ok[index]:
+                entry.ok[index] = True
+                entry.acked += 1
+            return
+        self.last_error = str(error)
+        log.warning("hold: %s of batch %d not acknowledged (%s); sending it again",
+                    entry.rows.column("uniq_key")[index], entry.batch_id, error)
+        with self._wake:
+            entry.failed.append(index)
+
+    def _resend(self, entry: _File) -> None:
+        with self._wake:
+            failed, entry.failed = entry.failed, []
+        time.sleep(0.5)
+        self._send(entry, failed, int(self._clock() * 1000))
+
+    def _complete(self) -> None:
+        """Report and delete the files all of whose rows are acknowledged, in batch order."""
+        while True:
+            with self._wake:
+                if not self._files:
+                    return
+                key, entry = next(iter(self._files.items()))
+                if not entry.done:
+                    return
+                del self._files[key]
+            self._reports.put(entry)
+
+
+def _header_lists(column: pa.ChunkedArray) -> list[list[tuple[str, bytes]] | None]:
+    """Each row's headers as librdkafka takes them, (name, value) pairs, from the flattened
+    names and values (a dict per header from `to_pylist` cost more than the send itself)."""
+    out: list = []
+    for chunk in column.chunks:
+        flat = chunk.flatten()
+        names = pc.struct_field(flat, "key").to_pylist()
+        values = pc.struct_field(flat, "value").to_pylist()
+        offsets = (chunk.offsets.to_numpy() - chunk.offsets[0].as_py()).tolist()
+        valid = chunk.is_valid().to_pylist()
+        pairs = list(zip(names, values))
+        out.extend(pairs[offsets[i]:offsets[i + 1]] if valid[i] else None
+                   for i in range(len(chunk)))
+    return out
+
+
+def _write_sent(path: Path, sent_ms: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    table = pa.table({"sent_ms": pa.array(sent_ms, pa.int64())})
+    with open(tmp, "wb") as f:
+        with pa.ipc.new_file(f, table.schema) as writer:
+            writer.write_table(table)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,191 @@
+"""The driver's hold (sinks/driver_hold.py, `hold = "driver"`): each row sent at its due time
+after its batch, from a spool that survives a stop or a crash. On the real broker; the job's
+own path on real Spark too."""
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+from kafka.partitioner.default import murmur2
+
+from sinks.driver_hold import SPOOL_FOLDER, SPOOLED, DriverHold, producer_config
+from state.columns import OUTPUT
+from streaming.offsets import last_committed_batch
+from streaming.producer import DelayProducer
+from tests.integration.conftest import Sent
+from tests.support import assert_eventually, check_deliveries, consume_all, header_map
+
+LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
+
+
+def rows(topic: str, dues: list[int], *, tag: str = "m", partition: int | None = 0,
+         key: bytes | None = None, kind: str = "deliver") -> pa.Table:
+    """Spooled rows (SPOOLED columns) for `topic`, one per due time."""
+    n = len(dues)
+    uniq = [f"{tag}-{i}" for i in range(n)]
+    columns = {
+        "topic": [topic] * n, "partition": [partition] * n, "key": [key] * n,
+        "value": [f"value {u}".encode() for u in uniq],
+        "headers": [[{"key": "user", "value": b"u"}, {"key": "UNIQ_KEY", "value": u.encode()},
+                     {"key": "DELIVER_MS", "value": str(d).encode()}]
+                    for u, d in zip(uniq, dues)],
+        "kind": [kind] * n, "uniq_key": uniq, "level": [2] * n, "ipart": [1] * n,
+        "ioff": list(range(n)), "append_ms": [d - 5_000 for d in dues], "due_ms": dues,
+    }
+    return pa.table({name: pa.array(columns[name], OUTPUT.field(name).type)
+                     for name in SPOOLED})
+
+
+def hold(folder: Path, bootstrap: str, reports: list | None = None) -> DriverHold:
+    on_sent = None if reports is None else (lambda *report: reports.append(report))
+    return DriverHold(folder, producer_config(bootstrap), on_sent=on_sent)
+
+
+def by_uniq(records) -> dict[str, object]:
+    return {header_map(r)["UNIQ_KEY"].decode(): r for r in records}
+
+
+def test_rows_leave_at_their_due_time_and_as_written(new_topic, kafka_bootstrap, tmp_path):
+    topic = new_topic(partitions=3, **LOG_APPEND)
+    now = int(time.time() * 1000)
+    dues = [now - 1_000, now + 500, now + 1_500, now + 3_000]
+    reports: list = []
+    h = hold(tmp_path, kafka_bootstrap, reports).start(last_committed=None)
+    try:
+        h.put(7, now, rows(topic, dues))
+        h.put(8, now, rows(topic, [now + 200], tag="keyed", partition=None, key=b"k-17"))
+        records = by_uniq(consume_all(kafka_bootstrap, topic, expected=5, timeout_s=30, idle_s=1))
+        assert sorted(records) == ["keyed-0", "m-0", "m-1", "m-2", "m-3"]
+        for i, due in enumerate(dues):
+            record = records[f"m-{i}"]
+            assert record.timestamp >= due, f"m-{i} {due - record.timestamp} ms early"
+            assert (record.partition, record.key, record.value) == (0, None, f"value m-{i}".encode())
+            assert [k for k, _ in record.headers] == ["user", "UNIQ_KEY", "DELIVER_MS"]
+        # Each row leaves when due, not with the last of its file.
+        assert records["m-1"].timestamp < dues[3], "m-1 waited for m-3"
+        # No REAL_QID: placed by the key as Kafka's Java client (and Spark's writer) places it.
+        assert records["keyed-0"].partition == (murmur2(b"k-17") & 0x7FFFFFFF) % 3
+        # Each file reported once all its rows were acknowledged, in batch order, then deleted.
+        assert_eventually(lambda: [r[0] for r in reports] == [7, 8], timeout_s=10)
+        released = reports[0][2]
+        assert released.column("uniq_key").to_pylist() == ["m-0", "m-1", "m-2", "m-3"]
+        sent_ms = released.column("sent_ms").to_pylist()
+        assert all(s >= d for s, d in zip(sent_ms, dues)), "released before due"
+        assert_eventually(lambda: not list(tmp_path.glob("*.arrow")), timeout_s=10)
+    finally:
+        h.stop()
+
+
+def test_dead_letters_go_at_once_and_are_not_reported_as_deliveries(new_topic, kafka_bootstrap,
+                                                                     tmp_path):
+    topic = new_topic(**LOG_APPEND)
+    now = int(time.time() * 1000)
+    reports: list = []
+    h = hold(tmp_path, kafka_bootstrap, reports).start(last_committed=None)
+    try:
+        h.put(1, now, rows(topic, [now, now], kind="dead"))
+        assert len(consume_all(kafka_bootstrap, topic, expected=2, timeout_s=30)) == 2
+        assert_eventually(lambda: len(reports) == 1, timeout_s=10)
+        assert reports[0][2].num_rows == 0
+    finally:
+        h.stop()
+
+
+def test_a_stop_keeps_what_is_not_due_and_the_next_start_sends_only_that(new_topic,
+                                                                        kafka_bootstrap, tmp_path):
+    topic = new_topic(**LOG_APPEND)
+    now = int(time.time() * 1000)
+    dues = [now - 100, now, now + 6_000, now + 7_000]
+    first = hold(tmp_path, kafka_bootstrap).start(last_committed=None)
+    first.put(3, now, rows(topic, dues))
+    assert len(consume_all(kafka_bootstrap, topic, expected=2, timeout_s=30)) == 2
+    first.stop()
+    assert [p.name.endswith(".sent") for p in sorted(tmp_path.iterdir())] == [False, True]
+    reports: list = []
+    again = hold(tmp_path, kafka_bootstrap, reports).start(last_committed=3)
+    try:
+        records = consume_all(kafka_bootstrap, topic, expected=4, timeout_s=30, idle_s=1)
+        seen = [header_map(r)["UNIQ_KEY"].decode() for r in records]
+        assert sorted(seen) == ["m-0", "m-1", "m-2", "m-3"], "each once: the stop recorded the two sent"
+        for r in records:
+            assert r.timestamp >= int(header_map(r)["DELIVER_MS"]), "never early"
+        assert_eventually(lambda: len(reports) == 1, timeout_s=10)
+        # The ledger's rows of the whole file, the two sent before the stop included.
+        assert reports[0][2].column("uniq_key").to_pylist() == ["m-0", "m-1", "m-2", "m-3"]
+        assert not list(tmp_path.iterdir())
+    finally:
+        again.stop()
+
+
+def test_after_a_crash_a_committed_batch_is_sent_again_and_an_uncommitted_one_dropped(
+        new_topic, kafka_bootstrap, tmp_path):
+    """A hold whose thread never ran stands for a driver killed after spooling: batch 4 was
+    committed, batch 5 not (Spark runs it again, and it spools anew)."""
+    topic = new_topic(**LOG_APPEND)
+    now = int(time.time() * 1000)
+    crashed = hold(tmp_path, kafka_bootstrap)
+    crashed.put(4, now, rows(topic, [now, now + 1_000], tag="committed"))
+    crashed.put(5, now, rows(topic, [now], tag="replayed"))
+    crashed.stop()   # its thread never started: this only closes its producer
+    h = hold(tmp_path, kafka_bootstrap).start(last_committed=4)
+    try:
+        records = consume_all(kafka_bootstrap, topic, expected=2, timeout_s=30, idle_s=2)
+        assert sorted(by_uniq(records)) == ["committed-0", "committed-1"]
+    finally:
+        h.stop()
+
+
+def test_the_job_delivers_through_the_drivers_hold(job_settings, start_job, new_topic,
+                                                   kafka_bootstrap, lateness_log):
+    """`hold = "driver"` end to end: every level on time, never early, exactly once, as sent;
+    the ledger has every delivery; the spool is empty once all are sent."""
+    settings = job_settings(hold="driver", fire_lead_ms=4000)
+    real = new_topic(partitions=3, **LOG_APPEND)
+    job = start_job(settings)
+    assert job._hold is not None
+    sent: dict = {}
+    user_headers = [("trace", b"t-1"), ("bin", b"\x00\xff\xfe")]
+    with DelayProducer(settings) as producer:
+        for level in (0, 1, 2, 3):
+            for qid in (None, 0, 2):
+                value = f"level {level} qid {qid}".encode()
+                handle = producer.send(real, value, key=f"key-{level}".encode(), level=level,
+                                       partition=qid, headers=user_headers)
+                sent[handle.uniq_key] = Sent(f"key-{level}".encode(), value, user_headers,
+                                             handle.due_ms, qid)
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+    assert_eventually(lambda: job._hold.pending() == 0, timeout_s=30)
+    job.stop()
+    from deltalake import DeltaTable
+    ledger = DeltaTable(str(settings.ledger_path)).to_pyarrow_table()
+    assert sorted(ledger.column("uniq_key").to_pylist()) == sorted(sent)
+    assert all(s >= d for s, d in zip(ledger.column("sent_ms").to_pylist(),
+                                      ledger.column("due_ms").to_pylist()))
+
+
+def test_a_run_with_the_tasks_hold_still_sends_what_the_drivers_spool_holds(
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
+    """Switching `hold` back to "tasks" on a checkpoint whose spool still holds rows of a
+    committed batch (a run with the driver's hold stopped before they were due): the next run
+    sends them, so nothing is lost with the switch."""
+    settings = job_settings(hold="driver")
+    real = new_topic(**LOG_APPEND)
+    checkpoint = work_dir / f"ckpt-switch-{uuid.uuid4().hex[:8]}"
+    start_job(settings, checkpoint=str(checkpoint)).stop()
+    committed = last_committed_batch(checkpoint)
+    assert committed is not None
+    now = int(time.time() * 1000)
+    left = hold(checkpoint / SPOOL_FOLDER, kafka_bootstrap)
+    left.put(committed, now, rows(real, [now, now + 1_000], tag="left"))
+    left.stop()   # never started: what a stop before they were due leaves
+    tasks = job_settings(hold="tasks", intake_topic=settings.intake_topic,
+                         dlq_topic=settings.dlq_topic, data_dir=settings.data_dir)
+    job = start_job(tasks, checkpoint=str(checkpoint))
+    assert job._hold is not None
+    records = consume_all(kafka_bootstrap, real, expected=2, timeout_s=60, idle_s=1)
+    assert sorted(by_uniq(records)) == ["left-0", "left-1"]
+    assert_eventually(lambda: not list((checkpoint / SPOOL_FOLDER).glob("*.arrow")),
+                      timeout_s=20)
