@@ -330,6 +330,22 @@ class DriverHold:
             self._reports.put(entry)
 
 
+def held(folder: Path, uniq_key: str) -> dict | None:
+    """The spooled row of a message the driver's hold has not finished with (SPOOLED columns
+    but the payload), or None. A file is deleted once all its rows are acknowledged, so a row
+    found here may have left moments ago."""
+    for path in sorted(Path(folder).glob("*.arrow")) if Path(folder).is_dir() else ():
+        try:
+            with pa.memory_map(str(path)) as source:
+                table = pa.ipc.open_file(source).read_all()
+        except (OSError, pa.ArrowInvalid):   # finished and deleted while we looked
+            continue
+        hit = table.filter(pc.equal(table.column("uniq_key"), uniq_key))
+        if hit.num_rows:
+            return hit.drop_columns(["key", "value", "headers"]).slice(0, 1).to_pylist()[0]
+    return None
+
+
 def _header_lists(column: pa.ChunkedArray) -> list[list[tuple[str, bytes]] | None]:
     """Each row's headers as librdkafka takes them, (name, value) pairs, from the flattened
     names and values (a dict per header from `to_pylist` cost more than the send itself)."""

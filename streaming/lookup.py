@@ -1,5 +1,6 @@
 """`delayq ledger`: where is a message? Delivered (ledger), dead-lettered (dead-letter table),
-still pending (the wheel's state, read with Spark's state data source), or unknown.
+still pending (the driver's hold's spool, or the wheel's state, read with Spark's state data
+source), or unknown.
 And `--summary`: counts and lateness percentiles per level over a time range."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sinks.delta import table_exists
+from sinks.driver_hold import SPOOL_FOLDER as HOLD_FOLDER, held
 from sinks.ledger import SPOOL_FOLDER, delivered_row
 from state.wheel import decode
 
@@ -55,6 +57,13 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
             r = rows[0]
             return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["dead_ms"]),
                                         "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+    # Fired ahead and waiting in the driver's hold (hold = "driver", sinks/driver_hold.py).
+    hit = held(checkpoint / HOLD_FOLDER, uniq_key)
+    if hit is not None:
+        return Whereabouts("pending", {"topic": hit["topic"], "level": hit["level"],
+                                       "due": _iso(hit["due_ms"]),
+                                       "intake": f"{hit['ipart']}-{hit['ioff']}",
+                                       "where": "the driver's hold"})
     pending = _pending(spark, uniq_key, checkpoint)
     if pending:
         return Whereabouts("pending", pending)

@@ -189,3 +189,22 @@ def test_a_run_with_the_tasks_hold_still_sends_what_the_drivers_spool_holds(
     assert sorted(by_uniq(records)) == ["left-0", "left-1"]
     assert_eventually(lambda: not list((checkpoint / SPOOL_FOLDER).glob("*.arrow")),
                       timeout_s=20)
+
+
+def test_the_lookup_finds_a_message_waiting_in_the_drivers_hold(spark, new_topic,
+                                                                kafka_bootstrap, tmp_path):
+    """`delayq ledger UNIQ_KEY` on a message fired ahead and not yet sent: pending, in the
+    driver's hold, with its due time; once sent and its file gone, no longer there."""
+    from streaming import lookup
+
+    topic = new_topic(**LOG_APPEND)
+    checkpoint = tmp_path / "ckpt"
+    now = int(time.time() * 1000)
+    waiting = hold(checkpoint / SPOOL_FOLDER, kafka_bootstrap)
+    waiting.put(2, now, rows(topic, [now + 60_000], tag="ahead"))
+    waiting.stop()   # never started: the row stays spooled
+    where = lookup.find(spark, "ahead-0", tmp_path / "ledger", tmp_path / "dead", checkpoint)
+    assert (where.status, where.detail["where"], where.detail["topic"]) == \
+        ("pending", "the driver's hold", topic)
+    assert lookup.find(spark, "other", tmp_path / "ledger", tmp_path / "dead",
+                       checkpoint).status == "unknown"
