@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
-import os
 import queue
 import threading
 import time
@@ -37,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sinks.durable import write_durably
+
 log = logging.getLogger(__name__)
 
 SPOOL_FOLDER = "hold-spool"
@@ -46,6 +47,7 @@ SPOOLED = ("topic", "partition", "key", "value", "headers", "kind", "uniq_key", 
 RELEASED = ("uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms",
             "sent_ms")
 _BATCH_TIME = b"delayq.batch_time_ms"
+_RETRY_S = 0.5
 
 
 def producer_config(bootstrap: str, security: dict[str, object] | None = None,
@@ -71,12 +73,16 @@ class _File:
     sent_ms: np.ndarray            # when each row was handed to the producer (-1: not yet)
     ok: np.ndarray                 # acknowledged by Kafka
     next: int = 0                  # rows before this one have been handed to the producer
-    acked: int = 0
-    failed: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)   # rows Kafka did not take: sent again
+    retry_at: float = 0.0          # ... not before this (time.monotonic)
+
+    @property
+    def acked(self) -> int:
+        return int(np.count_nonzero(self.ok))
 
     @property
     def done(self) -> bool:
-        return self.acked == len(self.due)
+        return bool(self.ok.all())
 
     def acked_prefix(self) -> int:
         """How many rows, in due order, are acknowledged without a gap."""
@@ -123,14 +129,7 @@ class DriverHold:
         rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
         rows = rows.replace_schema_metadata({_BATCH_TIME: str(batch_time_ms).encode()})
         final = self.folder / f"{batch_id:019d}-{self._token}.arrow"
-        tmp = self.folder / f".{final.name}.tmp"
-        with open(tmp, "wb") as f:
-            with pa.ipc.new_file(f, rows.schema) as writer:
-                writer.write_table(rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(self.folder)
+        write_durably(final, functools.partial(_write_arrow, rows))
         self._queue(final, rows, batch_id, batch_time_ms, sent=None)
 
     def _queue(self, path: Path, rows: pa.Table, batch_id: int, batch_time_ms: int,
@@ -141,7 +140,7 @@ class DriverHold:
         if sent is not None:       # rows a clean stop recorded as acknowledged
             entry.sent_ms[:len(sent)] = sent
             entry.ok[:len(sent)] = True
-            entry.next = entry.acked = len(sent)
+            entry.next = len(sent)
         with self._wake:
             self._files[(batch_id, path.name)] = entry
             if entry.next < len(due):
@@ -203,8 +202,9 @@ class DriverHold:
         for entry in left:
             acked = entry.acked_prefix()
             if acked:
-                _write_sent(entry.path.with_name(entry.path.name + ".sent"),
-                            entry.sent_ms[:acked])
+                sent = pa.table({"sent_ms": pa.array(entry.sent_ms[:acked], pa.int64())})
+                write_durably(entry.path.with_name(entry.path.name + ".sent"),
+                              functools.partial(_write_arrow, sent))
         if left:
             log.info("hold: %d rows not yet due at the stop stay spooled for the next start",
                      sum(len(f.due) - f.acked for f in left))
@@ -241,7 +241,8 @@ class DriverHold:
             with self._wake:
                 if self._stopping:
                     return
-                retry = [f for f in self._files.values() if f.failed]
+                now = time.monotonic()
+                retry = [f for f in self._files.values() if f.failed and f.retry_at <= now]
                 wait = 0.1
                 if not retry and self._heap:
                     wait = (self._heap[0][0] - self._clock() * 1000) / 1000
@@ -301,20 +302,20 @@ class DriverHold:
 
     def _delivered(self, entry: _File, index: int, error, message) -> None:
         if error is None:
-            if not entry.ok[index]:
-                entry.ok[index] = True
-                entry.acked += 1
+            entry.ok[index] = True
             return
         self.last_error = str(error)
         log.warning("hold: %s of batch %d not acknowledged (%s); sending it again",
                     entry.rows.column("uniq_key")[index], entry.batch_id, error)
         with self._wake:
             entry.failed.append(index)
+            # Half a second apart (a broker that is down fails every row), without holding up
+            # the rows of other files that fall due meanwhile.
+            entry.retry_at = time.monotonic() + _RETRY_S
 
     def _resend(self, entry: _File) -> None:
         with self._wake:
             failed, entry.failed = entry.failed, []
-        time.sleep(0.5)
         self._send(entry, failed, int(self._clock() * 1000))
 
     def _complete(self) -> None:
@@ -362,21 +363,6 @@ def _header_lists(column: pa.ChunkedArray) -> list[list[tuple[str, bytes]] | Non
     return out
 
 
-def _write_sent(path: Path, sent_ms: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    table = pa.table({"sent_ms": pa.array(sent_ms, pa.int64())})
-    with open(tmp, "wb") as f:
-        with pa.ipc.new_file(f, table.schema) as writer:
-            writer.write_table(table)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _write_arrow(table: pa.Table, f) -> None:
+    with pa.ipc.new_file(f, table.schema) as writer:
+        writer.write_table(table)

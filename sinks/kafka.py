@@ -247,7 +247,7 @@ class KafkaSink(BatchSink):
                 withheld += row["count"]
             else:
                 self._count(summary, row, delivered=False)
-        outgoing.append(_sendable_table(rows))
+        outgoing.append(_outgoing(rows))
         frames = [lambda: self._sent_frame(batch.filter(outgoing_rows() & clear), {}, ended_ms)]
         if withheld:
             clock = time.monotonic()
@@ -256,7 +256,7 @@ class KafkaSink(BatchSink):
             more = rest.select(*_counted_columns()).toArrow()
             for row in _count_table(more):
                 self._count(summary, row, delivered=False)
-            outgoing.append(_sendable_table(more))
+            outgoing.append(_outgoing(more))
             frames.append(lambda: self._sent_frame(rest, {}, ended_ms))
             summary.timings["kafka_withheld"] = round(time.monotonic() - clock, 3)
         clock = time.monotonic()
@@ -425,11 +425,7 @@ def _sendable(batches: Iterator[pa.RecordBatch], counts: list) -> Iterator[pa.Re
         if not batch.num_rows:
             continue
         counts.extend(count_rows(batch))
-        keep = pc.is_in(batch.column("kind"), value_set=_SENT_KINDS)
-        if CLEAR in batch.schema.names:
-            keep = pc.and_(keep, pc.fill_null(batch.column(CLEAR), False))
-            batch = batch.select([name for name in batch.schema.names if name != CLEAR])
-        batch = batch.filter(keep)
+        batch = _outgoing(batch)
         if batch.num_rows:
             yield batch
 
@@ -442,13 +438,14 @@ def _count_table(table: pa.Table) -> list[dict]:
     return [row for batch in table.to_batches() for row in count_rows(batch)]
 
 
-def _sendable_table(table: pa.Table) -> pa.Table:
-    """The rows of `table` a hold sends (as `_sendable`), without CLEAR."""
-    keep = pc.is_in(table.column("kind"), value_set=_SENT_KINDS)
-    if CLEAR in table.schema.names:
-        keep = pc.and_(keep, pc.fill_null(table.column(CLEAR), False))
-        table = table.drop_columns([CLEAR])
-    return table.filter(keep)
+def _outgoing(rows):
+    """The rows (a RecordBatch or a Table) a hold sends: deliveries and dead letters the
+    clearance passed, without CLEAR."""
+    keep = pc.is_in(rows.column("kind"), value_set=_SENT_KINDS)
+    if CLEAR in rows.schema.names:
+        keep = pc.and_(keep, pc.fill_null(rows.column(CLEAR), False))
+        rows = rows.select([name for name in rows.schema.names if name != CLEAR])
+    return rows.filter(keep)
 
 
 def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

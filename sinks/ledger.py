@@ -13,7 +13,6 @@ restart, before anything newer; Delta's txnAppId/txnVersion makes every append h
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary, Sent
 from sinks.delta import DeltaBatchTable, append_arrow_once, is_local
+from sinks.durable import write_durably
 
 log = logging.getLogger(__name__)
 
@@ -177,14 +177,8 @@ class LedgerSpool:
         return sorted(self.folder.glob("*.parquet"), key=self._id)
 
     def put(self, batch_id: int, rows: pa.Table) -> None:
-        final = self.folder / f"{batch_id:019d}.parquet"
-        tmp = self.folder / f".{final.name}.tmp"
-        with open(tmp, "wb") as f:
-            pq.write_table(rows, f, compression="snappy")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(self.folder)
+        write_durably(self.folder / f"{batch_id:019d}.parquet",
+                      lambda f: pq.write_table(rows, f, compression="snappy"))
         with self._wake:
             self._wake.notify()
 
@@ -291,14 +285,6 @@ def delivered_row(folder: Path, uniq_key: str,
     we read it; reading the table first can miss a row moving between the two."""
     row = spooled(folder, uniq_key)
     return row if row is not None else in_table(uniq_key)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DeadLetterTable(DeltaBatchTable):

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from conf.settings import Settings
+from streaming.kafka_config import librdkafka_config
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +99,7 @@ class Load:
     def __init__(self, settings: Settings, work: Path, real: str, name: str):
         self.settings, self.real = settings, real
         self.out = str(work / name)
-        self.env = {**os.environ, "DELAYQ_BENCH_SECURITY": json.dumps(_librdkafka_security(settings))}
+        self.env = {**os.environ, "DELAYQ_BENCH_SECURITY": json.dumps(librdkafka_config(settings))}
         self.reader = None
 
     def start_reader(self, timeout_s: float, idle_s: float = 120.0) -> None:
@@ -205,17 +206,6 @@ def after_warmup(figures: dict, warmup_s: float) -> dict:
     return {**lateness(late[~warm]), "measured_messages": int(np.sum(~warm)),
             **by_level(late[~warm], None if levels is None else levels[~warm]),
             "warmup": {"seconds": warmup_s, "messages": int(np.sum(warm)), **lateness(late[warm])}}
-
-
-def _librdkafka_security(settings: Settings) -> dict:
-    config = {"security.protocol": settings.security_protocol}
-    if settings.security_protocol.startswith("SASL"):
-        config.update({"sasl.mechanism": settings.sasl_mechanism,
-                       "sasl.username": settings.sasl_username,
-                       "sasl.password": settings.sasl_password.get_secret_value()})
-    if settings.ssl_cafile:
-        config["ssl.ca.location"] = settings.ssl_cafile
-    return config
 
 
 class MemoryPeaks(threading.Thread):

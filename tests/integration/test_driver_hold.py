@@ -208,3 +208,29 @@ def test_the_lookup_finds_a_message_waiting_in_the_drivers_hold(spark, new_topic
         ("pending", "the driver's hold", topic)
     assert lookup.find(spark, "other", tmp_path / "ledger", tmp_path / "dead",
                        checkpoint).status == "unknown"
+
+
+def test_a_row_kafka_does_not_take_is_sent_again_until_it_does(admin, kafka_bootstrap, tmp_path):
+    """The error path: the producer gives up on a row (here its topic does not exist yet, and
+    librdkafka's own wait is cut to 1 s); the hold sends it again, and once Kafka takes it,
+    reports and deletes the file. Nothing lost, nothing early."""
+    from streaming.admin import create_topic
+
+    topic = f"later-{uuid.uuid4().hex[:8]}"
+    now = int(time.time() * 1000)
+    reports: list = []
+    config = {**producer_config(kafka_bootstrap), "message.timeout.ms": 1000}
+    h = DriverHold(tmp_path, config, on_sent=lambda *r: reports.append(r)).start(None)
+    try:
+        h.put(9, now, rows(topic, [now, now + 500]))
+        assert_eventually(lambda: h.last_error is not None, timeout_s=20,
+                          message="a failed delivery")
+        assert not reports and h.pending() == 2, "not acknowledged: still held"
+        create_topic(admin, topic, 1, {"message.timestamp.type": "LogAppendTime"})
+        records = by_uniq(consume_all(kafka_bootstrap, topic, expected=2, timeout_s=60))
+        assert sorted(records) == ["m-0", "m-1"]
+        assert all(r.timestamp >= int(header_map(r)["DELIVER_MS"]) for r in records.values())
+        assert_eventually(lambda: [r[0] for r in reports] == [9], timeout_s=20)
+        assert_eventually(lambda: not list(tmp_path.glob("*.arrow")), timeout_s=10)
+    finally:
+        h.stop()
