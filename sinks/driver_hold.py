@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sinks.durable import write_durably
+from state.columns import OUTPUT
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,13 @@ SPOOL_FOLDER = "hold-spool"
 # What a spooled row keeps: the record as written to Kafka, and what the ledger records.
 SPOOLED = ("topic", "partition", "key", "value", "headers", "kind", "uniq_key", "level", "ipart",
            "ioff", "append_ms", "due_ms")
+# A delivery's columns the driver keeps once it is sent, with `sent_ms`, the moment a hold
+# released it: what the ledger records and the lateness histogram counts.
 RELEASED = ("uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms",
             "sent_ms")
+# A spool file's layout: SPOOLED, and when the batch's tasks sent the row (null: the hold sends
+# it). The tasks' rows come first, then the hold's in due order.
+_SCHEMA = pa.schema([OUTPUT.field(name) for name in SPOOLED] + [("sent_ms", pa.int64())])
 _BATCH_TIME = b"delayq.batch_time_ms"
 _RETRY_S = 0.5
 
@@ -111,6 +117,8 @@ class DriverHold:
         self._reports: queue.Queue = queue.Queue()
         self._reporter: threading.Thread | None = None
         self.last_error: str | None = None
+        # Rows put already sent by their batch's tasks, and rows this hold handed to Kafka.
+        self.sent_by = {"tasks": 0, "hold": 0}
 
     # ---- spool files ---------------------------------------------------------------------
     @staticmethod
@@ -120,13 +128,29 @@ class DriverHold:
     def files(self) -> list[Path]:
         return sorted(self.folder.glob("*.arrow"), key=lambda p: (self._batch_of(p), p.name))
 
-    def put(self, batch_id: int, batch_time_ms: int, rows: pa.Table) -> None:
-        """Spool a batch's outgoing rows (SPOOLED columns) and queue them. Returns once they
-        are on disk: the batch may commit then."""
-        rows = rows.select(list(SPOOLED))
-        if not rows.num_rows:
+    def put(self, batch_id: int, batch_time_ms: int, rows: pa.Table | None,
+            sent: pa.Table | None = None) -> None:
+        """Spool a batch's rows to send (SPOOLED columns) and queue them; with them the
+        deliveries the batch's tasks sent already (RELEASED columns, `sent`), so that the
+        batch's deliveries are all reported together, in batch order, and a crash before that
+        loses none of their ledger rows. Returns once they are on disk: the batch may commit
+        then."""
+        parts = []
+        if sent is not None and sent.num_rows:
+            n = sent.num_rows
+            self.sent_by["tasks"] += n
+            parts.append(pa.table({name: (sent.column(name) if name in sent.schema.names else
+                                          pa.array(["deliver"] * n) if name == "kind" else
+                                          pa.nulls(n, _SCHEMA.field(name).type))
+                                   for name in SPOOLED + ("sent_ms",)}, schema=_SCHEMA))
+        if rows is not None and rows.num_rows:
+            rows = rows.select(list(SPOOLED))
+            rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
+            rows = rows.append_column("sent_ms", pa.nulls(rows.num_rows, pa.int64()))
+            parts.append(rows.cast(_SCHEMA))
+        if not parts:
             return
-        rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
+        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         rows = rows.replace_schema_metadata({_BATCH_TIME: str(batch_time_ms).encode()})
         final = self.folder / f"{batch_id:019d}-{self._token}.arrow"
         write_durably(final, functools.partial(_write_arrow, rows))
@@ -137,10 +161,15 @@ class DriverHold:
         due = rows.column("due_ms").to_numpy()
         entry = _File(batch_id, batch_time_ms, path, rows, due,
                       np.full(len(due), -1, np.int64), np.zeros(len(due), bool))
+        if "sent_ms" in rows.schema.names:   # rows the batch's tasks sent: they come first
+            done = pc.fill_null(rows.column("sent_ms"), -1).to_numpy()
+            entry.sent_ms[:] = done
+            entry.ok[:] = done >= 0
+            entry.next = int(np.count_nonzero(entry.ok))
         if sent is not None:       # rows a clean stop recorded as acknowledged
             entry.sent_ms[:len(sent)] = sent
             entry.ok[:len(sent)] = True
-            entry.next = len(sent)
+            entry.next = max(entry.next, len(sent))
         with self._wake:
             self._files[(batch_id, path.name)] = entry
             if entry.next < len(due):
@@ -284,6 +313,7 @@ class DriverHold:
                                             for name in ("topic", "partition", "key", "value"))
         headers = _header_lists(chunk.column("headers"))
         produce, poll, delivered = self._producer.produce, self._producer.poll, self._delivered
+        self.sent_by["hold"] += len(indexes)
         for i, topic, partition, key, value, hs in zip(indexes, topics, partitions, keys, values,
                                                        headers):
             entry.sent_ms[i] = now_ms
@@ -333,8 +363,9 @@ class DriverHold:
 
 def held(folder: Path, uniq_key: str) -> dict | None:
     """The spooled row of a message the driver's hold has not finished with (SPOOLED columns
-    but the payload), or None. A file is deleted once all its rows are acknowledged, so a row
-    found here may have left moments ago."""
+    but the payload, `sent_ms`: when the batch's tasks sent it, else None; and `batch_id`), or
+    None. A file is deleted once all its rows are acknowledged, so a row found here may have
+    left moments ago."""
     for path in sorted(Path(folder).glob("*.arrow")) if Path(folder).is_dir() else ():
         try:
             with pa.memory_map(str(path)) as source:
@@ -343,7 +374,8 @@ def held(folder: Path, uniq_key: str) -> dict | None:
             continue
         hit = table.filter(pc.equal(table.column("uniq_key"), uniq_key))
         if hit.num_rows:
-            return hit.drop_columns(["key", "value", "headers"]).slice(0, 1).to_pylist()[0]
+            row = hit.drop_columns(["key", "value", "headers"]).slice(0, 1).to_pylist()[0]
+            return {"sent_ms": None, **row, "batch_id": DriverHold._batch_of(path)}
     return None
 
 

@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from sinks.base import BatchSink, BatchSummary, Sent  # noqa: F401
+from sinks.driver_hold import RELEASED, SPOOLED
 from state import headers as H
 from state.columns import OUTPUT
 from state.hold import hold_until_due
@@ -218,61 +219,15 @@ class KafkaSink(BatchSink):
         return self._clearance[1]
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
-        """The batch to Kafka: through the driver's hold when the sink has one (`spool_batch`),
-        else through the tasks' hold (`hold_batch`)."""
-        if self.hold is not None:
-            return self.spool_batch(batch, summary)
-        return self.hold_batch(batch, summary)
-
-    def spool_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
-        """Hand the batch's deliveries and dead letters to the driver's hold
-        (sinks/driver_hold.py), which sends each at its due time after the batch, and count
-        every row of the batch into `summary` (deliveries as they will be sent: they are
-        counted as delivered when Kafka has them). The batch's rows cross to the driver in one
-        Spark job, the refusals are decided as in `hold_batch`, and the rows are on disk
-        before this returns, so before the batch commits."""
-        summary.deferred = True
-        if self._catalog.known():
-            clear = self.clearance()
-        else:
-            batch = self.refuse(batch, self.plan(aggregate(batch)))
-            clear = F.lit(True)
-        clock = time.monotonic()
-        rows = batch.select(*_counted_columns(), clear.alias(CLEAR)).toArrow()
-        summary.timings["kafka_collect"] = round(time.monotonic() - clock, 3)
-        ended_ms = int(time.time() * 1000)
-        outgoing, withheld = [], 0
-        for row in _count_table(rows):
-            if row["kind"] == "deliver" and not row[CLEAR]:
-                withheld += row["count"]
-            else:
-                self._count(summary, row, delivered=False)
-        outgoing.append(_outgoing(rows))
-        frames = [lambda: self._sent_frame(batch.filter(outgoing_rows() & clear), {}, ended_ms)]
-        if withheld:
-            clock = time.monotonic()
-            rest = batch.filter((F.col("kind") == "deliver") & ~clear)
-            rest = self.refuse(rest, self.plan(aggregate(rest)))
-            more = rest.select(*_counted_columns()).toArrow()
-            for row in _count_table(more):
-                self._count(summary, row, delivered=False)
-            outgoing.append(_outgoing(more))
-            frames.append(lambda: self._sent_frame(rest, {}, ended_ms))
-            summary.timings["kafka_withheld"] = round(time.monotonic() - clock, 3)
-        clock = time.monotonic()
-        self.hold.put(summary.batch_id, summary.batch_time_ms,
-                      pa.concat_tables(outgoing, promote_options="default"))
-        summary.timings["kafka_spool"] = round(time.monotonic() - clock, 3)
-
-        def frame() -> DataFrame:
-            built = [make() for make in frames]
-            return built[0] if len(built) == 1 else built[0].unionByName(built[1])
-        return Sent(frame, batch.sparkSession)
-
-    def hold_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
         """Send the batch's deliveries and dead letters, each at its due time, and count every
         row of the batch into `summary`. Returns what was sent, with `sent_ms`: the moment the
         hold released each row.
+
+        Where the sink has the driver's hold (sinks/driver_hold.py), the tasks send only what
+        is due already and hand the rest to the driver, which spools it before the batch
+        commits and sends each row at its due time after the batch: the batch no longer lasts
+        until its last fired row is due. Its deliveries are then counted as delivered, and
+        their ledger rows and lateness recorded, once Kafka has them all (`summary.deferred`).
 
         This is the batch's one Spark job: it computes the batch (which `kept` keeps for any
         later reader), and its hold tasks count every row by COUNTED_BY as they go, so no job
@@ -292,31 +247,41 @@ class KafkaSink(BatchSink):
             # (a drain of 200,000 spent 8.4 s of its 22.8 s so).
             batch = self.refuse(batch, self.plan(aggregate(batch)))
             clear = F.lit(True)
-        counts, began, released, sent = self._hold_and_write(
-            batch.select(*_counted_columns(), clear.alias(CLEAR)))
+        defer = self.hold is not None
+        counts, began, released, later, sent = self._hold_and_write(
+            batch.select(*_counted_columns(), clear.alias(CLEAR)), defer)
         frames = [lambda: self._sent_frame(batch.filter(outgoing_rows() & clear), began, sent)]
         withheld = 0
         for row in counts:
             if row["kind"] == "deliver" and not row[CLEAR]:
                 withheld += row["count"]
             else:
-                self._count(summary, row)
+                self._count(summary, row, delivered=not defer)
         tables = [released] if released is not None else []
+        held = [later] if later is not None else []
         if withheld:
             clock = time.monotonic()
             rest = batch.filter((F.col("kind") == "deliver") & ~clear)
             refusals = self.plan(aggregate(rest))
             rest = self.refuse(rest, refusals)
-            counts, began2, released2, sent2 = self._hold_and_write(
-                rest.withColumn(CLEAR, F.lit(True)))
+            counts, began2, released2, later2, sent2 = self._hold_and_write(
+                rest.withColumn(CLEAR, F.lit(True)), defer)
             for row in counts:
-                self._count(summary, row)
+                self._count(summary, row, delivered=not defer)
             if released2 is not None:
                 tables.append(released2)
+            if later2 is not None:
+                held.append(later2)
             frames.append(lambda: self._sent_frame(rest, began2, sent2))
             summary.timings["kafka_withheld"] = round(time.monotonic() - clock, 3)
         summary.released = (None if not tables else tables[0] if len(tables) == 1
                             else pa.concat_tables(tables))
+        if defer:
+            clock = time.monotonic()
+            summary.deferred = True
+            self.hold.put(summary.batch_id, summary.batch_time_ms,
+                          pa.concat_tables(held) if held else None, sent=summary.released)
+            summary.timings["kafka_spool"] = round(time.monotonic() - clock, 3)
 
         def frame() -> DataFrame:
             built = [make() for make in frames]
@@ -330,10 +295,11 @@ class KafkaSink(BatchSink):
         if row["kind"] == "deliver":
             summary.topics.add(row["topic"])
 
-    def _hold_and_write(self, rows: DataFrame):
+    def _hold_and_write(self, rows: DataFrame, defer: bool = False):
         """One Kafka write of `rows` (the OUTPUT layout and CLEAR) through the hold: returns
         the hold tasks' counts, the moment each level began releasing, the released deliveries
-        (RELEASED columns, or None) and when the write ended.
+        (RELEASED columns, or None), the rows not yet due that the tasks left to the driver's
+        hold when `defer` (driver_hold.SPOOLED columns, or None) and when the write ended.
 
         The Kafka writer reads the hold's output directly, so each row goes out as it is
         released. (Persisting the output for the ledger made Spark build each partition whole
@@ -351,11 +317,12 @@ class KafkaSink(BatchSink):
         # One task per level: a level's messages leave in due order (the hold sorts each
         # task's rows), which matters when a restart finds many overdue at once.
         (rows.repartition(self._parallelism, "level")
-         .mapInArrow(hold_reporting(reports), self._schema)
+         .mapInArrow(hold_reporting(reports, defer), self._schema)
          .select("topic", "partition", "key", "value", "headers")
          .write.format("kafka").options(**self._options).save())
-        began, released = HoldReports.read(reports.value)
-        return HoldReports.counts(reports.value), began, released, int(time.time() * 1000)
+        began, released, later = HoldReports.read(reports.value)
+        return (HoldReports.counts(reports.value), began, released, later,
+                int(time.time() * 1000))
 
     @staticmethod
     def _sent_frame(out: DataFrame, began: dict, ended_ms: int) -> DataFrame:
@@ -369,36 +336,35 @@ class KafkaSink(BatchSink):
         return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
 
 
-# A delivery's columns the driver keeps after the write, with `sent_ms`, the moment the hold
-# released it: what the ledger records and the lateness histogram counts.
-RELEASED = ("uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms",
-            "sent_ms")
-
-
 class HoldReports(AccumulatorParam):
     """What the hold tasks of one write report: {"starts": level -> ms when a task began
     releasing that level's rows (the latest attempt's, should Spark run a task again),
-    "rows": one Arrow IPC stream of RELEASED columns per task, "counts": one dict per task
-    and COUNTED_BY group of the rows it took (with CLEAR, "count", and the sums of "received"
-    and "pending_delta")}. Spark applies the updates of an action's task once, from its
-    successful attempt, so every row is counted once and every delivery is in "rows" once."""
+    "rows": one Arrow IPC stream of RELEASED columns per task, "later": one Arrow IPC stream
+    per task of the rows it left to the driver's hold (driver_hold.SPOOLED columns), "counts":
+    one dict per task and COUNTED_BY group of the rows it took (with CLEAR, "count", and the
+    sums of "received" and "pending_delta")}. Spark applies the updates of an action's task
+    once, from its successful attempt, so every row is counted once and every delivery is in
+    "rows" or "later" once."""
 
     @staticmethod
     def zero(value):
-        return {"starts": {}, "rows": [], "counts": []}
+        return {"starts": {}, "rows": [], "later": [], "counts": []}
 
     def addInPlace(self, value1, value2):
         for level, ms in value2["starts"].items():
             value1["starts"][level] = max(ms, value1["starts"].get(level, ms))
-        value1["rows"].extend(value2["rows"])
-        value1["counts"].extend(value2["counts"])
+        for name in ("rows", "later", "counts"):
+            value1[name].extend(value2[name])
         return value1
 
     @staticmethod
-    def read(value) -> tuple[dict, pa.Table | None]:
-        """(starts, the released deliveries as one table, or None if there were none)."""
-        tables = [pa.ipc.open_stream(pa.py_buffer(blob)).read_all() for blob in value["rows"]]
-        return value["starts"], pa.concat_tables(tables) if tables else None
+    def read(value) -> tuple[dict, pa.Table | None, pa.Table | None]:
+        """(starts, the released deliveries as one table, the rows left to the driver's hold
+        as one table; a table is None where there were no rows)."""
+        def table(blobs):
+            tables = [pa.ipc.open_stream(pa.py_buffer(blob)).read_all() for blob in blobs]
+            return pa.concat_tables(tables) if tables else None
+        return value["starts"], table(value["rows"]), table(value["later"])
 
     @staticmethod
     def counts(value) -> list[dict]:
@@ -433,11 +399,6 @@ def _sendable(batches: Iterator[pa.RecordBatch], counts: list) -> Iterator[pa.Re
 _SENT_KINDS = pa.array(["deliver", "dead"], pa.string())
 
 
-def _count_table(table: pa.Table) -> list[dict]:
-    """`count_rows` over a table's record batches."""
-    return [row for batch in table.to_batches() for row in count_rows(batch)]
-
-
 def _outgoing(rows):
     """The rows (a RecordBatch or a Table) a hold sends: deliveries and dead letters the
     clearance passed, without CLEAR."""
@@ -448,14 +409,17 @@ def _outgoing(rows):
     return rows.filter(keep)
 
 
-def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """`hold_and_stamp` over the rows it may send, reporting to the accumulator `reports`
-    (HoldReports) the counts of every row it took, and the task's first release for every
-    level it held and its deliveries' RELEASED columns."""
+def hold_reporting(reports, defer: bool = False
+                   ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """`hold_and_stamp` over the rows it may send (`release_due` when `defer`), reporting to
+    the accumulator `reports` (HoldReports) the counts of every row it took, the task's first
+    release for every level it held, its deliveries' RELEASED columns, and the rows it left to
+    the driver's hold."""
     def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
-        first, levels, delivered, counts = None, set(), [], []
-        for out in hold_and_stamp(_sendable(batches, counts)):
+        first, levels, delivered, counts, later = None, set(), [], [], []
+        rows = _sendable(batches, counts)
+        for out in (release_due(rows, later) if defer else hold_and_stamp(rows)):
             if first is None:
                 first = out.column("sent_ms")[0].as_py()
             levels.update(pc.unique(out.column("level")).to_pylist())
@@ -466,16 +430,42 @@ def hold_reporting(reports) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.
             yield out
         if not counts:
             return
-        blobs = []
-        if delivered:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, delivered[0].schema) as writer:
-                for rows in delivered:
-                    writer.write_batch(rows)
-            blobs.append(sink.getvalue().to_pybytes())
         starts = {} if first is None else {level: first for level in levels if level is not None}
-        reports.add({"starts": starts, "rows": blobs, "counts": counts})
+        reports.add({"starts": starts, "rows": _ipc_blobs(delivered), "later": _ipc_blobs(later),
+                     "counts": counts})
     return hold
+
+
+def _ipc_blobs(tables: list) -> list[bytes]:
+    """Tables (or record batches) of one layout as one Arrow IPC stream: [] or [bytes]."""
+    if not tables:
+        return []
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, tables[0].schema) as writer:
+        for table in tables:
+            writer.write(table)
+    return [sink.getvalue().to_pybytes()]
+
+
+def release_due(batches: Iterator[pa.RecordBatch], later: list,
+                clock: Callable[[], float] = time.time) -> Iterator[pa.RecordBatch]:
+    """The driver's hold's split of a task's rows: those due by now leave at once, in due
+    order, stamped as `hold_and_stamp` stamps them; the rest go to `later` (a table of
+    driver_hold.SPOOLED columns), for the driver to send when due. Never early: a row leaves
+    here only if its due time has passed."""
+    parts = [batch for batch in batches if batch.num_rows]
+    if not parts:
+        return
+    rows = pa.Table.from_batches(parts)
+    rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
+    now_ms = int(clock() * 1000)
+    end = int(rows.column("due_ms").to_numpy().searchsorted(now_ms, side="right"))
+    if end < rows.num_rows:
+        later.append(rows.slice(end).select(list(SPOOLED)))
+    if end:
+        due = rows.slice(0, end)
+        yield from due.append_column("sent_ms", pa.array(
+            [now_ms] * end, pa.int64())).to_batches()
 
 
 @functools.cache

@@ -57,8 +57,12 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
             r = rows[0]
             return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["dead_ms"]),
                                         "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
-    # Fired ahead and waiting in the driver's hold (hold = "driver", sinks/driver_hold.py).
+    # Fired ahead and waiting in the driver's hold (hold = "driver", sinks/driver_hold.py), or
+    # sent by its batch's tasks and reported with the batch's last delivery.
     hit = held(checkpoint / HOLD_FOLDER, uniq_key)
+    if hit is not None and hit["sent_ms"] is not None:   # sent by its batch's tasks
+        return _delivered({**hit, "lateness_ms": hit["sent_ms"] - hit["due_ms"],
+                           "intake_partition": hit["ipart"], "intake_offset": hit["ioff"]})
     if hit is not None:
         return Whereabouts("pending", {"topic": hit["topic"], "level": hit["level"],
                                        "due": _iso(hit["due_ms"]),

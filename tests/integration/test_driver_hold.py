@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 from kafka.partitioner.default import murmur2
 
-from sinks.driver_hold import SPOOL_FOLDER, SPOOLED, DriverHold, producer_config
+from sinks.driver_hold import RELEASED, SPOOL_FOLDER, SPOOLED, DriverHold, producer_config
 from state.columns import OUTPUT
 from streaming.offsets import last_committed_batch
 from streaming.producer import DelayProducer
@@ -78,6 +78,41 @@ def test_rows_leave_at_their_due_time_and_as_written(new_topic, kafka_bootstrap,
         h.stop()
 
 
+def released_by_tasks(table: pa.Table, sent_ms: int) -> pa.Table:
+    """`table`'s deliveries as the batch's tasks report those they sent (RELEASED columns)."""
+    return table.select(list(RELEASED[:-1])).append_column(
+        "sent_ms", pa.array([sent_ms] * table.num_rows, pa.int64()))
+
+
+def test_rows_the_tasks_sent_are_reported_with_the_rest_and_never_sent_again(
+        new_topic, kafka_bootstrap, tmp_path):
+    """A batch whose tasks sent what was due (`sent`) and left the rest to the hold: the hold
+    sends only the rest, and reports the batch's deliveries together once Kafka has them all;
+    after a crash before that, a restart sends the rest again, never the tasks' rows."""
+    topic = new_topic(**LOG_APPEND)
+    now = int(time.time() * 1000)
+    by_tasks = released_by_tasks(rows(topic, [now - 2_000, now - 1_000], tag="tasks"), now - 900)
+    crashed = hold(tmp_path, kafka_bootstrap)
+    crashed.put(6, now, rows(topic, [now + 1_500], tag="later"), sent=by_tasks)
+    crashed.put(7, now, None, sent=released_by_tasks(rows(topic, [now - 50], tag="only"), now))
+    crashed.stop()   # its thread never started: a driver killed after the batches committed
+    reports: list = []
+    h = hold(tmp_path, kafka_bootstrap, reports).start(last_committed=7)
+    try:
+        records = by_uniq(consume_all(kafka_bootstrap, topic, expected=1, timeout_s=30, idle_s=2))
+        assert sorted(records) == ["later-0"], "the tasks' rows are not the hold's to send"
+        assert records["later-0"].timestamp >= now + 1_500
+        assert_eventually(lambda: [r[0] for r in reports] == [6, 7], timeout_s=10)
+        released = reports[0][2]
+        assert released.column("uniq_key").to_pylist() == ["tasks-0", "tasks-1", "later-0"]
+        assert released.column("sent_ms").to_pylist()[:2] == [now - 900, now - 900]
+        assert released.column("sent_ms")[2].as_py() >= now + 1_500
+        assert reports[1][2].column("uniq_key").to_pylist() == ["only-0"]
+        assert_eventually(lambda: not list(tmp_path.glob("*.arrow")), timeout_s=10)
+    finally:
+        h.stop()
+
+
 def test_dead_letters_go_at_once_and_are_not_reported_as_deliveries(new_topic, kafka_bootstrap,
                                                                      tmp_path):
     topic = new_topic(**LOG_APPEND)
@@ -137,16 +172,26 @@ def test_after_a_crash_a_committed_batch_is_sent_again_and_an_uncommitted_one_dr
         h.stop()
 
 
-def test_the_job_delivers_through_the_drivers_hold(job_settings, start_job, new_topic,
+def test_the_job_delivers_through_the_drivers_hold(job_settings, start_job, new_topic, admin,
                                                    kafka_bootstrap, lateness_log):
     """`hold = "driver"` end to end: every level on time, never early, exactly once, as sent;
     the ledger has every delivery; the spool is empty once all are sent."""
+    from streaming.admin import ensure_topics
+
     settings = job_settings(hold="driver", fire_lead_ms=4000)
     real = new_topic(partitions=3, **LOG_APPEND)
-    job = start_job(settings)
-    assert job._hold is not None
     sent: dict = {}
     user_headers = [("trace", b"t-1"), ("bin", b"\x00\xff\xfe")]
+    # Due before the job starts: its first batch's tasks send these, the hold the rest.
+    ensure_topics(settings, admin)
+    with DelayProducer(settings) as producer:
+        for i in range(5):
+            handle = producer.send(real, f"overdue {i}".encode(), level=0, headers=user_headers)
+            sent[handle.uniq_key] = Sent(None, f"overdue {i}".encode(), user_headers,
+                                         handle.due_ms, None)
+    time.sleep(1.2)
+    job = start_job(settings)
+    assert job._hold is not None
     with DelayProducer(settings) as producer:
         for level in (0, 1, 2, 3):
             for qid in (None, 0, 2):
@@ -158,6 +203,8 @@ def test_the_job_delivers_through_the_drivers_hold(job_settings, start_job, new_
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent, lateness_log=lateness_log)
     assert_eventually(lambda: job._hold.pending() == 0, timeout_s=30)
+    assert job._hold.sent_by["tasks"] >= 5, "the overdue ones went with their batch"
+    assert job._hold.sent_by["hold"] > 0
     job.stop()
     from deltalake import DeltaTable
     ledger = DeltaTable(str(settings.ledger_path)).to_pyarrow_table()
@@ -206,6 +253,13 @@ def test_the_lookup_finds_a_message_waiting_in_the_drivers_hold(spark, new_topic
     where = lookup.find(spark, "ahead-0", tmp_path / "ledger", tmp_path / "dead", checkpoint)
     assert (where.status, where.detail["where"], where.detail["topic"]) == \
         ("pending", "the driver's hold", topic)
+    # Sent by its batch's tasks, its ledger row not yet written: delivered.
+    done = hold(checkpoint / SPOOL_FOLDER, kafka_bootstrap)
+    done.put(3, now, None, sent=released_by_tasks(rows(topic, [now - 10], tag="done"), now))
+    done.stop()
+    where = lookup.find(spark, "done-0", tmp_path / "ledger", tmp_path / "dead", checkpoint)
+    assert (where.status, where.detail["lateness_ms"], where.detail["batch_id"]) == \
+        ("delivered", 10, 3)
     assert lookup.find(spark, "other", tmp_path / "ledger", tmp_path / "dead",
                        checkpoint).status == "unknown"
 

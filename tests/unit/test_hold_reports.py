@@ -6,8 +6,10 @@ import pyarrow as pa
 import pytest
 
 from sinks.base import BatchSummary, Sent
-from sinks.kafka import CLEAR, RELEASED, HoldReports, hold_reporting
+from sinks.driver_hold import SPOOLED
+from sinks.kafka import CLEAR, RELEASED, HoldReports, hold_reporting, release_due
 from sinks.ledger import LEDGER, delivered_rows
+from state.columns import HEADERS
 from streaming import job
 
 
@@ -29,7 +31,10 @@ def output_rows(now_ms: int) -> pa.RecordBatch:
         "kind": ["deliver", "dead", "deliver", "deliver"],
         "topic": ["t", "dlq", "t", "u"],
         "partition": pa.array([0, None, None, 3], pa.int32()),
+        "key": pa.array([None, None, b"kb", None], pa.binary()),
         "value": [b"a", b"x", b"b", b"c"],
+        "headers": pa.array([[{"key": "UNIQ_KEY", "value": k}] for k in (b"k-a", b"", b"k-b", b"k-c")],
+                            HEADERS),
         "uniq_key": ["k-a", None, "k-b", "k-c"],
         "level": pa.array([1, None, 2, 1], pa.int32()),
         "due_ms": pa.array([now_ms - 5_000, 0, now_ms + 300, now_ms - 10], pa.int64()),
@@ -49,7 +54,9 @@ def unsent_rows() -> pa.RecordBatch:
         "kind": ["tally", "tally", "cold", "cancelled"],
         "topic": [None, None, "t", None],
         "partition": pa.array([None] * 4, pa.int32()),
+        "key": pa.array([None] * 4, pa.binary()),
         "value": [None, None, b"later", None],
+        "headers": pa.array([None] * 4, HEADERS),
         "uniq_key": [None, None, "k-cold", "k-gone"],
         "level": pa.array([2, 2, 3, 2], pa.int32()),
         "due_ms": pa.array([None, None, 9_000_000_000_000, 1], pa.int64()),
@@ -80,9 +87,10 @@ def test_a_hold_task_reports_each_delivery_once_with_the_moment_it_was_released(
     for chunk in hold_reporting(reports)(iter([output_rows(now_ms)])):
         left_ms = int(time.time() * 1000)
         out.extend((row, left_ms) for row in chunk.to_pylist())
-    starts, released = HoldReports.read(reports.value)
+    starts, released, later = HoldReports.read(reports.value)
 
     assert released.column_names == list(RELEASED)
+    assert later is None, "the tasks' hold leaves nothing to the driver"
     rows = {r["uniq_key"]: r for r in released.to_pylist()}
     assert sorted(rows) == ["k-a", "k-b", "k-c"], "deliveries only, each once"
     left = {row["uniq_key"]: (row["sent_ms"], left_ms) for row, left_ms in out}
@@ -96,6 +104,39 @@ def test_a_hold_task_reports_each_delivery_once_with_the_moment_it_was_released(
     assert starts == {1: first, 2: first}
 
 
+def test_with_the_drivers_hold_a_task_sends_what_is_due_and_leaves_the_rest_to_the_driver():
+    now_ms = int(time.time() * 1000)
+    reports = Accumulator()
+    began = time.time()
+    out = [row for chunk in hold_reporting(reports, defer=True)(iter([output_rows(now_ms)]))
+           for row in chunk.to_pylist()]
+    assert time.time() - began < 0.25, "nothing waits for k-b, due 300 ms on"
+    assert [r["due_ms"] for r in out] == sorted(r["due_ms"] for r in out), "in due order"
+    assert sorted(r["ioff"] for r in out) == [10, 11, 12], "the overdue rows and the dead letter"
+    assert all(r["due_ms"] <= r["sent_ms"] for r in out)
+    starts, released, later = HoldReports.read(reports.value)
+    assert sorted(released.column("uniq_key").to_pylist()) == ["k-a", "k-c"]
+    assert later.column_names == list(SPOOLED)
+    (row,) = later.to_pylist()
+    assert (row["uniq_key"], row["key"], row["due_ms"], row["level"]) == ("k-b", b"kb", now_ms + 300, 2)
+    assert row["headers"] == [{"key": "UNIQ_KEY", "value": b"k-b"}]
+    assert counted(reports)[("deliver", "t", 2, None, True)] == (1, 0, 0), "counted all the same"
+
+
+def test_the_split_is_by_the_clock_never_early():
+    rows = output_rows(1_000_000)
+    for now_ms in (999_999, 1_000_000, 1_000_300, 1_000_301):
+        later = []
+        out = pa.Table.from_batches(list(release_due(iter([rows]), later,
+                                                     clock=lambda: now_ms / 1000)))
+        sent = out.column("uniq_key").to_pylist() if out.num_rows else []
+        kept = later[0].column("uniq_key").to_pylist() if later else []
+        assert sorted(sent + kept, key=str) == sorted(rows.column("uniq_key").to_pylist(), key=str)
+        assert all(d <= now_ms for d in (out.column("due_ms").to_pylist() if out.num_rows else []))
+        assert all(d > now_ms for d in (later[0].column("due_ms").to_pylist() if later else []))
+        assert ("k-b" in sent) == (now_ms >= 1_000_300)
+
+
 def test_reports_of_several_tasks_add_up():
     param = HoldReports()
     total = HoldReports.zero(None)
@@ -106,7 +147,7 @@ def test_reports_of_several_tasks_add_up():
         list(hold_reporting(acc)(iter([batch])))
         acc.value["starts"] = {1: 100 + task, 2: 200 - task}
         total = param.addInPlace(total, acc.value)
-    starts, released = HoldReports.read(total)
+    starts, released, _ = HoldReports.read(total)
     assert released.num_rows == 9
     assert starts == {1: 102, 2: 200}, "the latest report per level"
 
@@ -114,7 +155,7 @@ def test_reports_of_several_tasks_add_up():
 def test_a_task_with_no_rows_reports_nothing():
     acc = Accumulator()
     assert list(hold_reporting(acc)(iter([]))) == []
-    assert HoldReports.read(acc.value) == ({}, None)
+    assert HoldReports.read(acc.value) == ({}, None, None)
     assert HoldReports.counts(acc.value) == []
 
 
@@ -138,7 +179,7 @@ def test_a_hold_task_counts_every_row_it_takes_and_sends_only_deliveries_and_dea
 def test_a_task_with_only_rows_it_does_not_send_reports_their_counts():
     acc = Accumulator()
     assert list(hold_reporting(acc)(iter([unsent_rows()]))) == []
-    assert HoldReports.read(acc.value) == ({}, None)
+    assert HoldReports.read(acc.value) == ({}, None, None)
     assert counted(acc)[("tally", None, 2, None, True)] == (2, 7, 3)
 
 
@@ -151,7 +192,7 @@ def test_deliveries_the_clearance_did_not_pass_are_counted_apart_and_not_sent():
     assert sorted(r["ioff"] for r in sent) == [10, 11, 12], "the withheld delivery stays"
     assert CLEAR not in sent[0], "the hold's output is the sent layout"
     assert counted(acc)[("deliver", "t", 2, None, False)] == (1, 0, 0)
-    _, released = HoldReports.read(acc.value)
+    _, released, _ = HoldReports.read(acc.value)
     assert sorted(released.column("uniq_key").to_pylist()) == ["k-a", "k-c"]
 
 
@@ -203,7 +244,7 @@ def test_a_batch_whose_reports_hold_every_delivery_uses_them():
     summary = BatchSummary(4)
     summary.add("deliver", 1, None, 3)
     summary.add("dead", None, "bad", 1)
-    _, summary.released = HoldReports.read(acc.value)
+    _, summary.released, _ = HoldReports.read(acc.value)
     rows = job._ledger_rows(Sent(lambda: pytest.fail("built the sent frame")), summary)
     assert sorted(rows.column("uniq_key").to_pylist()) == ["k-a", "k-b", "k-c"]
 
