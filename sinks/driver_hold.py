@@ -1,10 +1,12 @@
-"""The driver's hold: a batch's deliveries and dead letters sent to Kafka at their due time by a
-thread of the driver, after the batch has ended.
+"""The driver's hold: a batch's rows not yet due sent to Kafka at their due time by a thread of
+the driver, after the batch has ended.
 
 The tasks' hold (sinks/kafka.py) keeps its micro-batch open until the last fired row is due, so
 every batch lasts at least as long as the fire lead reaches past its start, and a longer lead,
 which would fire more messages in time, makes every batch longer (docs/benchmarks.md, "The
-fire lead"). Here the batch only writes its outgoing rows to a spool file beside the checkpoint
+fire lead"). With this hold the batch's tasks send only the rows already due, through Spark's
+Kafka writer as the tasks' hold does (a drain, a restart's backlog), and hand the rest to the
+driver (sinks/kafka.py `release_due`), which writes them to a spool file beside the checkpoint
 and returns; this thread sends each row when it is due, through librdkafka.
 
 Never lost: a batch's file is written (temporary name, fsync, rename) before the batch commits,
@@ -15,9 +17,11 @@ batches again and they spool their rows anew. After a crash a row can so be sent
 the same UNIQ_KEY. Never early: a row is handed to the producer only once the clock has reached
 its due time.
 
-`on_sent(batch_id, batch_time_ms, released)` is called once per file, in batch order, when all
-of its rows are acknowledged, with its deliveries' RELEASED columns (sent_ms: when each was
-handed to the producer): what the ledger and the lateness histogram record.
+The file also lists the batch's deliveries its tasks sent (with their `sent_ms`, no payload),
+first: they are never sent again, and are reported with the rest. `on_sent(batch_id,
+batch_time_ms, released)` is called once per file, in batch order, when all of its rows are
+acknowledged, with its deliveries' RELEASED columns (sent_ms: when each was handed to a
+producer): what the ledger and the lateness histogram record.
 """
 from __future__ import annotations
 
