@@ -407,7 +407,9 @@ class DelayJob:
         if not ckpt.is_local(self.checkpoint):
             if self.settings.hold == "driver":
                 log.warning("hold = driver needs a checkpoint on a local or mounted folder; %s "
-                            "is not one, so the batch's tasks hold", self.checkpoint)
+                            "is not one, so the batch's tasks hold (set hold = \"tasks\" and "
+                            "fire_lead_ms = 2000 for them: a longer lead lengthens every batch)",
+                            self.checkpoint)
             return None
         folder = ckpt.local_path(self.checkpoint) / driver_hold.SPOOL_FOLDER
         if self.settings.hold != "driver" and not any(folder.glob("*.arrow")):

@@ -24,9 +24,12 @@ def send(producer: DelayProducer, sent: dict, topic: str, value: bytes, *, key=N
     return handle
 
 
+@pytest.mark.parametrize("hold", ["driver", "tasks"])
 def test_every_level_on_time_and_exactly_as_sent(job_settings, start_job, new_topic,
-                                                 kafka_bootstrap, lateness_log, spark):
-    settings = job_settings()
+                                                 kafka_bootstrap, lateness_log, spark, hold):
+    settings = job_settings() if hold == "driver" else job_settings(hold="tasks",
+                                                                    fire_lead_ms=2000)
+    assert settings.hold == hold
     real = new_topic(partitions=3, **LOG_APPEND)
     job = start_job(settings)
     sent: dict = {}
