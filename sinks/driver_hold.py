@@ -165,7 +165,7 @@ class DriverHold:
         self._queue(final, rows, batch_id, batch_time_ms, sent=None)
 
     def _queue(self, path: Path, rows: pa.Table, batch_id: int, batch_time_ms: int,
-               sent: np.ndarray | None) -> None:
+               sent: np.ndarray | None) -> _File:
         due = rows.column("due_ms").to_numpy()
         entry = _File(batch_id, batch_time_ms, path, rows, due,
                       np.full(len(due), -1, np.int64), np.zeros(len(due), bool))
@@ -183,6 +183,7 @@ class DriverHold:
             if entry.next < len(due):
                 heapq.heappush(self._heap, (int(due[entry.next]), batch_id, path.name))
             self._wake.notify()
+        return entry
 
     def start(self, last_committed: int | None) -> "DriverHold":
         """Queue what an earlier run left: files of committed batches (up to `last_committed`)
@@ -204,18 +205,51 @@ class DriverHold:
                 with pa.memory_map(str(marker)) as source:
                     sent = pa.ipc.open_file(source).read_all().column("sent_ms").to_numpy()
             meta = rows.schema.metadata or {}
+            entry = self._queue(path, rows, batch_id, int(meta.get(_BATCH_TIME, b"0")), sent)
             log.info("hold: sending again %d rows of batch %d left by the last run",
-                     rows.num_rows - (0 if sent is None else len(sent)), batch_id)
-            self._queue(path, rows, batch_id, int(meta.get(_BATCH_TIME, b"0")), sent)
+                     len(entry.due) - entry.next, batch_id)
         for marker in self.folder.glob("*.arrow.sent"):
             if not marker.with_name(marker.name[:-len(".sent")]).exists():
                 marker.unlink()
+        self._send_overdue()
         self._reporter = threading.Thread(target=self._report, name="delayq-hold-report",
                                           daemon=True)
         self._reporter.start()
         self._thread = threading.Thread(target=self._run, name="delayq-hold", daemon=True)
         self._thread.start()
         return self
+
+    def _send_overdue(self, timeout_s: float = 60.0) -> None:
+        """Send what an earlier run left that is due already, in due order across its files
+        (each file is in due order, but the files of consecutive batches overlap), and wait
+        until Kafka has taken it: before this run's first batch sends anything, so that a
+        level's overdue messages leave in due order after a restart."""
+        now_ms = int(self._clock() * 1000)
+        runs = []
+        for entry in self._files.values():       # batch order: ties go to the earlier batch
+            end = int(entry.due.searchsorted(now_ms, side="right"))
+            if end > entry.next:
+                runs.append((entry, np.arange(entry.next, end)))
+        if not runs:
+            return
+        order = np.argsort(np.concatenate([entry.due[rows] for entry, rows in runs]),
+                           kind="stable")
+        which = np.concatenate([np.full(len(rows), k) for k, (_, rows) in enumerate(runs)])[order]
+        rows = np.concatenate([rows for _, rows in runs])[order]
+        cuts = np.flatnonzero(np.diff(which)) + 1
+        for part_which, part_rows in zip(np.split(which, cuts), np.split(rows, cuts)):
+            entry = runs[int(part_which[0])][0]
+            for at in range(0, len(part_rows), _STEP_ROWS):
+                self._send(entry, part_rows[at:at + _STEP_ROWS].tolist(), now_ms)
+        with self._wake:
+            for entry, sent in runs:
+                entry.next = int(sent[-1]) + 1
+            self._heap = [(int(f.due[f.next]), f.batch_id, f.path.name)
+                          for f in self._files.values() if f.next < len(f.due)]
+            heapq.heapify(self._heap)
+        left = self._producer.flush(timeout_s)
+        log.info("hold: sent %d overdue rows left by the last run before the first batch%s",
+                 len(rows), f" ({left} not yet acknowledged)" if left else "")
 
     def pending(self) -> int:
         """Rows spooled and not yet acknowledged."""

@@ -113,6 +113,27 @@ def test_rows_the_tasks_sent_are_reported_with_the_rest_and_never_sent_again(
         h.stop()
 
 
+def test_a_restart_sends_what_is_overdue_in_due_order_across_files_before_it_returns(
+        new_topic, kafka_bootstrap, tmp_path):
+    """Files of consecutive batches overlap in due time; what a restart finds overdue leaves in
+    due order over all of them (one partition: the log's order is the send order), and is in
+    Kafka once `start` returns, before the run's first batch could send anything."""
+    topic = new_topic(**LOG_APPEND)
+    now = int(time.time() * 1000)
+    crashed = hold(tmp_path, kafka_bootstrap)
+    crashed.put(1, now, rows(topic, [now - 900, now - 600, now - 300, now + 60_000], tag="a"))
+    crashed.put(2, now, rows(topic, [now - 800, now - 700, now - 100], tag="b"))
+    crashed.stop()
+    h = hold(tmp_path, kafka_bootstrap).start(last_committed=2)
+    try:
+        assert h.pending() == 1, "the six overdue acknowledged by the time start returned"
+        records = consume_all(kafka_bootstrap, topic, expected=6, timeout_s=30, idle_s=0.5)
+        assert [header_map(r)["UNIQ_KEY"].decode() for r in records] == \
+            ["a-0", "b-0", "b-1", "a-1", "a-2", "b-2"]
+    finally:
+        h.stop()
+
+
 def test_dead_letters_go_at_once_and_are_not_reported_as_deliveries(new_topic, kafka_bootstrap,
                                                                      tmp_path):
     topic = new_topic(**LOG_APPEND)
