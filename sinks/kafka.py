@@ -29,7 +29,7 @@ from sinks.base import BatchSink, BatchSummary, Sent  # noqa: F401
 from sinks.driver_hold import RELEASED, SPOOLED
 from state import headers as H
 from state.columns import OUTPUT
-from state.hold import hold_until_due
+from state.hold import by_due, hold_until_due
 from state.worker import settle
 
 # Send as soon as a held row is released: lateness, not throughput, is what this writer buys.
@@ -391,22 +391,16 @@ def _sendable(batches: Iterator[pa.RecordBatch], counts: list) -> Iterator[pa.Re
         if not batch.num_rows:
             continue
         counts.extend(count_rows(batch))
-        batch = _outgoing(batch)
+        keep = pc.is_in(batch.column("kind"), value_set=_SENT_KINDS)
+        if CLEAR in batch.schema.names:
+            keep = pc.and_(keep, pc.fill_null(batch.column(CLEAR), False))
+            batch = batch.select([name for name in batch.schema.names if name != CLEAR])
+        batch = batch.filter(keep)
         if batch.num_rows:
             yield batch
 
 
 _SENT_KINDS = pa.array(["deliver", "dead"], pa.string())
-
-
-def _outgoing(rows):
-    """The rows (a RecordBatch or a Table) a hold sends: deliveries and dead letters the
-    clearance passed, without CLEAR."""
-    keep = pc.is_in(rows.column("kind"), value_set=_SENT_KINDS)
-    if CLEAR in rows.schema.names:
-        keep = pc.and_(keep, pc.fill_null(rows.column(CLEAR), False))
-        rows = rows.select([name for name in rows.schema.names if name != CLEAR])
-    return rows.filter(keep)
 
 
 def hold_reporting(reports, defer: bool = False
@@ -453,11 +447,9 @@ def release_due(batches: Iterator[pa.RecordBatch], later: list,
     order, stamped as `hold_and_stamp` stamps them; the rest go to `later` (a table of
     driver_hold.SPOOLED columns), for the driver to send when due. Never early: a row leaves
     here only if its due time has passed."""
-    parts = [batch for batch in batches if batch.num_rows]
-    if not parts:
+    rows = by_due(batches)
+    if rows is None:
         return
-    rows = pa.Table.from_batches(parts)
-    rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
     now_ms = int(clock() * 1000)
     end = int(rows.column("due_ms").to_numpy().searchsorted(now_ms, side="right"))
     if end < rows.num_rows:

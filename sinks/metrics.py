@@ -74,20 +74,18 @@ class Metrics:
     def observe_batch(self, summary: BatchSummary) -> None:
         for level, n in summary.received_by_level.items():
             self.received.labels(level=str(level)).inc(n)
-        for level, n in summary.delivered_by_level.items():
-            self.delivered.labels(level=str(level)).inc(n)
         for reason, n in summary.dead_by_reason.items():
             self.dead.labels(reason=reason).inc(n)
         self.cancelled.inc(summary.count("cancelled"))
         self.cancel_misses.inc(summary.count("cancel_unknown"))
         for level, delta in summary.pending_delta_by_level.items():
             self.pending.labels(level=str(level)).inc(delta)
-        if summary.lateness is not None:
-            self.lateness.add(*summary.lateness)
+        self.observe_sent(summary.delivered_by_level, summary.lateness)
 
     def observe_sent(self, delivered_by_level: dict[int, int],
                      lateness: tuple[list[int], int, float] | None) -> None:
-        """Deliveries the driver's hold sent after their batch (sinks/driver_hold.py)."""
+        """Deliveries sent: a batch's (`observe_batch`), or those the driver's hold sent
+        after their batch (sinks/driver_hold.py)."""
         for level, n in delivered_by_level.items():
             self.delivered.labels(level=str(level)).inc(n)
         if lateness is not None:

@@ -16,17 +16,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
+def by_due(batches: Iterator[pa.RecordBatch]) -> pa.Table | None:
+    """All of `batches`' rows in one table, in due order; None if there are none."""
+    parts = [batch for batch in batches if batch.num_rows]
+    if not parts:
+        return None
+    rows = pa.Table.from_batches(parts)
+    return rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
+
+
 def hold_until_due(batches: Iterator[pa.RecordBatch], clock: Callable[[], float] = time.time,
                    sleep: Callable[[float], None] = time.sleep,
                    flush: Callable[[], None] = lambda: None) -> Iterator[pa.Table]:
     """Yield `batches`' rows in due order, each chunk once the clock reaches its due time.
     Before each wait it calls `flush`: whatever was released so far must leave now, not sit
     in an output buffer until the rows after it are due."""
-    parts = [batch for batch in batches if batch.num_rows]
-    if not parts:
+    rows = by_due(batches)
+    if rows is None:
         return
-    rows = pa.Table.from_batches(parts)
-    rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
     due = rows.column("due_ms").to_numpy()
     start = 0
     while start < len(due):
