@@ -19,6 +19,7 @@ FILE_SYSTEM_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointi
 REQUIRED_JARS = ("spark-sql-kafka-0-10_2.13-", "delta-spark_", "kafka-clients-")
 # Hadoop's local file system with file modes set in the JVM (deploy/maven/localfs).
 LOCAL_FS_CLASS = "io.delayq.hadoop.NioLocalFileSystem"
+PYTHON_UNIX_SOCKET = "spark.python.unix.domain.socket.enabled"
 
 
 def spark_jars(settings: Settings) -> list[Path]:
@@ -98,6 +99,12 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # with its own workers and their imports (docs/benchmarks.md).
         # A Python error's traceback then keeps PySpark's own frames.
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
+        # The JVM and its Python workers talk over a Unix domain socket, not loopback TCP.
+        # Neither side of Spark's TCP socket sets TCP_NODELAY, and a task's small writes
+        # (the command, a small Arrow batch) then wait on the peer's delayed acknowledgement:
+        # an idle job's batch took 404 ms on TCP and 250 ms on this socket, its Python stages'
+        # tasks 31-61 ms instead of 110-160 (docs/benchmarks.md, "The Python workers' socket").
+        PYTHON_UNIX_SOCKET: "true",
         # The driver's Python and the workers' Python must be the same interpreter.
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,

@@ -35,6 +35,24 @@ def test_a_spark_python_worker_freezes_what_it_holds_at_the_parse(spark):
     assert row.after > 10_000   # pyarrow's, pandas' and PySpark's objects, among others
 
 
+def test_a_spark_python_worker_talks_to_the_jvm_over_a_unix_socket(spark):
+    """Over loopback TCP a task's small writes wait on the peer's delayed acknowledgements
+    (neither side of Spark's socket sets TCP_NODELAY): the session asks for a Unix domain
+    socket (streaming/session.py), and the worker running a task has no TCP connection."""
+    def probe(batches):
+        import psutil
+
+        for batch in batches:
+            pass
+        me = psutil.Process()
+        yield pa.record_batch({"tcp": [len(me.net_connections(kind="tcp"))],
+                               "unix": [len(me.net_connections(kind="unix"))]})
+
+    [row] = spark.range(1, numPartitions=1).mapInArrow(probe, "tcp long, unix long").collect()
+    assert row.tcp == 0
+    assert row.unix >= 1
+
+
 def test_the_parse_the_wheel_and_the_hold_share_one_pool_of_python_workers(
         job_settings, start_job, new_topic, kafka_bootstrap):
     """Spark keeps a daemon (and its workers) per distinct worker environment; the job's

@@ -10,7 +10,8 @@ import pytest
 
 from conf import load_settings
 from state.errors import ConfigError
-from streaming.session import FILE_SYSTEM_CHECKPOINTS, LOCAL_FS_CLASS, spark_conf
+from streaming.session import (FILE_SYSTEM_CHECKPOINTS, LOCAL_FS_CLASS, PYTHON_UNIX_SOCKET,
+                               spark_conf)
 from tests.support import fake_jars_dir
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,17 @@ def test_checkpoint_files_are_renamed_through_the_file_system_api(tmp_path):
     holders = [jar.name for jar in jars.glob("spark-sql_*.jar")
                if entry in zipfile.ZipFile(jar).namelist()]
     assert holders, f"{FILE_SYSTEM_CHECKPOINTS} is in no spark-sql jar of {jars}"
+
+
+def test_the_python_workers_socket_is_a_setting_this_spark_knows(tmp_path):
+    """Spark ignores a key it does not define: the Unix socket setting must be one that the
+    spark-core jar we run declares, or the workers would be back on loopback TCP unnoticed."""
+    assert spark_conf(_settings(tmp_path))[PYTHON_UNIX_SOCKET] == "true"
+    jars = Path(pyspark.__file__).parent / "jars"
+    declared = [jar.name for jar in jars.glob("spark-core_*.jar")
+                if PYTHON_UNIX_SOCKET.encode() in zipfile.ZipFile(jar).read(
+                    "org/apache/spark/internal/config/Python$.class")]
+    assert declared, f"{PYTHON_UNIX_SOCKET} is declared in no spark-core jar of {jars}"
 
 
 def test_the_local_file_system_is_ours_and_on_the_class_path_from_the_start(tmp_path):
