@@ -100,10 +100,10 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # A Python error's traceback then keeps PySpark's own frames.
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         # The JVM and its Python workers talk over a Unix domain socket, not loopback TCP.
-        # Neither side of Spark's TCP socket sets TCP_NODELAY, and a task's small writes
-        # (the command, a small Arrow batch) then wait on the peer's delayed acknowledgement:
-        # an idle job's batch took 404 ms on TCP and 250 ms on this socket, its Python stages'
-        # tasks 31-61 ms instead of 110-160 (docs/benchmarks.md, "The Python workers' socket").
+        # Neither side of Spark's TCP socket sets TCP_NODELAY, and each side of a task waited
+        # on the other with no CPU spent (small writes held by Nagle, most likely): an idle
+        # job's batch took 404 ms on TCP and 250 ms on this socket, its Python stages' tasks
+        # 31-61 ms instead of 110-160 (docs/benchmarks.md, "The Python workers' socket").
         PYTHON_UNIX_SOCKET: "true",
         # The driver's Python and the workers' Python must be the same interpreter.
         "spark.pyspark.python": sys.executable,

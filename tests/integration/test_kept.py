@@ -33,3 +33,23 @@ def test_a_kept_batch_is_computed_once_and_dropped_on_release(spark):
     assert rdd_id in spark.sparkContext._jsc.getPersistentRDDs()
     release()
     assert rdd_id not in spark.sparkContext._jsc.getPersistentRDDs()
+
+
+def test_the_warning_spark_logs_at_each_release_is_filtered_and_no_other(spark):
+    """Spark warns at every release that the kept rows' lineage was truncated (four lines a
+    second on `delayq run`'s console); conf/log4j2.properties drops that message, in the JVM
+    the session runs, and lets the same logger's other warnings through."""
+    log4j = spark._jvm.org.apache.logging.log4j
+    name = "org.apache.spark.rdd.MapPartitionsRDD"
+    config = log4j.LogManager.getContext(False).getConfiguration().getLoggerConfig(name)
+    assert config.getName() == name
+
+    def filtered(message: str) -> bool:
+        event = (spark._jvm.org.apache.logging.log4j.core.impl.Log4jLogEvent.newBuilder()
+                 .setLoggerName(name).setLevel(log4j.Level.WARN)
+                 .setMessage(log4j.message.SimpleMessage(message)).build())
+        return config.isFiltered(event)
+
+    assert filtered("RDD 3 was locally checkpointed, its lineage has been truncated and cannot "
+                    "be recomputed after unpersisting")
+    assert not filtered("RDD 3 could not be unpersisted")

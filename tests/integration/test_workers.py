@@ -36,8 +36,8 @@ def test_a_spark_python_worker_freezes_what_it_holds_at_the_parse(spark):
 
 
 def test_a_spark_python_worker_talks_to_the_jvm_over_a_unix_socket(spark):
-    """Over loopback TCP a task's small writes wait on the peer's delayed acknowledgements
-    (neither side of Spark's socket sets TCP_NODELAY): the session asks for a Unix domain
+    """Over loopback TCP (neither side of Spark's socket sets TCP_NODELAY) each side of a task
+    waited on the other, about 150 ms a batch: the session asks for a Unix domain
     socket (streaming/session.py), and the worker running a task has no TCP connection."""
     def probe(batches):
         import psutil
