@@ -98,8 +98,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0
     # The driver spark-submit starts reads its settings from the environment, like `run`.
     os.environ.update({_env(k): str(v) for k, v in _overrides(args).items()})
-    submit(settings, master, **options)
-    return 0  # not reached: spark-submit replaced this process
+    return submit(settings, master, **options)
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:

@@ -139,8 +139,24 @@ class BatchWriter:
     # The first call of this writer: when it began (time.monotonic) and its step timings,
     # for the start-up report.
     first: tuple[float, dict] | None = None
+    # A clean stop (DelayJob.stop): the last batch begun, and whether one was asked for.
+    begun: int | None = None
+    closed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def close(self) -> int | None:
+        """No batch begins its work after this call: the id of the last that did, or None."""
+        with self._lock:
+            self.closed = True
+            return self.begun
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            closed = self.closed
+            if not closed:
+                self.begun = batch_id
+        if closed:
+            wait_for_the_stop(batch.sparkSession, batch_id)
         batch, release = kept(batch)
         clock = time.monotonic()
         timings = {}
@@ -177,6 +193,36 @@ class BatchWriter:
                 self.on_batch(summary)
         finally:
             release()
+
+
+# How long a batch begun after a stop was asked waits for it (DelayJob.stop asks for it within
+# its grace period); past this the batch fails, having sent nothing.
+STOP_WAIT_MS = 10 * 60 * 1000
+
+
+def wait_for_the_stop(spark: SparkSession, batch_id: int) -> None:
+    """A batch that began after a stop was asked sends nothing: it waits in the JVM, on the
+    query's own thread (PySpark pins a callback's JVM calls to it), until the query's stop
+    interrupts it. Spark takes that interruption as a clean stop (SPARK-39218); the batch is
+    not committed and runs again after the restart."""
+    try:
+        spark._jvm.java.lang.Thread.sleep(STOP_WAIT_MS)
+    except Exception as e:   # the stop's interruption, which Spark must see as it is
+        e.delayq_stop = True
+        raise
+    raise JobError(f"batch {batch_id} waited {STOP_WAIT_MS // 1000} s for the job's stop")
+
+
+class _QuietStop(logging.Filter):
+    """py4j logs, at ERROR with its traceback, the interruption a batch waiting for the stop
+    ends with: the expected end of a clean stop, not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not getattr(exc, "delayq_stop", False)
+
+
+logging.getLogger("py4j.clientserver").addFilter(_QuietStop())
 
 
 def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
@@ -284,6 +330,7 @@ class DelayJob:
         self._seeder: threading.Thread | None = None
         self._spool: LedgerSpool | None = None
         self._hold: driver_hold.DriverHold | None = None
+        self._writer: BatchWriter | None = None
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -320,7 +367,7 @@ class DelayJob:
                         or len(self.settings.level_delays_ms),
                         spark_options(self.settings), self.settings.cold_bucket_ms,
                         self.settings.near_horizon_ms)
-        writer = BatchWriter(kafka, self._extra_sinks, self._observer(), cold)
+        writer = self._writer = BatchWriter(kafka, self._extra_sinks, self._observer(), cold)
         self._step("cold_tier")
         # First-batch costs paid here, not by the first deliveries: Delta tables, the
         # executors' Kafka producer.
@@ -380,6 +427,23 @@ class DelayJob:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         return self.query
+
+    def _finish_batch(self, grace_s: float) -> None:
+        """Let no batch begin its work and wait for the one under way to be committed."""
+        last = self._writer.close() if self._writer is not None else None
+        if last is None:
+            return
+        deadline = time.monotonic() + grace_s
+        while self.query.isActive:
+            progress = self.query.lastProgress   # reported once its batch is committed
+            if progress is not None and progress["batchId"] >= last:
+                return
+            if time.monotonic() > deadline:
+                log.warning("batch %d still under way %.0f s after the stop was asked: stopping "
+                            "it; it runs again after the restart, and what it sent so far is "
+                            "sent again", last, grace_s)
+                return
+            time.sleep(0.05)
 
     def _mirror_commit(self, offsets: dict[int, int]) -> None:
         admin = self._mirror_admin
@@ -472,9 +536,13 @@ class DelayJob:
             time.sleep(0.2)
         return None  # slow, not failed: the caller's own deadlines decide
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 30.0) -> None:
+        """A clean stop: the batch under way finishes and is committed (up to `grace_s`), no
+        other begins, then the query stops. A batch cut short by the query's stop is not
+        committed and runs again after the restart, sending again what it had sent."""
         try:
             if self.query is not None:
+                self._finish_batch(grace_s)
                 self.query.stop()
             for listener in (self._listener, self._mirror):
                 if listener is not None:

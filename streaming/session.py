@@ -50,18 +50,24 @@ def java_options(settings: Settings) -> str:
     return cds.java_options(settings)
 
 
+# The project's log4j2 configuration (conf/log4j2.properties), for every JVM of the job.
+LOG4J_OPTION = f"-Dlog4j2.configurationFile=file:{CONF_DIR / 'log4j2.properties'}"
+# A query stopped mid-batch fails its foreachBatch call; Spark then matches the long Python
+# traceback with a backtracking regex that overflows the default 1 MiB stack.
+DRIVER_STACK_OPTION = "-Xss16m"
+
+
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
-    log4j = f"-Dlog4j2.configurationFile=file:{CONF_DIR / 'log4j2.properties'}"
+    log4j = LOG4J_OPTION
     local_fs = str(local_fs_jar(settings))
     conf = {
         "spark.app.name": settings.spark_app_name,
         "spark.master": settings.spark_master,
         "spark.jars": ",".join(str(jar) for jar in spark_jars(settings)),
         "spark.driver.memory": settings.spark_driver_memory,
-        # A query stopped mid-batch fails its foreachBatch call; Spark then matches the long
-        # Python traceback with a backtracking regex that overflows the default 1 MiB stack.
         # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
-        "spark.driver.extraJavaOptions": f"{log4j} -Xss16m {java_options(settings)}".rstrip(),
+        "spark.driver.extraJavaOptions":
+            f"{log4j} {DRIVER_STACK_OPTION} {java_options(settings)}".rstrip(),
         "spark.executor.extraJavaOptions": log4j,
         # Without Hadoop's native library (PyPI's pyspark has none), Hadoop's local file
         # system sets each new file's mode by running `chmod` in a child process of the JVM:

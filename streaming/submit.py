@@ -16,8 +16,9 @@ import zipfile
 from pathlib import Path
 
 from conf.settings import CONF_DIR, Settings
+from streaming import supervise
 from streaming.cluster import spark_home
-from streaming.session import local_fs_jar, spark_jars
+from streaming.session import DRIVER_STACK_OPTION, LOG4J_OPTION, local_fs_jar, spark_jars
 
 PROJECT = CONF_DIR.parent
 PACKAGES = ("conf", "state", "streaming", "sinks")
@@ -51,6 +52,9 @@ def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
         # The local file system class must be on the JVMs' class path from their start
         # (streaming/session.py); the job's session names it once the driver runs.
         "--driver-class-path", local_fs,
+        # The driver's JVM starts before the job's session: what spark_conf gives it in
+        # `delayq run` goes here (the executors' options still come from the session).
+        "--driver-java-options", f"{LOG4J_OPTION} {DRIVER_STACK_OPTION}",
         "--conf", f"spark.executor.extraClassPath={local_fs}",
         "--py-files", str(py_zip or build_zip(settings)),
         "--driver-memory", settings.spark_driver_memory,
@@ -72,8 +76,9 @@ def submit_env(settings: Settings, master: str) -> dict[str, str]:
     return env
 
 
-def submit(settings: Settings, master: str, **kwargs) -> None:
-    """Replace this process with spark-submit (signals then reach it directly)."""
+def submit(settings: Settings, master: str, **kwargs) -> int:
+    """Run spark-submit until it exits; its exit code. A SIGTERM or Ctrl-C here becomes the
+    driver's clean stop (streaming/supervise.py)."""
     command = submit_command(settings, master, **kwargs)
     print("delayq submit:", " ".join(command), flush=True)
-    os.execve(command[0], command, submit_env(settings, master))
+    return supervise.run(command, submit_env(settings, master))

@@ -10,8 +10,12 @@ jars_classpath() { echo "${DELAYQ_JARS_DIR}/localfs/*:${SPARK_HOME}/jars/*:${DEL
 case "${1:-}" in
   driver)
     shift
-    # The operator already decided where the driver runs: here, in client mode.
-    exec "${SPARK_HOME}/bin/spark-submit" \
+    # The operator already decided where the driver runs: here, in client mode. Kubernetes
+    # stops the pod with SIGTERM (tini hands it on): streaming.supervise passes it to the
+    # Python driver, whose clean stop lets the batch under way finish; spark-submit's JVM
+    # would stop the query mid-batch.
+    exec "${PYSPARK_DRIVER_PYTHON:-python3}" -m streaming.supervise \
+      "${SPARK_HOME}/bin/spark-submit" \
       --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS:-0.0.0.0}" \
       --conf "spark.executorEnv.SPARK_DRIVER_POD_IP=${SPARK_DRIVER_BIND_ADDRESS:-0.0.0.0}" \
       --deploy-mode client "$@"

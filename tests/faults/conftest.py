@@ -53,12 +53,17 @@ class JobProcess:
             kill_session(self.proc)
 
     def stop(self) -> None:
+        """SIGTERM to the driver's Python process alone, as `docker stop` and Kubernetes send
+        it to a container's first process: a clean stop (its Spark JVM, a child, must not get
+        the signal too, or it stops the query mid-batch). Then whatever is left of the group."""
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=90)
             except subprocess.TimeoutExpired:
-                self.kill()
+                pass
+        if self.proc:
+            kill_session(self.proc)   # a JVM that outlived its driver
 
 
 @pytest.fixture

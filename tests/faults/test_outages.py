@@ -79,6 +79,7 @@ def test_job_stopped_longer_than_the_delays_delivers_overdue_at_once_in_due_orde
     restarted_at = int(time.time() * 1000)
     overdue = {k for k, due in sent.items() if due < restarting_at}
     outcome = check_all_delivered(settings, real, sent, timeout_s=120)
+    assert outcome.duplicates == 0, "a clean stop sends nothing twice"
 
     first: dict[str, object] = {}
     for record in sorted(outcome.records, key=lambda r: r.offset):

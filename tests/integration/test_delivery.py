@@ -1,7 +1,9 @@
 """Delay-level delivery end to end, on the real broker and real Spark (levels "1s 2s 3s")."""
 from __future__ import annotations
 
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from kafka import KafkaProducer
@@ -158,6 +160,66 @@ def test_a_backlog_keeps_passing_through_after_a_restart_on_its_checkpoint(
     pending = [(s.batch_id, s.pending_delta_by_level) for s in summaries
                if any(s.pending_delta_by_level.get(lv, 0) > 0 for lv in (1, 2, 3))]
     assert not pending, f"overdue level messages went into the state: {pending}"
+
+
+def test_a_stop_asked_during_a_batch_lets_it_finish_and_sends_nothing_twice(
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
+    """A stop asked while a batch is under way (here: just before its Kafka write) waits for
+    that batch to be sent and committed, lets no other begin, and leaves the query stopped
+    cleanly; started again on its checkpoint, the job sends every message once. Without the
+    wait, the query's stop interrupts the write and the batch runs again after the restart."""
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-stop-{settings.intake_topic}")
+    job = start_job(settings, checkpoint=checkpoint)
+    kafka = job._writer.kafka
+    write, asked = kafka.write_batch, []
+    stopper = threading.Thread(target=job.stop, name="test-stop")
+
+    def write_batch(batch, summary):
+        if not asked:
+            asked.append(summary.batch_id)
+            stopper.start()
+            time.sleep(1.5)   # the stop is asked and waiting by the time the write begins
+        return write(batch, summary)
+
+    kafka.write_batch = write_batch
+    sent: dict = {}
+    with DelayProducer(settings) as producer:
+        for i in range(20):
+            send(producer, sent, real, f"stop {i}".encode(), level=i % 2)
+    assert_eventually(lambda: asked, timeout_s=30, message="a batch under way")
+    stopper.join(timeout=90)
+    assert not stopper.is_alive(), "the stop returned"
+    assert not job.query.isActive and job.query.exception() is None, job.query.exception()
+    commits = Path(checkpoint) / "commits"
+    assert (commits / str(asked[0])).is_file(), \
+        f"batch {asked[0]} was under way when the stop was asked and was not committed"
+    start_job(settings, checkpoint=checkpoint)
+    check_deliveries(consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90,
+                                 idle_s=3), sent)
+
+
+def test_a_batch_begun_after_the_stop_was_asked_sends_nothing(
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
+    """Once a stop is asked, the next batch waits for it without sending; the stop ends the
+    query cleanly (no error) and that batch, uncommitted, runs after the restart."""
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-park-{settings.intake_topic}")
+    job = start_job(settings, checkpoint=checkpoint)
+    last = job._writer.close()   # what DelayJob.stop does first; a batch under way goes on
+    sent: dict = {}
+    with DelayProducer(settings) as producer:
+        for i in range(10):
+            send(producer, sent, real, f"after {i}".encode(), level=0)
+    assert consume_all(kafka_bootstrap, real, expected=1, timeout_s=8) == []
+    assert job.query.isActive and job.query.lastProgress["batchId"] <= last
+    job.stop()
+    assert job.query.exception() is None, job.query.exception()
+    start_job(settings, checkpoint=checkpoint)
+    check_deliveries(consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90,
+                                 idle_s=3), sent)
 
 
 def test_missing_uniq_key_is_assigned_and_stable_across_replays(

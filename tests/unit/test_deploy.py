@@ -60,6 +60,10 @@ def test_spark_application_runs_this_image_version_and_main_file(k8s):
     assert app["sparkConf"]["spark.hadoop.fs.file.impl"] == LOCAL_FS_CLASS
     assert app["sparkConf"]["spark.driver.extraClassPath"] == \
         "/opt/delayq/.lib/localfs/delayq-localfs.jar"
+    # The driver's JVM options `delayq run` gives it, with the image's conf folder.
+    from streaming.session import CONF_DIR, DRIVER_STACK_OPTION, LOG4J_OPTION
+    assert app["sparkConf"]["spark.driver.extraJavaOptions"].split() == [
+        LOG4J_OPTION.replace(str(CONF_DIR), "/opt/delayq/conf"), DRIVER_STACK_OPTION]
 
 
 def test_kubernetes_settings_are_settings_and_secrets_stay_in_the_secret(k8s):
@@ -109,6 +113,10 @@ def test_entrypoint_starts_executors_with_a_class_pyspark_ships():
     script = DEPLOY / "docker" / "entrypoint.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)
     text = script.read_text()
+    # The driver's spark-submit under the supervisor that makes a SIGTERM a clean stop
+    # (tests/faults/test_stop.py runs it through `delayq submit`).
+    assert re.search(r"driver\)\n(.*\n)*?\s*exec \S+ -m streaming\.supervise \\\n\s*\S*/bin/spark-submit",
+                     text), "the driver branch runs spark-submit under streaming.supervise"
     assert "${DELAYQ_JARS_DIR}/localfs/*" in text    # executors resolve fs.file.impl too
     backend = re.search(r"org\.apache\.spark\.scheduler\.cluster\.k8s\.(\w+)", text).group(0)
     from streaming.cluster import spark_home

@@ -82,3 +82,8 @@ def test_a_submitted_job_has_it_on_the_class_paths_too(tmp_path):
     command = submit_command(settings, "local[1]", py_zip=tmp_path / "delayq-py.zip")
     assert command[command.index("--driver-class-path") + 1] == jar
     assert f"spark.executor.extraClassPath={jar}" in command
+    # So do the log4j2 configuration and the stack size spark_conf gives the driver's JVM.
+    from streaming.session import DRIVER_STACK_OPTION, LOG4J_OPTION, spark_conf
+    options = command[command.index("--driver-java-options") + 1].split()
+    assert options == [LOG4J_OPTION, DRIVER_STACK_OPTION]
+    assert set(options) <= set(spark_conf(settings)["spark.driver.extraJavaOptions"].split())

@@ -1,0 +1,40 @@
+"""A stop sent to `delayq submit` (as Kubernetes sends one to the driver pod, whose
+entrypoint runs spark-submit the same way) is the driver's clean stop: spark-submit's JVM
+does not get it, the batch under way finishes, the process exits 0, and after the restart
+nothing is sent twice."""
+from __future__ import annotations
+
+import time
+
+from streaming.admin import admin_client, create_topic
+from tests.faults.conftest import SteadyLoad, check_all_delivered
+
+
+def test_a_sigterm_to_delayq_submit_is_a_clean_stop(job_process, capsys):
+    job, settings = job_process(command=["submit", "--master", "local[2]"])
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
+    admin.close()
+    job.start(timeout_s=300)
+    load = SteadyLoad(settings, real, levels=(0, 1, 2, 3), interval_s=0.01)
+    load.start()
+    time.sleep(8)
+    asked = time.monotonic()
+    job.stop()   # SIGTERM to the `delayq submit` process alone, while the load goes on
+    took = time.monotonic() - asked
+    log = job.log.read_text(errors="replace").split("==== start 1 ====")[-1]
+    assert job.proc.returncode == 0, f"exit code {job.proc.returncode}:\n{log[-3000:]}"
+    assert "stopping the driver" in log and "delayq stopped" in log, log[-3000:]
+    # The driver's JVM, started by spark-submit, has the project's log4j2 configuration.
+    assert "was locally checkpointed" not in log
+    time.sleep(2)
+    load.stop()
+    job.start(timeout_s=300)
+    outcome = check_all_delivered(settings, real, load.sent, timeout_s=180,
+                                  unacknowledged=load.unacknowledged)
+    job.stop()
+    assert outcome.duplicates == 0, "a clean stop sends nothing twice"
+    with capsys.disabled():
+        print(f"\ndelayq submit stopped by SIGTERM under load: stop took {took:.1f} s, exit 0, "
+              f"{len(load.sent)} messages, lost 0, early 0, duplicates 0")
