@@ -35,21 +35,33 @@ def test_a_kept_batch_is_computed_once_and_dropped_on_release(spark):
     assert rdd_id not in spark.sparkContext._jsc.getPersistentRDDs()
 
 
+def filtered(spark, logger: str, message: str) -> bool:
+    """Whether the session JVM's log4j2 configuration drops a WARN `message` of `logger`."""
+    log4j = spark._jvm.org.apache.logging.log4j
+    config = log4j.LogManager.getContext(False).getConfiguration().getLoggerConfig(logger)
+    assert config.getName() == logger, f"no logger config of its own for {logger}"
+    event = (spark._jvm.org.apache.logging.log4j.core.impl.Log4jLogEvent.newBuilder()
+             .setLoggerName(logger).setLevel(log4j.Level.WARN)
+             .setMessage(log4j.message.SimpleMessage(message)).build())
+    return config.isFiltered(event)
+
+
 def test_the_warning_spark_logs_at_each_release_is_filtered_and_no_other(spark):
     """Spark warns at every release that the kept rows' lineage was truncated (four lines a
     second on `delayq run`'s console); conf/log4j2.properties drops that message, in the JVM
     the session runs, and lets the same logger's other warnings through."""
-    log4j = spark._jvm.org.apache.logging.log4j
     name = "org.apache.spark.rdd.MapPartitionsRDD"
-    config = log4j.LogManager.getContext(False).getConfiguration().getLoggerConfig(name)
-    assert config.getName() == name
+    assert filtered(spark, name, "RDD 3 was locally checkpointed, its lineage has been "
+                                 "truncated and cannot be recomputed after unpersisting")
+    assert not filtered(spark, name, "RDD 3 could not be unpersisted")
 
-    def filtered(message: str) -> bool:
-        event = (spark._jvm.org.apache.logging.log4j.core.impl.Log4jLogEvent.newBuilder()
-                 .setLoggerName(name).setLevel(log4j.Level.WARN)
-                 .setMessage(log4j.message.SimpleMessage(message)).build())
-        return config.isFiltered(event)
 
-    assert filtered("RDD 3 was locally checkpointed, its lineage has been truncated and cannot "
-                    "be recomputed after unpersisting")
-    assert not filtered("RDD 3 could not be unpersisted")
+def test_the_warning_of_a_clean_stop_is_filtered_and_no_other(spark):
+    """A clean stop stops the query between batches; Spark then warns that it found no job of
+    the query's group to cancel. That message is dropped; the scheduler's others are not."""
+    name = "org.apache.spark.scheduler.DAGScheduler"
+    assert filtered(spark, name, "Failed to cancel job group 0f4ca958-dcea-4304-b561-"
+                                 "d7093da01319. Cannot find active jobs for it.")
+    assert not filtered(spark, name, "Failed to cancel job group 0f4ca958. Job 3 is not "
+                                     "cancellable.")
+    assert not filtered(spark, name, "Broadcasting large task binary with size 1.1 MiB")
