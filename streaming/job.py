@@ -428,22 +428,43 @@ class DelayJob:
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         return self.query
 
-    def _finish_batch(self, grace_s: float) -> None:
-        """Let no batch begin its work and wait for the one under way to be committed."""
+    def _finish_batch(self, grace_s: float) -> int | None:
+        """Let no batch begin its work and wait for the one under way to be committed; its
+        id once it is (None: no batch began, or the wait ended first)."""
         last = self._writer.close() if self._writer is not None else None
         if last is None:
-            return
+            return None
         deadline = time.monotonic() + grace_s
         while self.query.isActive:
             progress = self.query.lastProgress   # reported once its batch is committed
             if progress is not None and progress["batchId"] >= last:
-                return
+                return last
             if time.monotonic() > deadline:
                 log.warning("batch %d still under way %.0f s after the stop was asked: stopping "
                             "it; it runs again after the restart, and what it sent so far is "
                             "sent again", last, grace_s)
-                return
+                return None
             time.sleep(0.05)
+        return None
+
+    def _drop_unbegun(self, committed: int) -> None:
+        """After a clean stop: the offsets Spark wrote for the batches after `committed`, none
+        of which began its work (the writer was closed first: nothing sent, spooled or kept
+        in the state for them). Left in place, the next start would run the next batch over
+        those offsets, and the Kafka source's progress metrics hit SPARK-55271 on such a
+        batch (the query stops and restarts once, with an error logged); without them, Spark
+        plans that batch anew from the last commit, as after a stop between batches."""
+        if not ckpt.is_local(self.checkpoint):
+            return
+        root = ckpt.local_path(self.checkpoint)
+        if last_committed_batch(root) != committed:
+            return
+        for entry in (root / "offsets").iterdir():
+            name = entry.name.removeprefix(".").removesuffix(".crc")
+            if name.isdigit() and int(name) > committed:
+                entry.unlink()
+                log.info("dropped the offsets of batch %s, which the stop kept from beginning",
+                         name)
 
     def _mirror_commit(self, offsets: dict[int, int]) -> None:
         admin = self._mirror_admin
@@ -542,8 +563,10 @@ class DelayJob:
         committed and runs again after the restart, sending again what it had sent."""
         try:
             if self.query is not None:
-                self._finish_batch(grace_s)
+                committed = self._finish_batch(grace_s)
                 self.query.stop()
+                if committed is not None:
+                    self._drop_unbegun(committed)
             for listener in (self._listener, self._mirror):
                 if listener is not None:
                     self.spark.streams.removeListener(listener)

@@ -162,6 +162,15 @@ def test_a_backlog_keeps_passing_through_after_a_restart_on_its_checkpoint(
     assert not pending, f"overdue level messages went into the state: {pending}"
 
 
+def assert_nothing_begun_left(checkpoint: str) -> None:
+    """A clean stop leaves no offsets beyond its last commit: the batch Spark had planned
+    after it never began, and the next start plans it anew (streaming/job.py)."""
+    root = Path(checkpoint)
+    committed = max(int(p.name) for p in (root / "commits").iterdir() if p.name.isdigit())
+    planned = max(int(p.name) for p in (root / "offsets").iterdir() if p.name.isdigit())
+    assert planned == committed, f"offsets of batch {planned} left after commit {committed}"
+
+
 def test_a_stop_asked_during_a_batch_lets_it_finish_and_sends_nothing_twice(
         job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
     """A stop asked while a batch is under way (here: just before its Kafka write) waits for
@@ -195,7 +204,9 @@ def test_a_stop_asked_during_a_batch_lets_it_finish_and_sends_nothing_twice(
     commits = Path(checkpoint) / "commits"
     assert (commits / str(asked[0])).is_file(), \
         f"batch {asked[0]} was under way when the stop was asked and was not committed"
-    start_job(settings, checkpoint=checkpoint)
+    assert_nothing_begun_left(checkpoint)
+    again = start_job(settings, checkpoint=checkpoint)
+    assert "first_batch_again" not in again.startup_s, "the restart met SPARK-55271"
     check_deliveries(consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90,
                                  idle_s=3), sent)
 
@@ -217,7 +228,9 @@ def test_a_batch_begun_after_the_stop_was_asked_sends_nothing(
     assert job.query.isActive and job.query.lastProgress["batchId"] <= last
     job.stop()
     assert job.query.exception() is None, job.query.exception()
-    start_job(settings, checkpoint=checkpoint)
+    assert_nothing_begun_left(checkpoint)
+    again = start_job(settings, checkpoint=checkpoint)
+    assert "first_batch_again" not in again.startup_s, "the restart met SPARK-55271"
     check_deliveries(consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90,
                                  idle_s=3), sent)
 
