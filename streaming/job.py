@@ -204,7 +204,7 @@ def wait_for_the_stop(spark: SparkSession, batch_id: int) -> None:
     """A batch that began after a stop was asked sends nothing: it waits in the JVM, on the
     query's own thread (PySpark pins a callback's JVM calls to it), until the query's stop
     interrupts it. Spark takes that interruption as a clean stop (SPARK-39218); the batch is
-    not committed and runs again after the restart."""
+    not committed, and the stop removes its offsets so the next start plans it anew."""
     try:
         spark._jvm.java.lang.Thread.sleep(STOP_WAIT_MS)
     except Exception as e:   # the stop's interruption, which Spark must see as it is

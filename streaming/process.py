@@ -85,17 +85,35 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def _live_pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
 def session_pids(sid: int) -> list[int]:
     """Every live process whose session is `sid` (Linux /proc)."""
     pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    pids.append(int(entry))
-            except OSError:
-                pass
+    for pid in _live_pids():
+        try:
+            if os.getsid(pid) == sid:
+                pids.append(pid)
+        except OSError:
+            pass
     return pids
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for child in _live_pids():
+        try:
+            with open(f"/proc/{child}/stat") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid …: comm may hold spaces and parentheses.
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            found.append(child)
+    return found
 
 
 def kill_session(proc, timeout_s: float = 30) -> None:

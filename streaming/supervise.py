@@ -21,27 +21,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from streaming.process import children
+
 DRIVER_FILE = "deploy/spark/main.py"
 PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            # pid (comm) state ppid …: comm may hold spaces and parentheses.
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def driver_of(jvm: int) -> int | None:
