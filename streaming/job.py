@@ -441,8 +441,9 @@ class DelayJob:
                 return last
             if time.monotonic() > deadline:
                 log.warning("batch %d still under way %.0f s after the stop was asked: stopping "
-                            "it; it runs again after the restart, and what it sent so far is "
-                            "sent again", last, grace_s)
+                            "the query, which interrupts the batch's Spark work; cut short, the "
+                            "batch is not committed and runs again after the restart, sending "
+                            "again what it had sent", last, grace_s)
                 return None
             time.sleep(0.05)
         return None
@@ -559,8 +560,9 @@ class DelayJob:
 
     def stop(self, grace_s: float = 30.0) -> None:
         """A clean stop: the batch under way finishes and is committed (up to `grace_s`), no
-        other begins, then the query stops. A batch cut short by the query's stop is not
-        committed and runs again after the restart, sending again what it had sent."""
+        other begins, then the query stops. Past the grace, the query's stop interrupts the
+        batch's Spark work: cut short, it is not committed and runs again after the restart,
+        sending again what it had sent (Python code is not interrupted: the stop waits)."""
         try:
             if self.query is not None:
                 committed = self._finish_batch(grace_s)

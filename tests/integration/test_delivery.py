@@ -1,6 +1,7 @@
 """Delay-level delivery end to end, on the real broker and real Spark (levels "1s 2s 3s")."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -231,6 +232,61 @@ def test_a_batch_begun_after_the_stop_was_asked_sends_nothing(
     job.stop()
     assert job.query.exception() is None, job.query.exception()
     restart_after_a_clean_stop(settings, checkpoint, start_job, kafka_bootstrap, real, sent)
+
+
+@pytest.mark.parametrize("where", ["spark", "python"])
+def test_a_batch_that_outlasts_the_stops_grace(job_settings, start_job, new_topic,
+                                               kafka_bootstrap, work_dir, caplog, where):
+    """A batch still under way when the stop's grace runs out: the stop says so and stops the
+    query, which interrupts the batch's thread. Cut in Spark's work (here a wait in the JVM
+    after its Kafka write), the batch is not committed and the restart runs it again: what it
+    had sent arrives twice, with the same UNIQ_KEY, as after a crash. In Python code, which the
+    interruption cannot reach, the stop waits for the batch to end and be committed: nothing
+    twice. Either way the query ends without an error and every message arrives, never early."""
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-grace-{where}-{settings.intake_topic}")
+    job = start_job(settings, checkpoint=checkpoint)
+    kafka = job._writer.kafka
+    write, cut = kafka.write_batch, []
+    stopper = threading.Thread(target=job.stop, kwargs={"grace_s": 1.0}, name="test-stop")
+
+    def write_batch(batch, summary):
+        written = write(batch, summary)
+        if not cut and summary.count("deliver"):
+            cut.append(summary.batch_id)
+            stopper.start()
+            if where == "spark":   # a Spark job's wait, on the query's thread
+                batch.sparkSession._jvm.java.lang.Thread.sleep(5000)
+            else:
+                time.sleep(5)
+        return written
+
+    kafka.write_batch = write_batch
+    sent: dict = {}
+    with caplog.at_level(logging.WARNING, logger="streaming.job"):
+        with DelayProducer(settings) as producer:
+            for i in range(20):
+                send(producer, sent, real, f"grace {i}".encode(), level=0)
+        assert_eventually(lambda: cut, timeout_s=30, message="a batch sending")
+        stopper.join(timeout=90)
+    assert not stopper.is_alive(), "the stop returned"
+    assert f"batch {cut[0]} still under way 1 s after the stop was asked" in caplog.text
+    assert not job.query.isActive and job.query.exception() is None, job.query.exception()
+    committed = (Path(checkpoint) / "commits" / str(cut[0])).exists()
+    assert committed == (where == "python"), f"batch {cut[0]} committed: {committed}"
+    before = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=10, idle_s=2)
+    assert before, "the batch had sent its messages before the grace ran out"
+    first = {(r.partition, r.offset) for r in before}
+
+    start_job(settings, checkpoint=checkpoint)
+    again = len(before) if where == "spark" else 0
+    records = consume_all(kafka_bootstrap, real, expected=len(sent) + again,
+                          timeout_s=90, idle_s=3)
+    if where == "spark":   # after the restart, every message once, the cut batch's again
+        check_deliveries([r for r in records if (r.partition, r.offset) not in first], sent)
+    else:
+        check_deliveries(records, sent)
 
 
 def test_missing_uniq_key_is_assigned_and_stable_across_replays(
