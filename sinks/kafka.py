@@ -52,6 +52,8 @@ CLEAR = "_clear"
 # What the hold counts the batch's rows by (the summary's counts, sinks/base.py).
 COUNTED_BY = ("kind", "topic", "partition", "level", "reason")
 _PAYLOAD = ("key", "value", "headers")
+# What the Kafka writer takes of the hold's output.
+KAFKA_COLUMNS = ("topic", "partition", "key", "value", "headers")
 
 
 @functools.cache
@@ -106,8 +108,7 @@ class KafkaSink(BatchSink):
         self._dlq = dlq_topic
         self._catalog = catalog
         self._parallelism = max(1, parallelism)
-        self._reports = None   # the hold tasks' reports (write_batch)
-        self._schema = None    # the hold's output layout (write_batch)
+        self._write = None     # the hold and Kafka write's Java parts (_HoldWrite)
         self._clearance = None  # (metadata snapshot, its Column) (clearance)
 
     def topic_sizes(self, topics) -> dict[str, int | None]:
@@ -249,7 +250,7 @@ class KafkaSink(BatchSink):
             clear = F.lit(True)
         defer = self.hold is not None
         counts, began, released, later, sent = self._hold_and_write(
-            batch.select(*_counted_columns(), clear.alias(CLEAR)), defer)
+            self._writer(batch.sparkSession, defer).counted(batch, clear), defer)
         frames = [lambda: self._sent_frame(batch.filter(outgoing_rows() & clear), began, sent)]
         withheld = 0
         for row in counts:
@@ -305,24 +306,18 @@ class KafkaSink(BatchSink):
         released. (Persisting the output for the ledger made Spark build each partition whole
         before the writer read any of it: rows left in one burst when their task's last row
         was due; docs/benchmarks.md.)"""
-        if self._schema is None:   # the batch's layout is fixed: ask the JVM once
-            self._schema = self.sent_schema(rows.drop(CLEAR).schema)
-        # One accumulator for the sink's life, emptied per write: every task of the previous
-        # write reported before its save returned, and a new one per batch would stay in
-        # PySpark's registry for good.
-        if self._reports is None:
-            self._reports = rows.sparkSession.sparkContext.accumulator(
-                HoldReports.zero(None), HoldReports())
-        reports, reports.value = self._reports, HoldReports.zero(None)
-        # One task per level: a level's messages leave in due order (the hold sorts each
-        # task's rows), which matters when a restart finds many overdue at once.
-        (rows.repartition(self._parallelism, "level")
-         .mapInArrow(hold_reporting(reports, defer), self._schema)
-         .select("topic", "partition", "key", "value", "headers")
-         .write.format("kafka").options(**self._options).save())
+        write = self._writer(rows.sparkSession, defer)
+        reports = write.reports
+        reports.value = HoldReports.zero(None)
+        write.save(rows)
         began, released, later = HoldReports.read(reports.value)
         return (HoldReports.counts(reports.value), began, released, later,
                 int(time.time() * 1000))
+
+    def _writer(self, spark, defer: bool) -> "_HoldWrite":
+        if self._write is None or self._write.defer != defer:
+            self._write = _HoldWrite(spark, defer, self._parallelism, self._options)
+        return self._write
 
     @staticmethod
     def _sent_frame(out: DataFrame, began: dict, ended_ms: int) -> DataFrame:
@@ -334,6 +329,58 @@ class KafkaSink(BatchSink):
             x for level, ms in began.items() for x in (F.lit(level), F.lit(ms).cast("long"))]),
             F.col("level")), fallback) if began else fallback)
         return out.withColumn("sent_ms", F.greatest(F.col("due_ms"), release))
+
+
+class _HoldWrite:
+    """The Kafka write of `_hold_and_write` with its Java parts built once: the hold's Python
+    function (pickled into the JVM once instead of every batch), its input columns, the
+    repartition's column and the writer's options. PySpark's DataFrame methods rebuild each of
+    them on every call (a list of columns costs one call into the JVM per column; `mapInArrow`
+    pickles its function again and looks up every column of the DataFrame): about 40 ms of the
+    driver's work per batch at 10,000 msg/s, between one batch's Spark job and the next
+    (docs/benchmarks.md, "The driver's calls per batch"). Here a batch's write is a few calls.
+
+    One accumulator for the sink's life, emptied per write: every task of the previous write
+    reported before its save returned, and a new one per batch would stay in PySpark's
+    registry for good."""
+
+    def __init__(self, spark, defer: bool, parallelism: int, options: dict[str, str]):
+        from pyspark.sql.classic.column import _to_seq
+        from pyspark.sql.pandas.functions import pandas_udf
+        from pyspark.sql.pandas.types import from_arrow_schema
+        from pyspark.rdd import PythonEvalType
+
+        sc = spark.sparkContext
+        self.defer = defer
+        self.reports = sc.accumulator(HoldReports.zero(None), HoldReports())
+        hold = pandas_udf(hold_reporting(self.reports, defer, KAFKA_COLUMNS),
+                          returnType=from_arrow_schema(pa.schema(
+                              [OUTPUT.field(name) for name in KAFKA_COLUMNS])),
+                          functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+        # Over the input's columns by name: resolved against each batch's rows by Spark.
+        self._hold = hold(*[F.col(name) for name in (*OUTPUT.names, CLEAR)])._jc
+        self._seq = functools.partial(_to_seq, sc)
+        self._level = self._seq([F.col("level")._jc])
+        self._clear = self._select = None
+        self._parallelism = parallelism
+        self._options = spark._jvm.java.util.HashMap()
+        for key, value in options.items():
+            self._options.put(key, value)
+
+    def counted(self, batch: DataFrame, clear: F.Column) -> DataFrame:
+        """The batch's columns as the hold takes them (`_counted_columns`) and CLEAR."""
+        if self._clear is not clear:   # a new clearance (the topics' metadata moved)
+            self._select = self._seq([c._jc for c in (*_counted_columns(), clear.alias(CLEAR))])
+            self._clear = clear
+        return DataFrame(batch._jdf.select(self._select), batch.sparkSession)
+
+    def save(self, rows: DataFrame) -> None:
+        """Through the hold into Kafka, one task per level: a level's messages leave in due
+        order (the hold sorts each task's rows), which matters when a restart finds many
+        overdue at once."""
+        held = rows._jdf.repartition(self._parallelism, self._level).mapInArrow(
+            self._hold, False, None)
+        held.write().format("kafka").options(self._options).save()
 
 
 class HoldReports(AccumulatorParam):
@@ -403,12 +450,14 @@ def _sendable(batches: Iterator[pa.RecordBatch], counts: list) -> Iterator[pa.Re
 _SENT_KINDS = pa.array(["deliver", "dead"], pa.string())
 
 
-def hold_reporting(reports, defer: bool = False
+def hold_reporting(reports, defer: bool = False, columns: tuple[str, ...] | None = None
                    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """`hold_and_stamp` over the rows it may send (`release_due` when `defer`), reporting to
     the accumulator `reports` (HoldReports) the counts of every row it took, the task's first
     release for every level it held, its deliveries' RELEASED columns, and the rows it left to
-    the driver's hold."""
+    the driver's hold. It yields `columns` of the rows it sends (all, stamped, when None): the
+    Kafka write takes KAFKA_COLUMNS, and every other column would cross back to the JVM for
+    nothing."""
     def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
         first, levels, delivered, counts, later = None, set(), [], [], []
@@ -421,7 +470,7 @@ def hold_reporting(reports, defer: bool = False
             rows = out.select(list(RELEASED)).filter(pc.equal(out.column("kind"), "deliver"))
             if rows.num_rows:
                 delivered.append(rows)
-            yield out
+            yield out if columns is None else out.select(list(columns))
         if not counts:
             return
         starts = {} if first is None else {level: first for level in levels if level is not None}

@@ -7,7 +7,8 @@ import pytest
 
 from sinks.base import BatchSummary, Sent
 from sinks.driver_hold import SPOOLED
-from sinks.kafka import CLEAR, RELEASED, HoldReports, hold_reporting, release_due
+from sinks.kafka import (CLEAR, KAFKA_COLUMNS, RELEASED, HoldReports, hold_reporting,
+                         release_due)
 from sinks.ledger import LEDGER, delivered_rows
 from state.columns import HEADERS
 from streaming import job
@@ -157,6 +158,22 @@ def test_a_task_with_no_rows_reports_nothing():
     assert list(hold_reporting(acc)(iter([]))) == []
     assert HoldReports.read(acc.value) == ({}, None, None)
     assert HoldReports.counts(acc.value) == []
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_the_hold_yields_only_what_the_kafka_writer_takes_and_still_reports_the_rest(defer):
+    now_ms = int(time.time() * 1000)
+    full, narrow = Accumulator(), Accumulator()
+    whole = [row for chunk in hold_reporting(full, defer)(iter([output_rows(now_ms - 1_000)]))
+             for row in chunk.to_pylist()]
+    sent = [chunk for chunk in hold_reporting(narrow, defer, KAFKA_COLUMNS)(
+        iter([output_rows(now_ms - 1_000)]))]
+    assert sent and all(chunk.schema.names == list(KAFKA_COLUMNS) for chunk in sent)
+    rows = [row for chunk in sent for row in chunk.to_pylist()]
+    assert rows == [{name: row[name] for name in KAFKA_COLUMNS} for row in whole]
+    _, released, _ = HoldReports.read(narrow.value)
+    assert released.column_names == list(RELEASED) and released.num_rows == 3
+    assert counted(narrow) == counted(full)
 
 
 def test_a_hold_task_counts_every_row_it_takes_and_sends_only_deliveries_and_dead_letters():
