@@ -24,7 +24,7 @@ def test_a_sigterm_to_delayq_submit_is_a_clean_stop(job_process, capsys):
     job.stop()   # SIGTERM to the `delayq submit` process alone, while the load goes on
     took = time.monotonic() - asked
     log = job.log.read_text(errors="replace").split("==== start 1 ====")[-1]
-    assert job.proc.returncode == 0, f"exit code {job.proc.returncode}:\n{log[-3000:]}"
+    assert job.proc.returncode == 0, f"exit code {job.proc.returncode}:\n{errors_in(log)}"
     assert "stopping the driver" in log and "delayq stopped" in log, log[-3000:]
     # The driver's JVM, started by spark-submit, has the project's log4j2 configuration.
     assert "was locally checkpointed" not in log
@@ -38,3 +38,13 @@ def test_a_sigterm_to_delayq_submit_is_a_clean_stop(job_process, capsys):
     with capsys.disabled():
         print(f"\ndelayq submit stopped by SIGTERM under load: stop took {took:.1f} s, exit 0, "
               f"{len(load.sent)} messages, lost 0, early 0, duplicates 0")
+
+
+def errors_in(log: str, limit: int = 60) -> str:
+    """The log's lines that say what went wrong (errors, exceptions, the stop's own lines, and
+    the Python frames under a traceback), without the Java frames that bury them."""
+    keep = [line for line in log.splitlines()
+            if any(word in line for word in ("ERROR", "WARN", "Error", "Exception", "delayq",
+                                             "File \"", "Caused by"))
+            and not line.lstrip().startswith("at ")]
+    return "\n".join(keep[-limit:])
