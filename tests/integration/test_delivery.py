@@ -178,6 +178,40 @@ def restart_after_a_clean_stop(settings, checkpoint: str, start_job, bootstrap: 
                      sent)
 
 
+def stop_during_a_write(job, settings, real: str, sent: dict, *, hold, after_write=False,
+                        grace_s: float = 30.0) -> int:
+    """Send 20 messages and ask `job` to stop from inside a batch's Kafka write: the stop starts
+    on its own thread, then `hold(batch)` runs there, before the write of the next batch, or
+    `after_write` of the first that delivered. Returns that batch's id once the stop returned
+    and the query ended without an error."""
+    kafka = job._writer.kafka
+    write, asked = kafka.write_batch, []
+    stopper = threading.Thread(target=job.stop, kwargs={"grace_s": grace_s}, name="test-stop")
+
+    def stop_here(batch, summary):
+        asked.append(summary.batch_id)
+        stopper.start()
+        hold(batch)
+
+    def write_batch(batch, summary):
+        if not after_write and not asked:
+            stop_here(batch, summary)
+        written = write(batch, summary)
+        if after_write and not asked and summary.count("deliver"):
+            stop_here(batch, summary)
+        return written
+
+    kafka.write_batch = write_batch
+    with DelayProducer(settings) as producer:
+        for i in range(20):
+            send(producer, sent, real, f"stop {i}".encode(), level=i % 2)
+    assert_eventually(lambda: asked, timeout_s=30, message="a batch under way")
+    stopper.join(timeout=90)
+    assert not stopper.is_alive(), "the stop returned"
+    assert not job.query.isActive and job.query.exception() is None, job.query.exception()
+    return asked[0]
+
+
 def test_a_stop_asked_during_a_batch_lets_it_finish_and_sends_nothing_twice(
         job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
     """A stop asked while a batch is under way (here: just before its Kafka write) waits for
@@ -188,29 +222,12 @@ def test_a_stop_asked_during_a_batch_lets_it_finish_and_sends_nothing_twice(
     real = new_topic(**LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-stop-{settings.intake_topic}")
     job = start_job(settings, checkpoint=checkpoint)
-    kafka = job._writer.kafka
-    write, asked = kafka.write_batch, []
-    stopper = threading.Thread(target=job.stop, name="test-stop")
-
-    def write_batch(batch, summary):
-        if not asked:
-            asked.append(summary.batch_id)
-            stopper.start()
-            time.sleep(1.5)   # the stop is asked and waiting by the time the write begins
-        return write(batch, summary)
-
-    kafka.write_batch = write_batch
-    sent: dict = {}
-    with DelayProducer(settings) as producer:
-        for i in range(20):
-            send(producer, sent, real, f"stop {i}".encode(), level=i % 2)
-    assert_eventually(lambda: asked, timeout_s=30, message="a batch under way")
-    stopper.join(timeout=90)
-    assert not stopper.is_alive(), "the stop returned"
-    assert not job.query.isActive and job.query.exception() is None, job.query.exception()
+    # The stop is asked and waiting by the time the write begins.
+    under_way = stop_during_a_write(job, settings, real, sent := {},
+                                    hold=lambda batch: time.sleep(1.5))
     commits = Path(checkpoint) / "commits"
-    assert (commits / str(asked[0])).is_file(), \
-        f"batch {asked[0]} was under way when the stop was asked and was not committed"
+    assert (commits / str(under_way)).is_file(), \
+        f"batch {under_way} was under way when the stop was asked and was not committed"
     restart_after_a_clean_stop(settings, checkpoint, start_job, kafka_bootstrap, real, sent)
 
 
@@ -247,34 +264,20 @@ def test_a_batch_that_outlasts_the_stops_grace(job_settings, start_job, new_topi
     real = new_topic(**LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-grace-{where}-{settings.intake_topic}")
     job = start_job(settings, checkpoint=checkpoint)
-    kafka = job._writer.kafka
-    write, cut = kafka.write_batch, []
-    stopper = threading.Thread(target=job.stop, kwargs={"grace_s": 1.0}, name="test-stop")
 
-    def write_batch(batch, summary):
-        written = write(batch, summary)
-        if not cut and summary.count("deliver"):
-            cut.append(summary.batch_id)
-            stopper.start()
-            if where == "spark":   # a Spark job's wait, on the query's thread
-                batch.sparkSession._jvm.java.lang.Thread.sleep(5000)
-            else:
-                time.sleep(5)
-        return written
+    def hold(batch):   # sent, and still under way when the grace runs out
+        if where == "spark":   # a Spark job's wait, on the query's thread
+            batch.sparkSession._jvm.java.lang.Thread.sleep(5000)
+        else:
+            time.sleep(5)
 
-    kafka.write_batch = write_batch
     sent: dict = {}
     with caplog.at_level(logging.WARNING, logger="streaming.job"):
-        with DelayProducer(settings) as producer:
-            for i in range(20):
-                send(producer, sent, real, f"grace {i}".encode(), level=0)
-        assert_eventually(lambda: cut, timeout_s=30, message="a batch sending")
-        stopper.join(timeout=90)
-    assert not stopper.is_alive(), "the stop returned"
-    assert f"batch {cut[0]} still under way 1 s after the stop was asked" in caplog.text
-    assert not job.query.isActive and job.query.exception() is None, job.query.exception()
-    committed = (Path(checkpoint) / "commits" / str(cut[0])).exists()
-    assert committed == (where == "python"), f"batch {cut[0]} committed: {committed}"
+        cut = stop_during_a_write(job, settings, real, sent, hold=hold, after_write=True,
+                                  grace_s=1.0)
+    assert f"batch {cut} still under way 1 s after the stop was asked" in caplog.text
+    committed = (Path(checkpoint) / "commits" / str(cut)).exists()
+    assert committed == (where == "python"), f"batch {cut} committed: {committed}"
     before = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=10, idle_s=2)
     assert before, "the batch had sent its messages before the grace ran out"
     first = {(r.partition, r.offset) for r in before}
