@@ -469,8 +469,13 @@ class DelayJob:
 
     def _mirror_commit(self, offsets: dict[int, int]) -> None:
         admin = self._mirror_admin
-        if admin is not None:   # a progress event can still arrive after stop()
+        if admin is None:   # a progress event can still arrive after stop()
+            return
+        try:
             ckpt.mirror_offsets(admin, self.settings, offsets)
+        except Exception:
+            if self._mirror_admin is not None:
+                raise   # the listener logs it; closed by the stop meanwhile, it is no error
 
     def _start_spool(self, last_committed: int | None) -> None:
         """The delivery ledger off the delivery path (sinks/ledger.py), when the checkpoint is
@@ -558,16 +563,20 @@ class DelayJob:
             time.sleep(0.2)
         return None  # slow, not failed: the caller's own deadlines decide
 
-    def stop(self, grace_s: float = 30.0) -> None:
+    def stop(self, grace_s: float = 30.0, thread_s: float = 30.0) -> None:
         """A clean stop: the batch under way finishes and is committed (up to `grace_s`), no
         other begins, then the query stops. Past the grace, the query's stop interrupts the
         batch's Spark work: cut short, it is not committed and runs again after the restart,
-        sending again what it had sent (Python code is not interrupted: the stop waits)."""
+        sending again what it had sent. Python code is not interrupted: the stop waits for the
+        query's thread up to `thread_s` more; past that it logs where the thread was, does the
+        rest of the stop and raises JobError, the thread left to end with the process (its
+        batch, unless it ends first, runs again after the restart)."""
+        stuck = None
         try:
             if self.query is not None:
                 committed = self._finish_batch(grace_s)
-                self.query.stop()
-                if committed is not None:
+                stuck = self._stop_query(thread_s)
+                if committed is not None and stuck is None:
                     self._drop_unbegun(committed)
             for listener in (self._listener, self._mirror):
                 if listener is not None:
@@ -587,3 +596,23 @@ class DelayJob:
                 self._heartbeat.stop()
             if self._admin is not None:
                 self._admin.close()
+        if stuck is not None:
+            raise JobError(stuck)
+
+    def _stop_query(self, thread_s: float) -> str | None:
+        """Stop the query, waiting up to `thread_s` for its thread to end (Spark's
+        `spark.sql.streaming.stopTimeout`, read from this session when the stop is asked; left
+        at 0, a thread that does not end holds the stop forever). None once it has ended;
+        otherwise what to raise, after logging the thread's stack from Spark's time-out."""
+        self.spark.conf.set("spark.sql.streaming.stopTimeout", str(max(1, int(thread_s * 1000))))
+        try:
+            self.query.stop()
+        except Exception as e:   # Spark's TimeoutException; its cause holds the thread's stack
+            if "failed to stop within" not in str(e):
+                raise
+            log.error("the query's thread did not end within %.0f s of the stop interrupting "
+                      "it; the stop goes on without it. Where it was: %s", thread_s, e)
+            return (f"the query's thread did not end within {thread_s:.0f} s of the stop (its "
+                    f"stack is in the log); a batch it had under way, unless it ends first, is "
+                    f"not committed and runs again after the restart")
+        return None

@@ -3,6 +3,7 @@ session, and the delivery job, until Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import threading
@@ -44,6 +45,10 @@ def process_age_s() -> float | None:
         return None
 
 
+# Seconds into a stop after which every Python thread's stack is printed (see running_job).
+STOP_REPORT_S = 75
+
+
 @contextlib.contextmanager
 def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
     """The job with its Prometheus endpoint, on the embedded broker when none is configured."""
@@ -63,9 +68,18 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
                              "spark_session": session_s, **job.startup_s}
             yield job
         finally:
-            job.stop()
-            spark.stop()
-            server.shutdown()
+            # A stop takes at most the batch's grace and the query thread's wait (30 s each,
+            # DelayJob.stop) and Spark's own stop; one that takes longer prints the stack of
+            # every Python thread, to say where it is stuck before something kills it.
+            faulthandler.dump_traceback_later(STOP_REPORT_S)
+            try:
+                job.stop()
+            finally:
+                try:
+                    spark.stop()
+                finally:
+                    server.shutdown()
+                    faulthandler.cancel_dump_traceback_later()
 
 
 def stop_on_signals(stop: threading.Event) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.process import kill_session
+from streaming.process import children, kill_session
 from tests.conftest import PROJECT
 
 READY_LINE = "delayq running"
@@ -27,6 +27,7 @@ class JobProcess:
         self.log = log
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.stuck = ""   # after a stop that timed out: where its JVMs were
 
     def start(self, timeout_s: float = 240) -> None:
         self.starts += 1
@@ -56,14 +57,41 @@ class JobProcess:
         """SIGTERM to the driver's Python process alone, as `docker stop` and Kubernetes send
         it to a container's first process: a clean stop (its Spark JVM, a child, must not get
         the signal too, or it stops the query mid-batch). Then whatever is left of the group."""
+        self.stuck = ""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                pass
+            except subprocess.TimeoutExpired:   # say where the JVMs were before the kill
+                self.stuck = jvm_threads(descendants(self.proc.pid))
         if self.proc:
             kill_session(self.proc)   # a JVM that outlived its driver
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid`'s children, theirs, and so on (spark-submit runs in a session of its own)."""
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def jvm_threads(pids: list[int], names=("stream execution thread", '"main"')) -> str:
+    """The stacks of the threads named `names` in each Java process of `pids` (jcmd)."""
+    found = []
+    for pid in pids:
+        try:
+            if not Path(f"/proc/{pid}/exe").resolve().name == "java":
+                continue
+            dump = subprocess.run(["jcmd", str(pid), "Thread.print"], capture_output=True,
+                                  text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        found += [f"JVM {pid}: {block}" for block in dump.split("\n\n")
+                  if any(name in block.split("\n", 1)[0] for name in names)]
+    return "\n\n".join(found)
 
 
 @pytest.fixture

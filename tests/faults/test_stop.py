@@ -24,7 +24,8 @@ def test_a_sigterm_to_delayq_submit_is_a_clean_stop(job_process, capsys):
     job.stop()   # SIGTERM to the `delayq submit` process alone, while the load goes on
     took = time.monotonic() - asked
     log = job.log.read_text(errors="replace").split("==== start 1 ====")[-1]
-    assert job.proc.returncode == 0, f"exit code {job.proc.returncode}:\n{errors_in(log)}"
+    assert job.proc.returncode == 0, \
+        f"exit code {job.proc.returncode}:\n{errors_in(log)}\n{job.stuck}"
     assert "stopping the driver" in log and "delayq stopped" in log, log[-3000:]
     # The driver's JVM, started by spark-submit, has the project's log4j2 configuration.
     assert "was locally checkpointed" not in log

@@ -179,14 +179,15 @@ def restart_after_a_clean_stop(settings, checkpoint: str, start_job, bootstrap: 
 
 
 def stop_during_a_write(job, settings, real: str, sent: dict, *, hold, after_write=False,
-                        grace_s: float = 30.0) -> int:
-    """Send 20 messages and ask `job` to stop from inside a batch's Kafka write: the stop starts
-    on its own thread, then `hold(batch)` runs there, before the write of the next batch, or
-    `after_write` of the first that delivered. Returns that batch's id once the stop returned
-    and the query ended without an error."""
+                        grace_s: float = 30.0, stop=None) -> int:
+    """Send 20 messages and ask `job` to stop (`job.stop(grace_s)`, or `stop()`) from inside a
+    batch's Kafka write: the stop starts on its own thread, then `hold(batch)` runs there,
+    before the write of the next batch, or `after_write` of the first that delivered. Returns
+    that batch's id once the stop returned and the query ended without an error."""
     kafka = job._writer.kafka
     write, asked = kafka.write_batch, []
-    stopper = threading.Thread(target=job.stop, kwargs={"grace_s": grace_s}, name="test-stop")
+    stopper = threading.Thread(target=stop or (lambda: job.stop(grace_s=grace_s)),
+                               name="test-stop")
 
     def stop_here(batch, summary):
         asked.append(summary.batch_id)
@@ -208,7 +209,9 @@ def stop_during_a_write(job, settings, real: str, sent: dict, *, hold, after_wri
     assert_eventually(lambda: asked, timeout_s=30, message="a batch under way")
     stopper.join(timeout=90)
     assert not stopper.is_alive(), "the stop returned"
-    assert not job.query.isActive and job.query.exception() is None, job.query.exception()
+    # The query's thread has ended (not only been asked to: see the stuck thread's test).
+    assert job.query.awaitTermination(60), "the query's thread ended"
+    assert job.query.exception() is None, job.query.exception()
     return asked[0]
 
 
@@ -290,6 +293,45 @@ def test_a_batch_that_outlasts_the_stops_grace(job_settings, start_job, new_topi
         check_deliveries([r for r in records if (r.partition, r.offset) not in first], sent)
     else:
         check_deliveries(records, sent)
+
+
+def test_a_stop_whose_query_thread_does_not_end_says_where_it_is(
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir, caplog):
+    """A batch busy in Python code past the stop's grace and past its wait for the query's
+    thread (here 1 s and 2 s; 30 s each by default): the stop does not wait for ever. It logs
+    the thread's stack (Spark's stop time-out carries it), does the rest of the stop and raises.
+    The batch here ends by itself later; after the restart every message arrives, never early,
+    and any sent twice with the same UNIQ_KEY."""
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-stuck-{settings.intake_topic}")
+    job = start_job(settings, checkpoint=checkpoint)
+    raised, took = [], []
+
+    def stop():
+        t0 = time.monotonic()
+        try:
+            job.stop(grace_s=1.0, thread_s=2.0)
+        except JobError as e:
+            raised.append(e)
+        took.append(time.monotonic() - t0)
+
+    sent: dict = {}
+    with caplog.at_level(logging.ERROR, logger="streaming.job"):
+        stop_during_a_write(job, settings, real, sent, hold=lambda batch: time.sleep(12),
+                            after_write=True, stop=stop)
+    assert raised and "did not end within 2 s of the stop" in str(raised[0]), raised
+    assert took[0] < 10, f"the stop took {took[0]:.1f} s, not its grace and thread wait"
+    # The thread's stack, as Spark's time-out gives it: the batch's Python callback.
+    assert "The stream thread was last executing" in caplog.text, caplog.text[-2000:]
+    assert "foreachBatch" in caplog.text or "ForeachBatch" in caplog.text, caplog.text[-2000:]
+
+    start_job(settings, checkpoint=checkpoint)
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
+    once = {}
+    for record in records:   # a copy sent twice is the same message with the same UNIQ_KEY
+        once.setdefault((header_map(record)["UNIQ_KEY"], record.value), record)
+    check_deliveries(list(once.values()), sent)
 
 
 def test_missing_uniq_key_is_assigned_and_stable_across_replays(
