@@ -29,11 +29,13 @@ def test_the_driver_is_the_child_running_the_main_file_not_a_worker():
 
 
 # spark-submit's stand-in: a parent that starts a "driver" (argv ending in the main file) and
-# waits for it; each records the signal it got in a file.
+# waits for it; each records the signal it got in a file, and says when it can (a signal that
+# comes before the handler is set kills the process without a record).
 RECORD = """import signal, sys, time
 def got(signum, frame):
     open(sys.argv[1], "w").write(signal.Signals(signum).name); sys.exit(0)
 signal.signal(signal.SIGTERM, got)
+open(sys.argv[1] + ".ready", "w").close()
 """
 PARENT = RECORD + """import subprocess
 subprocess.Popen([sys.executable, "-c", sys.argv[3], sys.argv[2], "/opt/delayq/%s"])
@@ -50,8 +52,9 @@ def test_a_stop_goes_to_the_driver_alone_and_a_second_one_to_spark_submit(tmp_pa
         stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(
-                driver_of(p) for p in children(supervisor.pid)):
+        while time.monotonic() < deadline and not (
+                any(driver_of(p) for p in children(supervisor.pid))
+                and Path(f"{child}.ready").exists() and Path(f"{parent}.ready").exists()):
             time.sleep(0.05)
         supervisor.send_signal(signal.SIGTERM)
         while time.monotonic() < deadline and not child.exists():
