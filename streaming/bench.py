@@ -616,7 +616,7 @@ class Bench:
         machine = {"cores": os.cpu_count(), "spark_master": self.settings.spark_master,
                    "shuffle_partitions": self.settings.spark_shuffle_partitions,
                    "max_offsets_per_trigger": self.settings.max_offsets_per_trigger,
-                   "ledger": self.settings.ledger}
+                   "ledger": self.settings.ledger, "cpu_probe_ms": {"before": cpu_probe_ms()}}
         result = Result(plan=self.plan.__dict__.copy(), machine=machine)
         memory = MemoryPeaks()
         memory.start()
@@ -636,6 +636,7 @@ class Bench:
                 self.job.stop()
             result.machine.update(memory.stop())
             self.admin.close()
+        result.machine["cpu_probe_ms"]["after"] = cpu_probe_ms()
         raw, drain = result.scenarios.get("raw"), result.scenarios.get("drain")
         if raw and drain and raw.get("processing_msg_s") and drain.get("processing_msg_s"):
             result.machine["drain_ratio_to_raw"] = round(
@@ -648,6 +649,22 @@ class Bench:
             result.machine["steady_out_ratio_to_raw"] = round(
                 steady["out_msg_s"] / raw["processing_msg_s"], 3)
         return result
+
+
+def cpu_probe_ms(loops: int = 3_000_000, tries: int = 3) -> float:
+    """How fast this host runs one core's work now: the best of `tries` timings of a fixed
+    Python loop, in ms. This host's speed varies from day to day and within a run (every
+    process's CPU seconds for the same work, the load generator's too, were 1.5 to 2 times
+    their usual on some days), so a run's figures compare with another's only at a similar
+    probe; the ratios measured within a run do not depend on it."""
+    best = float("inf")
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(loops):
+            total += i
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000, 1)
 
 
 def _public(figures: dict) -> dict:

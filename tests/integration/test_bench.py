@@ -50,3 +50,4 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
               f"lateness p50/p99/max {warmup['lateness_p50_ms']}/{warmup['lateness_p99_ms']}/"
               f"{warmup['lateness_max_ms']} ms")
         print(f"  drain/raw throughput ratio: {written['machine'].get('drain_ratio_to_raw')}")
+        print(f"  this host's CPU probe (ms, lower is faster): {written['machine']['cpu_probe_ms']}")
