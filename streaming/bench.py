@@ -340,8 +340,26 @@ def _timeline(query, after: int, summaries: list) -> list[dict]:
     return [{"batch": p["batchId"], "start_ms": int(_start_ms(p)),
              "ms": p["durationMs"].get("triggerExecution", 0), "rows": p["numInputRows"],
              "phases_ms": {k: v for k, v in p["durationMs"].items() if k != "triggerExecution"},
-             "steps_s": steps.get(p["batchId"], {})}
+             "steps_s": steps.get(p["batchId"], {}), "state": _state_figures(p)}
             for p in query.recentProgress if p["batchId"] > after]
+
+
+STATE_FIGURES = ("numRowsUpdated", "allUpdatesTimeMs", "numRowsRemoved", "allRemovalsTimeMs",
+                 "commitTimeMs")
+
+
+def _state_figures(progress: dict) -> dict:
+    """The wheel's state store in one batch, from its progress report: rows updated and
+    removed and the time their puts and removes took, the commit's time, and RocksDB's own
+    figures (Spark's `rocksdb*` custom metrics: bytes read and written, get and put latency…)."""
+    operators = progress.get("stateOperators") or []
+    if not operators:
+        return {}
+    wheel = operators[0]
+    figures = {k: wheel.get(k) for k in STATE_FIGURES}
+    figures.update({k: v for k, v in (wheel.get("customMetrics") or {}).items()
+                    if k.startswith("rocksdb")})
+    return figures
 
 
 def _processing_rate(query, after: int, until_ms: int | None) -> dict:
