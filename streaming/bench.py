@@ -337,8 +337,10 @@ def _timeline(query, after: int, summaries: list) -> list[dict]:
     """Each batch after `after`: its start, duration, input rows, Spark's own phases and the
     job's steps (foreachBatch), for finding what makes the long batches long."""
     steps = {s.batch_id: s.timings for s in summaries}
+    fired = {s.batch_id: s.by_kind.get("deliver", 0) for s in summaries}
     return [{"batch": p["batchId"], "start_ms": int(_start_ms(p)),
              "ms": p["durationMs"].get("triggerExecution", 0), "rows": p["numInputRows"],
+             "fired": fired.get(p["batchId"], 0),
              "phases_ms": {k: v for k, v in p["durationMs"].items() if k != "triggerExecution"},
              "steps_s": steps.get(p["batchId"], {}), "state": _state_figures(p)}
             for p in query.recentProgress if p["batchId"] > after]
@@ -512,6 +514,7 @@ class Bench:
         load = self._on_job("burst")
         due = int((time.time() + self.plan.burst_lead_s) * 1000) // 1000 * 1000
         load.start_reader(timeout_s=self.plan.burst_lead_s + 900)
+        after, first_summary = _last_batch(self.job.query), len(self.summaries)
         t0 = time.time()
         load.produce(self.settings.intake_topic, self.plan.burst, 0, self.plan.size,
                      deliver_at_ms=due, partitions=len(self.settings.level_delays_ms))
@@ -521,6 +524,13 @@ class Bench:
         figures.update(due_ms=due, produce_s=round(produced_s, 1),
                        lead_s=self.plan.burst_lead_s,
                        within_10s=int(np.sum(late <= 10_000)))
+        figures["_timeline"] = _timeline(self.job.query, after, self.summaries[first_summary:])
+        # The batches that released the burst from the wheel: when each began and ended,
+        # against the due time (negative: before it), and how many it released.
+        figures["fired"] = [
+            {"batch": b["batch"], "messages": b["fired"], "start_s": round((b["start_ms"] - due) / 1000, 1),
+             "end_s": round((b["start_ms"] + b["ms"] - due) / 1000, 1)}
+            for b in figures["_timeline"] if b["fired"] >= self.plan.burst // 100]
         return figures
 
     def backlog(self) -> dict:
