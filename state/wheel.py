@@ -1,7 +1,8 @@
 """The wheel: the applyInPandasWithState function that holds delayed messages.
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
-slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is one Arrow stream of pending messages (base64 text); its event-time timer is
+slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is its
+pending messages as Arrow IPC streams (base64 text, see CHUNK_SEP); its event-time timer is
 set `lead_ms` before the earliest of them. On a call it releases every message due before
 the fire horizon (watermark + lead) to the hold stage, which sends each one at its due time.
 Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
@@ -108,8 +109,17 @@ def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
     return spark_watermark_ms + config.watermark_delay_ms
 
 
+# A group's state text is one or more chunks, each the base64 of an Arrow IPC stream, joined
+# by CHUNK_SEP (not a base64 character). A batch that only adds messages to a group that does
+# not fire appends a chunk of its own rows instead of decoding and encoding the whole group
+# again: a burst of timers read over several batches had each of them rewrite every group it
+# had filled so far. A group that fires, or takes a cancel or a rolled message, is read whole
+# and written back as one chunk. (State format 3 was always one chunk.)
+CHUNK_SEP = "."
+
+
 def encode(pending: pa.Table) -> str:
-    """A group's pending messages as the state's text: base64 of an Arrow IPC stream."""
+    """Pending messages as one chunk of the state's text: base64 of an Arrow IPC stream."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, PENDING) as writer:
         writer.write_table(pending)
@@ -117,7 +127,10 @@ def encode(pending: pa.Table) -> str:
 
 
 def decode(blob: str) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(base64.b64decode(blob))).read_all()
+    """A group's pending messages, every chunk of its state's text, in the order written."""
+    tables = [pa.ipc.open_stream(pa.py_buffer(base64.b64decode(chunk))).read_all()
+              for chunk in blob.split(CHUNK_SEP)]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def _rows(n: int, **columns) -> pd.DataFrame:
@@ -176,6 +189,38 @@ def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
                  pending_delta=[d for _, d in levels.values()])
 
 
+def _append(rows: pd.DataFrame, state, bucket: int, config: WheelConfig, now_ms: int):
+    """New messages for a held group none of whose messages fires in this batch, and no
+    cancel or rolled message among them: the ones due already leave, the others are appended
+    to the group's state as a chunk of their own, its stream left as it is. Yields the output
+    frames; returns False, having yielded nothing, when the group must be read whole."""
+    if (rows["kind"] == Kind.CANCEL).any():
+        return False
+    new = rows[rows["kind"] == Kind.DELAY]
+    if not len(new) or new["rolled"].astype(bool).any():
+        return False
+    blob, count, earliest = state.get
+    count, earliest = int(count), int(earliest)
+    watermark = real_watermark(state.getCurrentWatermarkMs(), config)
+    horizon = fire_horizon(watermark, config.lead_for(count + len(new), bucket))
+    if earliest <= horizon:
+        return False
+    now = new["due_ms"].to_numpy() <= horizon
+    new = new[PENDING.names]
+    if now.any():
+        yield _deliveries(new[now], config, now_ms)
+    later = new[~now]
+    yield _tally({bucket: (len(new), len(later))})
+    if len(later):
+        count += len(later)
+        earliest = min(earliest, int(later["due_ms"].min()))
+        chunk = encode(pa.Table.from_pandas(later, schema=PENDING, preserve_index=False))
+        state.update((blob + CHUNK_SEP + chunk, count, earliest))
+    state.setTimeoutTimestamp(timer_for(earliest, config.lead_for(count, bucket), watermark)
+                              - config.watermark_delay_ms)
+    return True
+
+
 def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
     """The function handed to applyInPandasWithState, closed over its configuration."""
 
@@ -204,6 +249,11 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
                 if len(ready):
                     yield _deliveries(ready, config, now_ms)
             return
+
+        if state.exists and rows is not None:
+            appended = yield from _append(rows, state, bucket, config, now_ms)
+            if appended:
+                return
 
         # The group's messages stay in Arrow: only incoming rows (already pandas) and the
         # rows that fire are converted, so a large group waiting for its time costs a copy of

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from conf.settings import Settings
-from state.columns import STATE_FORMAT
+from state.columns import READS_FORMATS, STATE_FORMAT
 from state.errors import JobError
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def _is_json(line: str) -> bool:
 def format_refusal(stamp: dict, path: Path) -> str | None:
     """Why a checkpoint's wheel state cannot be read by this version, or None."""
     was = stamp.get("state_format", 1)
-    if was == STATE_FORMAT:
+    if was in READS_FORMATS:
         return None
     return (f"checkpoint {path} holds wheel state in format {was}; this delayq reads format "
             f"{STATE_FORMAT}. Let that checkpoint drain with the delayq version that wrote it, "

@@ -92,6 +92,18 @@ def test_a_checkpoint_with_wheel_state_of_another_format_is_refused(tmp_path):
         check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
 
 
+def test_a_checkpoint_in_format_3_is_read_and_stamped_4(tmp_path):
+    """Format 4's state text is format 3's with chunks; a format 3 checkpoint is taken over."""
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    stamp = tmp_path / "ckpt" / "delayq.json"
+    write_stamp(SETTINGS, ckpt)
+    old = json.loads(stamp.read_text())
+    stamp.write_text(json.dumps({**old, "state_format": 3}))
+    assert check(SETTINGS, ckpt, {0: 1}) == "resume"
+    write_stamp(SETTINGS, ckpt)
+    assert json.loads(stamp.read_text())["state_format"] == STATE_FORMAT == 4
+
+
 @pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])
 def test_a_torn_checkpoint_is_refused(tmp_path, damage):
     ckpt = spark_checkpoint(tmp_path / "ckpt")

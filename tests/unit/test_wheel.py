@@ -9,7 +9,8 @@ from state.envelope import Rules
 from state.parse import parse_batch
 from state.placement import partition_of
 from state.timing import correct_deliver_timestamp, correct_deliver_timestamps
-from state.wheel import BUCKET_DEAD, BUCKET_NOW, TIMER_PARTS, WheelConfig, decode, make_wheel
+from state.wheel import (BUCKET_DEAD, BUCKET_NOW, CHUNK_SEP, TIMER_PARTS, WheelConfig, decode,
+                         make_wheel)
 from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer
 
 from state.columns import WHEEL_OUT
@@ -189,6 +190,54 @@ def test_a_timer_cancel_reaches_the_group_part_of_the_timer_it_names():
                                   ("UNIQ_KEY", f"m-{i}".encode())], i)), RULES, 1_000, 2,
                          NOW).to_pylist()[0]["slot"] % TIMER_PARTS for i in range(64)}
     assert len(parts) == TIMER_PARTS, "timers of one slot spread over its parts"
+
+
+def timers(*keys_due, first_offset=1):
+    """Timer envelopes (UNIQ_KEY, due ms) of one wheel group (bucket -1, slot 0)."""
+    frame = envelopes(*[([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(due).encode()),
+                          ("UNIQ_KEY", key.encode())], first_offset + i)
+                        for i, (key, due) in enumerate(keys_due)])
+    frame["bucket"], frame["slot"] = -1, 0
+    return frame
+
+
+def test_messages_added_to_a_group_that_does_not_fire_are_appended_as_a_chunk():
+    """A later batch's messages for a held group are appended to its state text as a chunk
+    of their own (the held stream is not decoded and written again); one due already leaves at
+    once. The group's count, earliest due time and timer are the whole group's, and its timer
+    releases every message of every chunk."""
+    st = state(NOW - 10_000)
+    assert run(timers(("a", NOW + 30_000), ("b", NOW + 40_000)), st).empty
+    first = st.get[0]
+    later = state(NOW - 10_000, value=st.get)
+    out = run(timers(("c", NOW + 20_000), ("d", NOW + 100), ("e", NOW + 50_000), first_offset=3),
+              later)
+    assert list(out["uniq_key"]) == ["d"], "due within the lead: leaves at once"
+    blob, count, earliest = later.get
+    assert blob.startswith(first + CHUNK_SEP) and blob.count(CHUNK_SEP) == 1
+    assert (count, earliest) == (4, NOW + 20_000)
+    assert decode(blob).column("uniq_key").to_pylist() == ["a", "b", "c", "e"]
+    assert list(zip(run.tally["received"], run.tally["pending_delta"])) == [(3, 2)]
+    assert later._timeout_timestamp + 10_000 == NOW + 20_000 - CONFIG.lead_for(4, -1)
+
+    fired = state(NOW + 60_000 - 10_000, value=later.get, timed_out=True)
+    out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 60_000)
+    assert sorted(out["uniq_key"]) == ["a", "b", "c", "e"] and fired._removed
+    assert list(run.tally["pending_delta"]) == [-4]
+
+
+def test_a_group_read_whole_again_is_written_back_as_one_chunk():
+    """A cancel (or a message that fires) reads every chunk; what stays is one chunk again."""
+    st = state(NOW - 10_000)
+    run(timers(("a", NOW + 30_000)), st)
+    run(timers(("b", NOW + 40_000), first_offset=2), st := state(NOW - 10_000, value=st.get))
+    assert st.get[0].count(CHUNK_SEP) == 1
+    cancel = envelopes(([("TIMER_DEL_UNIQKEY", b"a"), ("TIMER_DELIVER_MS", str(NOW + 30_000).encode())], 9))
+    cancel["bucket"], cancel["slot"] = -1, 0
+    out = run(cancel, st := state(NOW - 10_000, value=st.get))
+    assert list(zip(out["kind"], out["uniq_key"])) == [("cancelled", "a")]
+    assert CHUNK_SEP not in st.get[0] and st.get[1] == 1
+    assert decode(st.get[0]).column("uniq_key").to_pylist() == ["b"]
 
 
 def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
