@@ -193,7 +193,11 @@ def _append(rows: pd.DataFrame, state, bucket: int, config: WheelConfig, now_ms:
     """New messages for a held group none of whose messages fires in this batch, and no
     cancel or rolled message among them: the ones due already leave, the others are appended
     to the group's state as a chunk of their own, its stream left as it is. Yields the output
-    frames; returns False, having yielded nothing, when the group must be read whole."""
+    frames; returns False, having yielded nothing, when the group must be read whole.
+
+    Only rolled messages are checked against the held ones (a roll retried after a crash): a
+    producer's own resend of a held message is appended and delivered twice, with the same
+    UNIQ_KEY, as it already was when the resend reached another group or batch."""
     if (rows["kind"] == Kind.CANCEL).any():
         return False
     new = rows[rows["kind"] == Kind.DELAY]
