@@ -220,9 +220,16 @@ def _append(rows: pd.DataFrame, state, bucket: int, config: WheelConfig, now_ms:
         earliest = min(earliest, int(later["due_ms"].min()))
         chunk = encode(pa.Table.from_pandas(later, schema=PENDING, preserve_index=False))
         state.update((blob + CHUNK_SEP + chunk, count, earliest))
-    state.setTimeoutTimestamp(timer_for(earliest, config.lead_for(count, bucket), watermark)
-                              - config.watermark_delay_ms)
+    _set_timer(state, earliest, count, bucket, watermark, config)
     return True
+
+
+def _set_timer(state, earliest: int, count: int, bucket: int, watermark: int,
+               config: WheelConfig) -> None:
+    """The group's event-time timer: its lead before the earliest due time, in Spark's
+    watermark units (real time minus the delay Spark subtracts)."""
+    timer = timer_for(earliest, config.lead_for(count, bucket), watermark)
+    state.setTimeoutTimestamp(timer - config.watermark_delay_ms)
 
 
 def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
@@ -321,8 +328,7 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
         if rest.num_rows:
             earliest = pc.min(rest.column("due_ms")).as_py()
             state.update((encode(rest), rest.num_rows, earliest))
-            timer = timer_for(earliest, config.lead_for(rest.num_rows, bucket), watermark)
-            state.setTimeoutTimestamp(timer - config.watermark_delay_ms)
+            _set_timer(state, earliest, rest.num_rows, bucket, watermark, config)
         elif state.exists:
             state.remove()
 

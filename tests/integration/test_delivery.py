@@ -10,7 +10,9 @@ import pytest
 from kafka import KafkaProducer
 
 from state.errors import JobError
+from state.wheel import CHUNK_SEP
 from streaming.admin import admin_client, ensure_topics
+from streaming.job import pending_by_level
 from streaming.offsets import delay_offset_table, last_committed_batch
 from streaming.producer import DelayProducer
 from tests.integration.conftest import Sent
@@ -332,6 +334,31 @@ def test_a_stop_whose_query_thread_does_not_end_says_where_it_is(
     for record in records:   # a copy sent twice is the same message with the same UNIQ_KEY
         once.setdefault((header_map(record)["UNIQ_KEY"], record.value), record)
     check_deliveries(list(once.values()), sent)
+
+
+def test_timers_added_to_held_groups_in_a_later_batch_are_appended_and_all_delivered(
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir, spark):
+    """Timers of one slot sent in two batches: the second batch's rows for a group that holds
+    the first's, and does not fire yet, are appended to its state as a chunk (state/wheel.py
+    CHUNK_SEP), as Spark's state store keeps it; the timer releases both chunks, none early."""
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-chunks-{settings.intake_topic}")
+    start_job(settings, checkpoint=checkpoint)
+    due = (int(time.time() * 1000) // 1000 + 25) * 1000 + 500   # one slot, well past the lead
+    sent: dict = {}
+    for first in (0, 16):
+        with DelayProducer(settings) as producer:
+            for i in range(first, first + 16):
+                handle = producer.send(real, f"timer {i}".encode(), deliver_at_ms=due)
+                sent[handle.uniq_key] = Sent(None, f"timer {i}".encode(), [], handle.due_ms)
+        assert_eventually(lambda: sum(pending_by_level(spark, checkpoint).values()) >= first + 16,
+                          timeout_s=60, message=f"{first + 16} timers held in the state")
+    blobs = [r["blob"] for r in spark.read.format("statestore").load(checkpoint)
+             .select("value.groupState.blob").collect()]
+    assert any(CHUNK_SEP in blob for blob in blobs), "a group took the second batch as a chunk"
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
+    check_deliveries(records, sent)
 
 
 def test_missing_uniq_key_is_assigned_and_stable_across_replays(
