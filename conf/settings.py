@@ -56,6 +56,7 @@ class Settings(BaseSettings):
     slot_ms: int
     fire_lead_ms: int
     hold: Literal["tasks", "driver"]
+    wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
     fire_lead_per_message_us: int
     heartbeat_ms: int
     late_tolerance: str

@@ -189,7 +189,7 @@ def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
                  pending_delta=[d for _, d in levels.values()])
 
 
-def _append(rows: pd.DataFrame, state, bucket: int, config: WheelConfig, now_ms: int):
+def _append(rows: pd.DataFrame, held: "Held", bucket: int, config: WheelConfig, now_ms: int):
     """New messages for a held group none of whose messages fires in this batch, and no
     cancel or rolled message among them: the ones due already leave, the others are appended
     to the group's state as a chunk of their own, its stream left as it is. Yields the output
@@ -203,9 +203,8 @@ def _append(rows: pd.DataFrame, state, bucket: int, config: WheelConfig, now_ms:
     new = rows[rows["kind"] == Kind.DELAY]
     if not len(new) or new["rolled"].astype(bool).any():
         return False
-    blob, count, earliest = state.get
-    count, earliest = int(count), int(earliest)
-    watermark = real_watermark(state.getCurrentWatermarkMs(), config)
+    count, earliest = held.meta()
+    watermark = real_watermark(held.watermark_ms(), config)
     horizon = fire_horizon(watermark, config.lead_for(count + len(new), bucket))
     if earliest <= horizon:
         return False
@@ -215,21 +214,165 @@ def _append(rows: pd.DataFrame, state, bucket: int, config: WheelConfig, now_ms:
         yield _deliveries(new[now], config, now_ms)
     later = new[~now]
     yield _tally({bucket: (len(new), len(later))})
+    chunk = None
     if len(later):
         count += len(later)
         earliest = min(earliest, int(later["due_ms"].min()))
         chunk = encode(pa.Table.from_pandas(later, schema=PENDING, preserve_index=False))
-        state.update((blob + CHUNK_SEP + chunk, count, earliest))
-    _set_timer(state, earliest, count, bucket, watermark, config)
+    held.keep(count, earliest, _timer(earliest, count, bucket, watermark, config), chunk,
+              append=True)
     return True
 
 
-def _set_timer(state, earliest: int, count: int, bucket: int, watermark: int,
-               config: WheelConfig) -> None:
+def _timer(earliest: int, count: int, bucket: int, watermark: int, config: WheelConfig) -> int:
     """The group's event-time timer: its lead before the earliest due time, in Spark's
     watermark units (real time minus the delay Spark subtracts)."""
-    timer = timer_for(earliest, config.lead_for(count, bucket), watermark)
-    state.setTimeoutTimestamp(timer - config.watermark_delay_ms)
+    return timer_for(earliest, config.lead_for(count, bucket), watermark) - config.watermark_delay_ms
+
+
+class Held:
+    """A wheel group's state as the wheel sees it, whichever Spark operator keeps it: whether
+    it holds messages, their count and earliest due time, their chunks, the watermark, and
+    `keep` (new chunk appended or all replaced, count, earliest, timer) or `remove`."""
+
+    exists: bool
+
+    def meta(self) -> tuple[int, int]: ...
+    def blob(self) -> str: ...
+    def watermark_ms(self) -> int: ...
+    def keep(self, count: int, earliest: int, timer_ms: int, chunk: str | None,
+             append: bool) -> None: ...
+    def remove(self) -> None: ...
+
+
+class GroupHeld(Held):
+    """applyInPandasWithState's GroupState: one row (chunks joined by CHUNK_SEP, count,
+    earliest), read and written whole, and its one event-time timeout."""
+
+    def __init__(self, state):
+        self._state = state
+        self.exists = state.exists
+
+    def meta(self) -> tuple[int, int]:
+        _, count, earliest = self._state.get
+        return int(count), int(earliest)
+
+    def blob(self) -> str:
+        return self._state.get[0]
+
+    def watermark_ms(self) -> int:
+        return self._state.getCurrentWatermarkMs()
+
+    def keep(self, count, earliest, timer_ms, chunk, append) -> None:
+        if chunk is not None:
+            self._state.update(((self._state.get[0] + CHUNK_SEP + chunk) if append else chunk,
+                                count, earliest))
+        self._state.setTimeoutTimestamp(timer_ms)
+
+    def remove(self) -> None:
+        self._state.remove()
+
+
+def turn(bucket: int, rows: pd.DataFrame | None, held: Held, config: WheelConfig,
+         now_ms: int) -> Iterator[pd.DataFrame]:
+    """One call of the wheel for one group: its new rows (None: its timer expired) and its
+    held state. Yields the output frames and leaves the state and its timer set."""
+    if bucket in (BUCKET_NOW, BUCKET_DEAD, BUCKET_COLD):
+        if rows is not None:
+            taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
+            if len(taken):
+                cold = taken["kind"] == Kind.COLD
+                counts = taken.groupby("level")["kind"].count()
+                colds = taken[cold].groupby("level")["kind"].count()
+                yield _tally({int(lv): (int(n), int(colds.get(lv, 0))) for lv, n in counts.items()})
+            if bucket == BUCKET_COLD:
+                yield _cold(rows[rows["kind"] == Kind.COLD])
+                return
+            dead = rows[rows["kind"] == Kind.DEAD]
+            if len(dead):
+                yield _dead_letters(dead, config.dlq_topic)
+            ready = rows[rows["kind"] == Kind.NOW]
+            if len(ready):
+                yield _deliveries(ready, config, now_ms)
+        return
+
+    if held.exists and rows is not None:
+        appended = yield from _append(rows, held, bucket, config, now_ms)
+        if appended:
+            return
+
+    # The group's messages stay in Arrow: only incoming rows (already pandas) and the
+    # rows that fire are converted, so a large group waiting for its time costs a copy of
+    # its stream per batch, not a conversion of every message. Incoming rows that fire at
+    # once (a drain, or a level whose delay is shorter than the batch) go out as they came,
+    # without a round trip through Arrow.
+    held_rows = decode(held.blob()) if held.exists else PENDING.empty_table()
+    before = held_rows.num_rows
+    received = rolled = 0
+    new = rows[rows["kind"] == Kind.DELAY] if rows is not None else None
+    if new is not None and len(new):
+        received = len(new) - int(new["rolled"].astype(bool).sum())
+        if before:
+            # A message rolled in twice (a retried roll after a crash) is held once.
+            keys = pd.Series(np.concatenate([
+                held_rows.column("uniq_key").to_numpy(zero_copy_only=False),
+                new["uniq_key"].to_numpy()]))
+            first = ~keys.duplicated(keep="first").to_numpy()
+            if not first[:before].all():
+                held_rows = held_rows.filter(pa.array(first[:before]))
+            new = new[first[before:]]
+        # Rolled messages were pending already, in the cold tier; a copy dropped above
+        # was pending once, as the held one.
+        rolled = int(new["rolled"].astype(bool).sum())
+
+    if rows is not None:
+        cancels = rows[rows["kind"] == Kind.CANCEL]
+        if len(cancels):
+            targets = sorted(set(cancels["cancel_key"]))
+            hit = pc.is_in(held_rows.column("uniq_key"), value_set=pa.array(targets, pa.string()))
+            found = set(held_rows.filter(hit).column("uniq_key").to_pylist())
+            held_rows = held_rows.filter(pc.invert(hit))
+            if len(new):
+                gone = new["uniq_key"].isin(targets).to_numpy()
+                found.update(new["uniq_key"][gone])
+                new = new[~gone]
+            yield _cancel_outcomes(cancels, found)
+
+    arriving = len(new) if new is not None else 0
+    watermark = real_watermark(held.watermark_ms(), config)
+    horizon = fire_horizon(watermark, config.lead_for(held_rows.num_rows + arriving, bucket))
+    due = pc.less_equal(held_rows.column("due_ms"), horizon)
+    fired = [held_rows.filter(due).to_pandas()] if held_rows.num_rows else []
+    rest = held_rows.filter(pc.invert(due))
+    if arriving:
+        now = new["due_ms"].to_numpy() <= horizon
+        new = new[PENDING.names]
+        some, every = now.any(), now.all()
+        if some:
+            fired.append(new if every else new[now])
+        if not every:
+            later = pa.Table.from_pandas(new[~now] if some else new, schema=PENDING,
+                                         preserve_index=False)
+            rest = pa.concat_tables([rest, later]) if rest.num_rows else later
+    fired = [frame for frame in fired if len(frame)]
+    if fired:
+        yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True),
+                          config, now_ms)
+    if received or rolled or rest.num_rows != before:
+        yield _tally({bucket: (received, rest.num_rows - before - rolled)})
+    if rest.num_rows:
+        earliest = pc.min(rest.column("due_ms")).as_py()
+        held.keep(rest.num_rows, earliest,
+                  _timer(earliest, rest.num_rows, bucket, watermark, config),
+                  encode(rest), append=False)
+    elif held.exists:
+        held.remove()
+
+
+def incoming(frames: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
+    """A group's new rows of this batch as one frame, or None."""
+    frames = [frame for frame in frames if len(frame)]
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
@@ -237,99 +380,7 @@ def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
 
     def wheel(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
         settle()
-        bucket = int(key[0])
-        incoming = [frame for frame in frames if len(frame)]
-        rows = pd.concat(incoming, ignore_index=True) if incoming else None
-        now_ms = int(clock() * 1000)
-
-        if bucket in (BUCKET_NOW, BUCKET_DEAD, BUCKET_COLD):
-            if rows is not None:
-                taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
-                if len(taken):
-                    cold = taken["kind"] == Kind.COLD
-                    counts = taken.groupby("level")["kind"].count()
-                    colds = taken[cold].groupby("level")["kind"].count()
-                    yield _tally({int(lv): (int(n), int(colds.get(lv, 0))) for lv, n in counts.items()})
-                if bucket == BUCKET_COLD:
-                    yield _cold(rows[rows["kind"] == Kind.COLD])
-                    return
-                dead = rows[rows["kind"] == Kind.DEAD]
-                if len(dead):
-                    yield _dead_letters(dead, config.dlq_topic)
-                ready = rows[rows["kind"] == Kind.NOW]
-                if len(ready):
-                    yield _deliveries(ready, config, now_ms)
-            return
-
-        if state.exists and rows is not None:
-            appended = yield from _append(rows, state, bucket, config, now_ms)
-            if appended:
-                return
-
-        # The group's messages stay in Arrow: only incoming rows (already pandas) and the
-        # rows that fire are converted, so a large group waiting for its time costs a copy of
-        # its stream per batch, not a conversion of every message. Incoming rows that fire at
-        # once (a drain, or a level whose delay is shorter than the batch) go out as they came,
-        # without a round trip through Arrow.
-        held = decode(state.get[0]) if state.exists else PENDING.empty_table()
-        before = held.num_rows
-        received = rolled = 0
-        new = rows[rows["kind"] == Kind.DELAY] if rows is not None else None
-        if new is not None and len(new):
-            received = len(new) - int(new["rolled"].astype(bool).sum())
-            if before:
-                # A message rolled in twice (a retried roll after a crash) is held once.
-                keys = pd.Series(np.concatenate([
-                    held.column("uniq_key").to_numpy(zero_copy_only=False),
-                    new["uniq_key"].to_numpy()]))
-                first = ~keys.duplicated(keep="first").to_numpy()
-                if not first[:before].all():
-                    held = held.filter(pa.array(first[:before]))
-                new = new[first[before:]]
-            # Rolled messages were pending already, in the cold tier; a copy dropped above
-            # was pending once, as the held one.
-            rolled = int(new["rolled"].astype(bool).sum())
-
-        if rows is not None:
-            cancels = rows[rows["kind"] == Kind.CANCEL]
-            if len(cancels):
-                targets = sorted(set(cancels["cancel_key"]))
-                hit = pc.is_in(held.column("uniq_key"), value_set=pa.array(targets, pa.string()))
-                found = set(held.filter(hit).column("uniq_key").to_pylist())
-                held = held.filter(pc.invert(hit))
-                if len(new):
-                    gone = new["uniq_key"].isin(targets).to_numpy()
-                    found.update(new["uniq_key"][gone])
-                    new = new[~gone]
-                yield _cancel_outcomes(cancels, found)
-
-        arriving = len(new) if new is not None else 0
-        watermark = real_watermark(state.getCurrentWatermarkMs(), config)
-        horizon = fire_horizon(watermark, config.lead_for(held.num_rows + arriving, bucket))
-        due = pc.less_equal(held.column("due_ms"), horizon)
-        fired = [held.filter(due).to_pandas()] if held.num_rows else []
-        rest = held.filter(pc.invert(due))
-        if arriving:
-            now = new["due_ms"].to_numpy() <= horizon
-            new = new[PENDING.names]
-            some, every = now.any(), now.all()
-            if some:
-                fired.append(new if every else new[now])
-            if not every:
-                later = pa.Table.from_pandas(new[~now] if some else new, schema=PENDING,
-                                             preserve_index=False)
-                rest = pa.concat_tables([rest, later]) if rest.num_rows else later
-        fired = [frame for frame in fired if len(frame)]
-        if fired:
-            yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True),
-                              config, now_ms)
-        if received or rolled or rest.num_rows != before:
-            yield _tally({bucket: (received, rest.num_rows - before - rolled)})
-        if rest.num_rows:
-            earliest = pc.min(rest.column("due_ms")).as_py()
-            state.update((encode(rest), rest.num_rows, earliest))
-            _set_timer(state, earliest, rest.num_rows, bucket, watermark, config)
-        elif state.exists:
-            state.remove()
+        rows = incoming(frames)
+        yield from turn(int(key[0]), rows, GroupHeld(state), config, int(clock() * 1000))
 
     return wheel

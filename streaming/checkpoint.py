@@ -27,7 +27,7 @@ STAMP = "delayq.json"
 # Settings frozen into the checkpoint: the wheel's grouping (levels, slot width), Spark's
 # state partitioning, the watermark's delay and the cold tier's bucket layout.
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "spark_shuffle_partitions",
-           "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms")
+           "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms", "wheel_operator")
 
 
 class CheckpointError(JobError):

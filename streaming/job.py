@@ -104,10 +104,15 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
                     overdue_before_ms=overdue_before_ms), ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
-    fired = (timed.groupBy("bucket", "slot")
-             .applyInPandasWithState(make_wheel(wheel_config_of(settings, first_watermark_ms)),
-                                     WHEEL_OUT_SPARK,
-                                     STATE_SPARK, "append", GroupStateTimeout.EventTimeTimeout))
+    config = wheel_config_of(settings, first_watermark_ms)
+    groups = timed.groupBy("bucket", "slot")
+    if settings.wheel_operator == "transformWithState":
+        from state.processor import WheelProcessor
+        fired = groups.transformWithStateInPandas(WheelProcessor(config), WHEEL_OUT_SPARK,
+                                                  "Append", "EventTime")
+    else:
+        fired = groups.applyInPandasWithState(make_wheel(config), WHEEL_OUT_SPARK, STATE_SPARK,
+                                              "append", GroupStateTimeout.EventTimeTimeout)
     return with_kafka_headers(fired)
 
 

@@ -1,0 +1,104 @@
+"""The wheel under Spark 4's transformWithStateInPandas (setting `wheel_operator =
+"transformWithState"`): the same groups and the same turn of the wheel (state/wheel.py), with
+a group's state kept as a list of chunks instead of one value.
+
+Why: applyInPandasWithState hands a group's whole state to Python and back on every batch that
+adds to it, and scans every group's state for expired timeouts each batch; a burst of timers
+read over several batches moved each 90 MB group through the JVM and Python once per batch
+(docs/benchmarks.md). Here a batch that only adds to a group appends one list element, the
+count and earliest due time live in a small value of their own, and the timers are an index
+Spark reads by time.
+
+A group's state: `chunks`, a list state of Arrow IPC chunks (state/wheel.py encode), and
+`meta`, a value state (count, earliest due ms, timer ms). The timer is the group's one
+registered event-time timer; moving it deletes the old one.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
+                                                      StatefulProcessorHandle, TimerValues)
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from state.wheel import CHUNK_SEP, Held, WheelConfig, incoming, turn
+from state.worker import settle
+
+CHUNKS = StructType([StructField("chunk", StringType(), False)])
+META = StructType([StructField("count", IntegerType(), False),
+                   StructField("earliest_ms", LongType(), False),
+                   StructField("timer_ms", LongType(), False)])
+
+
+class ListHeld(Held):
+    """A group's state under transformWithState, for one call."""
+
+    def __init__(self, handle: StatefulProcessorHandle, chunks, meta, timer_values: TimerValues,
+                 expired_ms: int | None = None):
+        self._handle, self._chunks, self._meta = handle, chunks, meta
+        self._watermark = timer_values.getCurrentWatermarkInMs()
+        got = meta.get()
+        self.exists = got is not None
+        self._got = tuple(int(v) for v in got) if got is not None else None
+        # The timer that expired for this call is gone already: Spark removed it.
+        self._timer = None if got is None or self._got[2] == expired_ms else self._got[2]
+
+    def meta(self) -> tuple[int, int]:
+        return self._got[0], self._got[1]
+
+    def blob(self) -> str:
+        return CHUNK_SEP.join(row[0] for row in self._chunks.get())
+
+    def watermark_ms(self) -> int:
+        return self._watermark
+
+    def keep(self, count, earliest, timer_ms, chunk, append) -> None:
+        if chunk is not None:
+            if append:
+                self._chunks.appendValue((chunk,))
+            else:
+                self._chunks.put([(chunk,)])
+        if timer_ms != self._timer:
+            if self._timer is not None:
+                self._handle.deleteTimer(self._timer)
+            self._handle.registerTimer(timer_ms)
+        if (count, earliest, timer_ms) != self._got:
+            self._meta.update((count, earliest, timer_ms))
+
+    def remove(self) -> None:
+        if self._timer is not None:
+            self._handle.deleteTimer(self._timer)
+        self._chunks.clear()
+        self._meta.clear()
+
+
+class WheelProcessor(StatefulProcessor):
+    """The stateful processor handed to transformWithStateInPandas."""
+
+    def __init__(self, config: WheelConfig, clock: Callable[[], float] = time.time):
+        self._config = config
+        self._clock = clock
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self._handle = handle
+        self._chunks = handle.getListState("chunks", CHUNKS)
+        self._meta = handle.getValueState("meta", META)
+
+    def handleInputRows(self, key, rows: Iterator[pd.DataFrame],
+                        timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        settle()
+        frame = incoming(rows)
+        held = ListHeld(self._handle, self._chunks, self._meta, timerValues)
+        yield from turn(int(key[0]), frame, held, self._config, int(self._clock() * 1000))
+
+    def handleExpiredTimer(self, key, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        settle()
+        held = ListHeld(self._handle, self._chunks, self._meta, timerValues,
+                        expired_ms=expiredTimerInfo.getExpiryTimeInMs())
+        yield from turn(int(key[0]), None, held, self._config, int(self._clock() * 1000))
+
+    def close(self) -> None:
+        pass
