@@ -651,7 +651,8 @@ class Bench:
         machine = {"cores": os.cpu_count(), "spark_master": self.settings.spark_master,
                    "shuffle_partitions": self.settings.spark_shuffle_partitions,
                    "max_offsets_per_trigger": self.settings.max_offsets_per_trigger,
-                   "ledger": self.settings.ledger, "cpu_probe_ms": {"before": cpu_probe_ms()}}
+                   "ledger": self.settings.ledger,
+                   "wheel_operator": self.settings.wheel_operator, "cpu_probe_ms": {"before": cpu_probe_ms()}}
         result = Result(plan=self.plan.__dict__.copy(), machine=machine)
         memory = MemoryPeaks()
         memory.start()

@@ -24,10 +24,12 @@ from state.errors import JobError
 log = logging.getLogger(__name__)
 
 STAMP = "delayq.json"
+# The wheel's operator of a checkpoint stamped before the setting existed: the only one then.
+FIRST_OPERATOR = "applyInPandasWithState"
 # Settings frozen into the checkpoint: the wheel's grouping (levels, slot width), Spark's
 # state partitioning, the watermark's delay and the cold tier's bucket layout.
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "spark_shuffle_partitions",
-           "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms", "wheel_operator")
+           "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms")
 
 
 class CheckpointError(JobError):
@@ -175,7 +177,34 @@ def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> Non
     path.mkdir(parents=True, exist_ok=True)
     (path / STAMP).write_text(json.dumps({"settings": fingerprint(settings),
                                           "state_format": STATE_FORMAT,
+                                          "wheel_operator": settings.wheel_operator,
                                           "started_ms": started_ms}, indent=1) + "\n")
+
+
+def wheel_operator_of(checkpoint: str, default: str) -> str:
+    """The Spark operator that keeps the checkpoint's wheel state, from its stamp (a stamp
+    older than the setting: the only operator then); `default` where there is no stamp."""
+    stamp_file = local_path(checkpoint) / STAMP if is_local(checkpoint) else None
+    if stamp_file is None or not stamp_file.exists():
+        return default
+    try:
+        return json.loads(stamp_file.read_text()).get("wheel_operator", FIRST_OPERATOR)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
+                              f"{exc}") from None
+
+
+def operator_for(settings: Settings, checkpoint: str, verdict: str) -> str:
+    """The operator this run keeps the wheel's state with: the checkpoint's own when it
+    resumes one (Spark cannot read one operator's state with the other), the setting when
+    it starts a new one."""
+    if verdict != "resume":
+        return settings.wheel_operator
+    was = wheel_operator_of(checkpoint, settings.wheel_operator)
+    if was != settings.wheel_operator:
+        log.warning("checkpoint %s keeps the wheel's state with %s; wheel_operator = %r applies "
+                    "to new checkpoints only", checkpoint, was, settings.wheel_operator)
+    return was
 
 
 def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:

@@ -8,6 +8,7 @@ a cluster.) The checkpoint's Kafka offsets are RocketMQ's delayOffset: see `dela
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from state import headers as H
 from state.envelope import Rules
 from state.errors import JobError
 from state.parse import make_parser
-from state.wheel import WheelConfig, make_wheel
+from state.wheel import CHUNK_SEP, WheelConfig, make_wheel
 from streaming import admin as kadmin
 from streaming.heartbeat import Heartbeat
 from streaming.kafka_config import librdkafka_config, spark_options
@@ -268,8 +269,8 @@ def _ledger_rows(sent: Sent, summary: BatchSummary):
     return collected_rows(sent.frame(), summary)
 
 
-def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None
-                     ) -> dict[int, int]:
+def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None,
+                     default_operator: str = "applyInPandasWithState") -> dict[int, int]:
     """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
     `batch_id` (the last one when None), read with Spark's state data source; {} for a
     checkpoint without state."""
@@ -277,13 +278,34 @@ def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None 
 
     if not (Path(checkpoint) / "state" / "0").is_dir() or not (Path(checkpoint) / "commits").is_dir():
         return {}
+    groups = wheel_state(spark, checkpoint, "count", batch_id, default_operator)
+    rows = groups.groupBy("bucket").agg(F.sum("count").alias("n")).collect()
+    return {int(r["bucket"]): int(r["n"] or 0) for r in rows}
+
+
+def wheel_state(spark: SparkSession, checkpoint: str, part: str, batch_id: int | None = None,
+                default_operator: str = "applyInPandasWithState") -> DataFrame:
+    """The checkpoint's wheel state read with Spark's state data source, whichever operator
+    wrote it (its stamp says; `default_operator` where it has none): columns bucket, slot and
+    `count` (one row per group) or `chunk` (one row per chunk of a group's messages,
+    state/wheel.py decode)."""
+    from streaming.checkpoint import wheel_operator_of
+
     spark.streams.active  # the state reader needs the state store coordinator
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
+    key = [F.col("key.bucket").alias("bucket"), F.col("key.slot").alias("slot")]
+    if wheel_operator_of(checkpoint, default_operator) == "transformWithState":
+        if part == "count":
+            return (reader.option("stateVarName", "meta").load(checkpoint)
+                    .select(*key, F.col("value.count").alias("count")))
+        return (reader.option("stateVarName", "chunks").load(checkpoint)
+                .select(*key, F.col("list_element.chunk").alias("chunk")))
     groups = reader.load(checkpoint)
-    rows = groups.groupBy("key.bucket").agg(F.sum("value.groupState.count").alias("n")).collect()
-    return {int(r["bucket"]): int(r["n"] or 0) for r in rows}
+    if part == "count":
+        return groups.select(*key, F.col("value.groupState.count").alias("count"))
+    return groups.select(*key, F.explode(F.split("value.groupState.blob", re.escape(CHUNK_SEP))).alias("chunk"))
 
 
 def _is_kafka_metrics_npe(failure) -> bool:
@@ -357,6 +379,9 @@ class DelayJob:
         # checkpoint, the moment before which level messages pass through for good.
         now_ms = int(time.time() * 1000)
         started_ms = ckpt.started_ms(self.checkpoint, verdict, now_ms)
+        operator = ckpt.operator_for(self.settings, self.checkpoint, verdict)
+        if operator != self.settings.wheel_operator:
+            self.settings = self.settings.model_copy(update={"wheel_operator": operator})
         ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
         self._step("checkpoint")
         self._hold = self._driver_hold(max(largest, 1_048_576))
@@ -537,7 +562,8 @@ class DelayJob:
         def seed():
             t0 = time.monotonic()
             try:
-                self.metrics.add_pending(pending_by_level(self.spark, self.checkpoint, batch_id))
+                self.metrics.add_pending(pending_by_level(self.spark, self.checkpoint, batch_id,
+                                                               self.settings.wheel_operator))
             except Exception as e:  # a gauge, never a reason to stop delivering
                 log.warning("could not read the pending messages of batch %d from the state: %s",
                             batch_id, e)

@@ -15,6 +15,7 @@ from sinks.delta import table_exists
 from sinks.driver_hold import SPOOL_FOLDER as HOLD_FOLDER, held
 from sinks.ledger import SPOOL_FOLDER, delivered_row
 from state.wheel import decode
+from streaming.job import wheel_state
 
 
 @dataclass
@@ -77,12 +78,10 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
 def _pending(spark: SparkSession, uniq_key: str, checkpoint: Path) -> dict | None:
     if not (checkpoint / "state").is_dir():
         return None
-    spark.streams.active  # starts the state store coordinator the reader needs
-    groups = spark.read.format("statestore").load(str(checkpoint))
-    for row in groups.select("value.groupState.blob").toLocalIterator():
-        if row["blob"] is None:
+    for row in wheel_state(spark, str(checkpoint), "chunk").toLocalIterator():
+        if row["chunk"] is None:
             continue
-        table = decode(row["blob"])
+        table = decode(row["chunk"])
         keys = table.column("uniq_key").to_pylist()
         if uniq_key in keys:
             hit = table.slice(keys.index(uniq_key), 1).to_pylist()[0]
