@@ -384,9 +384,12 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
     assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in both) == sorted(positions * 2)
 
 
+@pytest.mark.parametrize("operator", ["transformWithState", "applyInPandasWithState"])
 def test_restart_keeps_pending_messages_and_offsets_agree(
-        job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
-    settings = job_settings(delay_levels="1s 2s 12s")
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir, operator):
+    """Pending messages survive a stop in the state of either operator; the restart keeps the
+    checkpoint's operator even when the setting now names the other one."""
+    settings = job_settings(delay_levels="1s 2s 12s", wheel_operator=operator)
     real = new_topic(partitions=2, **LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-restart-{settings.intake_topic}")
     job = start_job(settings, checkpoint=checkpoint)
@@ -406,7 +409,10 @@ def test_restart_keeps_pending_messages_and_offsets_agree(
         "level-3 messages must still be pending when the job stops"
 
     time.sleep(2)
-    start_job(settings, checkpoint=checkpoint)
+    other = ({"transformWithState", "applyInPandasWithState"} - {operator}).pop()
+    restarted = start_job(job_settings(**{**settings.model_dump(), "wheel_operator": other}),
+                          checkpoint=checkpoint)
+    assert restarted.settings.wheel_operator == operator, "the checkpoint keeps its operator"
     records = consume_all(kafka_bootstrap, real, expected=21, timeout_s=90, idle_s=2)
     # Not in the lateness log: these fell due while the job was stopped, late by design.
     check_deliveries(records, sent)

@@ -9,7 +9,8 @@ import pytest
 
 from conf import load_settings
 from state.columns import STATE_FORMAT
-from streaming.checkpoint import STAMP, CheckpointError, check, started_ms, write_stamp
+from streaming.checkpoint import (STAMP, CheckpointError, check, operator_for, started_ms,
+                                  write_stamp)
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
                          delay_levels="1s 2s 3s")
@@ -102,6 +103,26 @@ def test_a_checkpoint_in_format_3_is_read_and_stamped_4(tmp_path):
     assert check(SETTINGS, ckpt, {0: 1}) == "resume"
     write_stamp(SETTINGS, ckpt)
     assert json.loads(stamp.read_text())["state_format"] == STATE_FORMAT == 4
+
+
+def test_a_checkpoint_keeps_the_wheel_operator_it_was_started_with(tmp_path):
+    """Spark reads one operator's state only with that operator: a resumed checkpoint keeps
+    its own (a stamp from before the setting: applyInPandasWithState, the only one then); the
+    setting decides for a new checkpoint."""
+    aip = load_settings(**{**SETTINGS.model_dump(), "wheel_operator": "applyInPandasWithState"})
+    tws = load_settings(**{**SETTINGS.model_dump(), "wheel_operator": "transformWithState"})
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    assert operator_for(tws, str(tmp_path / "new"), "fresh") == "transformWithState"
+    write_stamp(aip, ckpt)
+    assert check(tws, ckpt, {0: 1}) == "resume", "not a setting that refuses the start"
+    assert operator_for(tws, ckpt, "resume") == "applyInPandasWithState"
+    stamp = tmp_path / "ckpt" / STAMP
+    old = json.loads(stamp.read_text())
+    del old["wheel_operator"]
+    stamp.write_text(json.dumps(old))
+    assert operator_for(tws, ckpt, "resume") == "applyInPandasWithState"
+    write_stamp(tws, ckpt)
+    assert operator_for(aip, ckpt, "resume") == "transformWithState"
 
 
 @pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])
