@@ -1,4 +1,5 @@
-"""The wheel: the applyInPandasWithState function that holds delayed messages.
+"""The wheel: the turn that holds delayed messages (`turn`), run by either stateful operator
+(`make_wheel` for applyInPandasWithState, state/processor.py for transformWithStateInPandas).
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
 slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is its

@@ -1,4 +1,5 @@
-"""The streaming job: intake → parse → wheel (applyInPandasWithState) → hold → sinks.
+"""The streaming job: intake → parse → wheel (transformWithStateInPandas; applyInPandasWithState
+for a checkpoint started with it) → hold → sinks.
 
     spark-submit --jars "$(ls .lib/spark/*.jar | paste -sd,)" streaming/cli.py run
 
