@@ -396,6 +396,13 @@ def _steps(summaries) -> dict:
                                          if name in s.timings])), 3) for name in sorted(names)}
 
 
+def _ended_since(query, ms: int) -> bool:
+    """Whether a batch of `query` reported as ended at or after `ms` (epoch ms)."""
+    progress = query.lastProgress
+    return bool(progress) and _start_ms(progress) + progress["durationMs"].get(
+        "triggerExecution", 0) >= ms
+
+
 def _last_batch(query) -> int:
     return query.lastProgress["batchId"] if query.lastProgress else -1
 
@@ -524,12 +531,12 @@ class Bench:
         figures.update(due_ms=due, produce_s=round(produced_s, 1),
                        lead_s=self.plan.burst_lead_s,
                        within_10s=int(np.sum(late <= 10_000)))
-        # A batch that began after the due time sends from its tasks and reports its progress
-        # only once committed, which can be after the last delivery: wait for it.
-        releasing = [s.batch_id for s in self.summaries[first_summary:]
-                     if s.by_kind.get("deliver", 0) >= self.plan.burst // 100]
+        # The batch that released the burst sends what is due from its tasks and reports its
+        # progress (and its summary) only once committed, which can be after the last
+        # delivery: wait until a batch has ended after the last delivery, so it has reported.
+        last = _last_delivery_ms(figures) or 0
         deadline = time.time() + 120
-        while releasing and _last_batch(self.job.query) < max(releasing) and time.time() < deadline:
+        while not _ended_since(self.job.query, last) and time.time() < deadline:
             time.sleep(0.5)
         figures["_timeline"] = _timeline(self.job.query, after, self.summaries[first_summary:])
         # The batches that released the burst from the wheel: when each began and ended,

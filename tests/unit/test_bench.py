@@ -137,3 +137,18 @@ def test_a_clean_run_s_folder_is_removed_and_a_failed_or_kept_one_is_not(tmp_pat
     assert "did not finish" in tidy(work, keep=False, problems=None)
     assert "kept" in tidy(work, keep=True, problems=[])
     assert (work / "kafka" / "log" / "00000.log").exists()
+
+
+def test_the_burst_waits_for_a_batch_that_ended_after_its_last_delivery():
+    """The batch that released a burst reports only once committed, possibly after the last
+    delivery; the bench waits until a batch ended at or after it, so that one has reported."""
+    from types import SimpleNamespace
+
+    from streaming.bench import _ended_since
+
+    start = "2026-11-25T21:00:00.000Z"   # 1795640400000 ms
+    query = SimpleNamespace(lastProgress={"timestamp": start,
+                                          "durationMs": {"triggerExecution": 41_000}})
+    assert _ended_since(query, 1795640400000 + 41_000)
+    assert not _ended_since(query, 1795640400000 + 41_001)
+    assert not _ended_since(SimpleNamespace(lastProgress=None), 0)
