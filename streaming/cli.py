@@ -61,10 +61,11 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import threading
 
-    from streaming.runner import running_job, wait
+    from streaming.runner import running_job, stop_on_sigterm, wait
 
-    settings = _settings(args)
     stop = threading.Event()
+    stop_on_sigterm(stop)
+    settings = _settings(args)
     with running_job(settings, allow_fresh_checkpoint=args.allow_fresh_checkpoint,
                      allow_config_change=args.allow_config_change) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "

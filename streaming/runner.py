@@ -82,6 +82,19 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
                     faulthandler.cancel_dump_traceback_later()
 
 
+def stop_on_sigterm(stop: threading.Event) -> None:
+    """From the start of `delayq run`: a SIGTERM that comes while the job is still starting
+    (the Spark session, the checkpoint's checks, the first batch) asks for the clean stop,
+    which follows as soon as the job is up, instead of ending the driver where it stands.
+    (SIGINT keeps Python's KeyboardInterrupt until then: the SparkContext installs its own.)"""
+    def handler(signum, frame):
+        if not stop.is_set():
+            print("delayq: stop asked while starting; stopping once started", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def stop_on_signals(stop: threading.Event) -> None:
     def handler(signum, frame):
         stop.set()

@@ -41,6 +41,35 @@ def test_a_sigterm_to_delayq_submit_is_a_clean_stop(job_process, capsys):
               f"{len(load.sent)} messages, lost 0, early 0, duplicates 0")
 
 
+def test_a_sigterm_while_the_job_starts_is_a_clean_stop_once_it_is_up(job_process):
+    """A stop that comes while `delayq run` is still starting (here: while its Spark session
+    is being built) is not the end of the driver where it stands: the job finishes starting,
+    then stops cleanly and exits 0."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.faults.conftest import PROJECT
+
+    job, settings = job_process()
+    with open(job.log, "a") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "streaming.cli", *job.command],
+                                cwd=PROJECT, env=job.env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    job.proc = proc   # the fixture kills what is left at teardown
+    deadline = time.monotonic() + 60
+    while "Using incubator modules" not in job.log.read_text(errors="replace"):
+        assert proc.poll() is None and time.monotonic() < deadline, job.log.read_text()[-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)   # the Spark JVM is up; the job is not
+    returncode = proc.wait(timeout=240)
+    log = job.log.read_text(errors="replace")
+    assert returncode == 0, f"exit code {returncode}:\n{errors_in(log)}"
+    assert "stop asked while starting" in log and "delayq stopped" in log, log[-3000:]
+    assert log.index("stop asked while starting") < log.index("delayq running"), \
+        "the signal came before the job was up"
+
+
 def errors_in(log: str, limit: int = 60) -> str:
     """The log's lines that say what went wrong (errors, exceptions, the stop's own lines, and
     the Python frames under a traceback), without the Java frames that bury them."""
