@@ -23,7 +23,7 @@ from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, Stateful
                                                       StatefulProcessorHandle, TimerValues)
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from state.wheel import CHUNK_SEP, Held, WheelConfig, incoming, turn
+from state.wheel import Held, WheelConfig, incoming, turn
 from state.worker import settle
 
 CHUNKS = StructType([StructField("chunk", StringType(), False)])
@@ -48,8 +48,8 @@ class ListHeld(Held):
     def meta(self) -> tuple[int, int]:
         return self._got[0], self._got[1]
 
-    def blob(self) -> str:
-        return CHUNK_SEP.join(row[0] for row in self._chunks.get())
+    def chunks(self) -> list[str]:
+        return [row[0] for row in self._chunks.get()]
 
     def watermark_ms(self) -> int:
         return self._watermark

@@ -129,8 +129,13 @@ def encode(pending: pa.Table) -> str:
 
 def decode(blob: str) -> pa.Table:
     """A group's pending messages, every chunk of its state's text, in the order written."""
+    return decode_chunks(blob.split(CHUNK_SEP))
+
+
+def decode_chunks(chunks: list[str]) -> pa.Table:
+    """Pending messages from their chunks (each `encode`d), in the order given."""
     tables = [pa.ipc.open_stream(pa.py_buffer(base64.b64decode(chunk))).read_all()
-              for chunk in blob.split(CHUNK_SEP)]
+              for chunk in chunks]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
@@ -239,7 +244,7 @@ class Held:
     exists: bool
 
     def meta(self) -> tuple[int, int]: ...
-    def blob(self) -> str: ...
+    def chunks(self) -> list[str]: ...
     def watermark_ms(self) -> int: ...
     def keep(self, count: int, earliest: int, timer_ms: int, chunk: str | None,
              append: bool) -> None: ...
@@ -258,8 +263,8 @@ class GroupHeld(Held):
         _, count, earliest = self._state.get
         return int(count), int(earliest)
 
-    def blob(self) -> str:
-        return self._state.get[0]
+    def chunks(self) -> list[str]:
+        return self._state.get[0].split(CHUNK_SEP)
 
     def watermark_ms(self) -> int:
         return self._state.getCurrentWatermarkMs()
@@ -307,7 +312,7 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held, config: WheelConfig
     # its stream per batch, not a conversion of every message. Incoming rows that fire at
     # once (a drain, or a level whose delay is shorter than the batch) go out as they came,
     # without a round trip through Arrow.
-    held_rows = decode(held.blob()) if held.exists else PENDING.empty_table()
+    held_rows = decode_chunks(held.chunks()) if held.exists else PENDING.empty_table()
     before = held_rows.num_rows
     received = rolled = 0
     new = rows[rows["kind"] == Kind.DELAY] if rows is not None else None
