@@ -34,13 +34,14 @@ from state.worker import settle
 
 # Send as soon as a held row is released: lateness, not throughput, is what this writer buys.
 # Batches of up to 256 KiB per partition (the Java client's default is 16 KiB, about fifteen
-# 1 KiB records): linger stays 1 ms, so a record on its own leaves as before, while a burst, a
-# drain or a catch-up goes out in far fewer, larger batches. A burst of 500,000 was released in
-# 37-39 s instead of 49-52 (at 256 KiB and at 1 MiB alike), the broker using 10-17 CPU-s less;
-# the raw pipe, which takes these options too, carried 30-50% more (docs/benchmarks.md, "The
-# Kafka writer's batch size"). An open batch holds its whole buffer from the producer's 32 MiB
-# (`buffer.memory`): a write to more than 128 partitions at once waits for an acknowledged
-# batch before it opens another.
+# 1 KiB records): linger stays 1 ms, so a record on its own leaves as before
+# (tests/integration/test_hold_flush.py writes with these options), while a burst, a drain or
+# a catch-up goes out in far fewer, larger batches. A burst of 500,000 was released in 37-39 s
+# in five runs (256 KiB and 1 MiB alike; 49 s in one more) against 49-59 s in three, the broker
+# using 7-17 CPU-s less; the raw pipe, which takes these options too, carried 30-50% more
+# (docs/benchmarks.md, "The Kafka writer's batch size"). An open batch holds its whole buffer
+# from the producer's 32 MiB (`buffer.memory`): a write to more than 128 partitions at once
+# waits for an acknowledged batch before it opens another.
 PRODUCER_OPTIONS = {"kafka.linger.ms": "1", "kafka.acks": "all", "kafka.max.block.ms": "30000",
                     "kafka.batch.size": str(256 * 1024)}
 # Kafka's bound for one record written alone: batch header (DefaultRecordBatch, 61 bytes),
