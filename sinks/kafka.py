@@ -30,6 +30,7 @@ from sinks.driver_hold import RELEASED, SPOOLED
 from state import headers as H
 from state.columns import OUTPUT
 from state.hold import by_due, hold_until_due
+from state.placement import task_keys
 from state.worker import settle
 
 # Send as soon as a held row is released: lateness, not throughput, is what this writer buys.
@@ -120,6 +121,7 @@ class KafkaSink(BatchSink):
         self._parallelism = max(1, parallelism)
         self._write = None     # the hold and Kafka write's Java parts (_HoldWrite)
         self._clearance = None  # (metadata snapshot, its Column) (clearance)
+        self._lanes = None      # (partition counts known, their Column) (lanes)
 
     def topic_sizes(self, topics) -> dict[str, int | None]:
         """Partition count of each real topic (None: the topic does not exist)."""
@@ -229,6 +231,14 @@ class KafkaSink(BatchSink):
             self._clearance = (snapshot, F.coalesce(passes, F.lit(False)))
         return self._clearance[1]
 
+    def lanes(self) -> F.Column:
+        """`hold_lane` over the partition counts looked up so far; built again only when they
+        change."""
+        known = tuple(sorted(self._catalog.known().items()))
+        if self._lanes is None or self._lanes[0] != known:
+            self._lanes = (known, hold_lane(dict(known), self._parallelism))
+        return self._lanes[1]
+
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
         """Send the batch's deliveries and dead letters, each at its due time, and count every
         row of the batch into `summary`. Returns what was sent, with `sent_ms`: the moment the
@@ -260,7 +270,7 @@ class KafkaSink(BatchSink):
             clear = F.lit(True)
         defer = self.hold is not None
         counts, began, released, later, sent = self._hold_and_write(
-            self._writer(batch.sparkSession, defer).counted(batch, clear), defer)
+            self._writer(batch.sparkSession, defer).counted(batch, clear), self.lanes(), defer)
         frames = [lambda: self._sent_frame(batch.filter(outgoing_rows() & clear), began, sent)]
         withheld = 0
         for row in counts:
@@ -276,7 +286,7 @@ class KafkaSink(BatchSink):
             refusals = self.plan(aggregate(rest))
             rest = self.refuse(rest, refusals)
             counts, began2, released2, later2, sent2 = self._hold_and_write(
-                rest.withColumn(CLEAR, F.lit(True)), defer)
+                rest.withColumn(CLEAR, F.lit(True)), self.lanes(), defer)
             for row in counts:
                 self._count(summary, row, delivered=not defer)
             if released2 is not None:
@@ -306,8 +316,9 @@ class KafkaSink(BatchSink):
         if row["kind"] == "deliver":
             summary.topics.add(row["topic"])
 
-    def _hold_and_write(self, rows: DataFrame, defer: bool = False):
-        """One Kafka write of `rows` (the OUTPUT layout and CLEAR) through the hold: returns
+    def _hold_and_write(self, rows: DataFrame, lane: F.Column, defer: bool = False):
+        """One Kafka write of `rows` (the OUTPUT layout and CLEAR) through the hold, its tasks
+        taking the rows by `lane` (`hold_lane`): returns
         the hold tasks' counts, the moment each level began releasing, the released deliveries
         (RELEASED columns, or None), the rows not yet due that the tasks left to the driver's
         hold when `defer` (driver_hold.SPOOLED columns, or None) and when the write ended.
@@ -319,7 +330,7 @@ class KafkaSink(BatchSink):
         write = self._writer(rows.sparkSession, defer)
         reports = write.reports
         reports.value = HoldReports.zero(None)
-        write.save(rows)
+        write.save(rows, lane)
         began, released, later = HoldReports.read(reports.value)
         return (HoldReports.counts(reports.value), began, released, later,
                 int(time.time() * 1000))
@@ -370,7 +381,7 @@ class _HoldWrite:
         # Over the input's columns by name: resolved against each batch's rows by Spark.
         self._hold = hold(*[F.col(name) for name in (*OUTPUT.names, CLEAR)])._jc
         self._seq = functools.partial(_to_seq, sc)
-        self._level = self._seq([F.col("level")._jc])
+        self._lane = self._by_lane = None
         self._clear = self._select = None
         self._parallelism = parallelism
         self._options = spark._jvm.java.util.HashMap()
@@ -384,18 +395,45 @@ class _HoldWrite:
             self._clear = clear
         return DataFrame(batch._jdf.select(self._select), batch.sparkSession)
 
-    def save(self, rows: DataFrame) -> None:
-        """Through the hold into Kafka, one task per level: a level's messages leave in due
-        order (the hold sorts each task's rows), which matters when a restart finds many
-        overdue at once."""
-        held = rows._jdf.repartition(self._parallelism, self._level).mapInArrow(
+    def save(self, rows: DataFrame, lane: F.Column) -> None:
+        """Through the hold into Kafka, each row in the task `lane` names (`hold_lane`): the
+        hold sorts each task's rows, so the rows Kafka keeps in order leave in due order, which
+        matters when a restart finds many overdue at once."""
+        if self._lane is not lane:
+            self._by_lane = self._seq([lane._jc])
+            self._lane = lane
+        held = rows._jdf.repartition(self._parallelism, self._by_lane).mapInArrow(
             self._hold, False, None)
         held.write().format("kafka").options(self._options).save()
 
 
+def hold_lane(partitions: dict[str, int], tasks: int) -> F.Column:
+    """The hold task of a row, as the int `task_keys` gives for it. The rows whose order Kafka
+    keeps go through one task, which sends them in due order: those to one partition (named by
+    REAL_QID, or the only partition of a topic in `partitions`, the partition counts known),
+    and those of one key (Kafka's producer puts a key in one partition). The rest, without a
+    key to a topic of several partitions (or not looked up yet), whose partition Kafka's
+    producer picks, spread over every task by UNIQ_KEY; so do the partitions of a topic and
+    the keys, by their hash.
+
+    The hold's tasks went by level before: a burst of one level, 500,000 messages due at one
+    second, was held and written by one task while the other cores waited (docs/benchmarks.md,
+    "One task per level")."""
+    n = F.lit(tasks)
+    single = sorted(topic for topic, count in partitions.items() if count == 1)
+    part = F.col("partition")
+    if single:
+        part = F.coalesce(part, F.when(F.col("topic").isin(*single), F.lit(0)))
+    task = (F.when(part.isNotNull(), F.pmod(F.pmod(F.hash("topic"), n) + part, n))
+            .when(F.col("key").isNotNull(), F.pmod(F.hash("topic", "key"), n))
+            .otherwise(F.pmod(F.hash("uniq_key"), n)))
+    return F.element_at(F.array(*[F.lit(k) for k in task_keys(tasks)]), task + 1)
+
+
 class HoldReports(AccumulatorParam):
     """What the hold tasks of one write report: {"starts": level -> ms when a task began
-    releasing that level's rows (the latest attempt's, should Spark run a task again),
+    releasing that level's rows (the latest of its tasks', and of their attempts' should Spark
+    run a task again),
     "rows": one Arrow IPC stream of RELEASED columns per task, "later": one Arrow IPC stream
     per task of the rows it left to the driver's hold (driver_hold.SPOOLED columns), "counts":
     one dict per task and COUNTED_BY group of the rows it took (with CLEAR, "count", and the

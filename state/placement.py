@@ -10,6 +10,9 @@ Pass-through groups keep no state, so their slot numbers are free: `spread_slots
 partition, so the immediate messages spread over every partition. Spreading them by `ioff % n`
 did not: for two partitions, slots 0 and 1 of the immediate bucket both hash to partition 1,
 and the stateful stage of a drain ran in one task while the other core waited.
+
+The Kafka write's hold is planned the same way over one int column (`repartition(n, lane)`):
+`task_keys` gives, for each of its n tasks, an int Spark puts there.
 """
 from __future__ import annotations
 
@@ -60,6 +63,25 @@ def spark_hash(bucket: int, slot: int) -> int:
 def partition_of(bucket: int, slot: int, partitions: int) -> int:
     """The state partition of the group (bucket, slot): Spark's pmod of the hash."""
     return spark_hash(bucket, slot) % partitions
+
+
+def spark_hash_int(value: int) -> int:
+    """Spark's `hash(value)` for an int column (a signed 32-bit int)."""
+    h = _hash_int(value, _SEED)
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+@lru_cache(maxsize=None)
+def task_keys(tasks: int) -> tuple[int, ...]:
+    """For each of `tasks` partitions in order, the smallest int ≥ 0 that Spark's hash
+    partitioning of one int column puts there: `repartition(tasks, k)` sends a row whose
+    column is `task_keys(tasks)[i]` to partition i."""
+    keys: dict[int, int] = {}
+    value = 0
+    while len(keys) < tasks:
+        keys.setdefault(spark_hash_int(value) % tasks, value)
+        value += 1
+    return tuple(keys[p] for p in range(tasks))
 
 
 @lru_cache(maxsize=None)
