@@ -164,6 +164,47 @@ def test_a_backlog_keeps_passing_through_after_a_restart_on_its_checkpoint(
     assert not pending, f"overdue level messages went into the state: {pending}"
 
 
+def test_an_overdue_backlog_leaves_in_due_order_per_key_and_per_named_partition(
+        job_settings, start_job, new_topic, kafka_bootstrap):
+    """The hold's tasks take a batch's rows by lane, not by level (sinks/kafka.py `hold_lane`):
+    on a topic of two partitions, a backlog overdue at the job's start (levels 1-3 mixed, so
+    due order is not send order) leaves each key's messages and each named partition's in due
+    order, all of them, none early."""
+    settings = job_settings()
+    real = new_topic(partitions=2, **LOG_APPEND)
+    admin = admin_client(settings)
+    ensure_topics(settings, admin)
+    admin.close()
+    sent: dict = {}
+    with DelayProducer(settings) as producer:
+        for i in range(80):
+            level = 3 - (i // 6) % 3   # each lane's later sends due sooner
+            if i % 2:
+                send(producer, sent, real, f"keyed {i}".encode(), key=f"k{i % 6}".encode(),
+                     level=level)
+            else:
+                send(producer, sent, real, f"named {i}".encode(), partition=(i // 2) % 2,
+                     level=level)
+    time.sleep(3.5)  # the longest level is 3 s: all are overdue when the job starts
+    start_job(settings)
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
+    check_deliveries(records, sent)
+
+    def lanes_of(rows) -> dict:
+        lanes: dict = {}
+        for key, partition, due_ms in rows:
+            lanes.setdefault(("key", key) if key else ("partition", partition), []).append(due_ms)
+        return lanes
+    as_sent = lanes_of((s.key, s.partition, s.due_ms) for s in sent.values())
+    assert len(as_sent) == 3 + 2 and all(d != sorted(d) for d in as_sent.values()), \
+        "each lane's messages were sent out of due order"
+    delivered = lanes_of((r.key, None if r.key else r.partition,
+                          sent[header_map(r)["UNIQ_KEY"].decode()].due_ms)
+                         for r in sorted(records, key=lambda r: (r.partition, r.offset)))
+    assert delivered.keys() == as_sent.keys()
+    assert all(dues == sorted(dues) for dues in delivered.values()), delivered
+
+
 def restart_after_a_clean_stop(settings, checkpoint: str, start_job, bootstrap: str, real: str,
                                sent: dict) -> None:
     """A clean stop leaves no offsets beyond its last commit (the batch Spark had planned after
