@@ -413,8 +413,8 @@ def hold_lane(partitions: dict[str, int], tasks: int) -> F.Column:
     REAL_QID, or the only partition of a topic in `partitions`, the partition counts known),
     and those of one key (Kafka's producer puts a key in one partition). The rest, without a
     key to a topic of several partitions (or not looked up yet), whose partition Kafka's
-    producer picks, spread over every task by UNIQ_KEY; so do the partitions of a topic and
-    the keys, by their hash.
+    producer picks, spread over every task by UNIQ_KEY. A topic's partitions go to the tasks
+    in turn, the keys by their hash.
 
     The tasks went by level before: a burst of one level, 500,000 messages due at one second,
     was held and written by one task while the other cores waited; over two tasks that stage
