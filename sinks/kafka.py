@@ -434,13 +434,12 @@ def hold_lane(partitions: dict[str, int], tasks: int) -> F.Column:
 class HoldReports(AccumulatorParam):
     """What the hold tasks of one write report: {"starts": level -> ms when a task began
     releasing that level's rows (the latest of its tasks', and of their attempts' should Spark
-    run a task again),
-    "rows": one Arrow IPC stream of RELEASED columns per task, "later": one Arrow IPC stream
-    per task of the rows it left to the driver's hold (driver_hold.SPOOLED columns), "counts":
-    one dict per task and COUNTED_BY group of the rows it took (with CLEAR, "count", and the
-    sums of "received" and "pending_delta")}. Spark applies the updates of an action's task
-    once, from its successful attempt, so every row is counted once and every delivery is in
-    "rows" or "later" once."""
+    run a task again), "rows": one Arrow IPC stream of RELEASED columns per task, "later": one
+    Arrow IPC stream per task of the rows it left to the driver's hold (driver_hold.SPOOLED
+    columns), "counts": one dict per task and COUNTED_BY group of the rows it took (with
+    CLEAR, "count", and the sums of "received" and "pending_delta")}. Spark applies the
+    updates of an action's task once, from its successful attempt, so every row is counted
+    once and every delivery is in "rows" or "later" once."""
 
     @staticmethod
     def zero(value):
