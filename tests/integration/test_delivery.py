@@ -10,7 +10,7 @@ import pytest
 from kafka import KafkaProducer
 
 from state.errors import JobError
-from streaming.admin import admin_client, ensure_topics
+from streaming.admin import ensure_topics
 from streaming.job import pending_by_level, wheel_state
 from streaming.offsets import delay_offset_table, last_committed_batch
 from streaming.producer import DelayProducer
@@ -85,9 +85,7 @@ def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap,
     no job has read; a new job started once the 30 are overdue (stopped once it has taken in
     `restart_after` of them, and started again on its checkpoint). Checks that all arrive, as
     sent, never early, and each level in due order; returns the batch summaries of every run."""
-    admin = admin_client(settings)
-    ensure_topics(settings, admin)
-    admin.close()
+    ensure_topics(settings)
     sent: dict = {}
     with DelayProducer(settings) as producer:
         for i in range(30):
@@ -172,9 +170,7 @@ def test_an_overdue_backlog_leaves_in_due_order_per_key_and_per_named_partition(
     order, all of them, none early."""
     settings = job_settings()
     real = new_topic(partitions=2, **LOG_APPEND)
-    admin = admin_client(settings)
-    ensure_topics(settings, admin)
-    admin.close()
+    ensure_topics(settings)
     sent: dict = {}
     with DelayProducer(settings) as producer:
         for i in range(80):
