@@ -124,7 +124,8 @@ def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, va
 
 
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
-                now_ms: int, overdue_before_ms: int = 0, common: bool = True) -> pa.RecordBatch:
+                now_ms: int, overdue_before_ms: int = 0, common: bool = True,
+                balance_timers: bool = True) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns.
 
     A level message due before `overdue_before_ms` (the moment the checkpoint's query first
@@ -139,7 +140,8 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     from the cold tier keep to the wheel.
 
     The common rows are parsed for the whole batch at once (`_common`); with `common=False`
-    every row takes the per-row rules (the tests compare the two)."""
+    every row takes the per-row rules (the tests compare the two). `balance_timers`: see
+    `state.wheel.group_of`."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
     row_of = np.repeat(np.arange(n), counts)
@@ -177,7 +179,7 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
             kind = Kind.NOW
         cols["bucket"][i], cols["slot"][i] = group_of(
             kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
-            env.cancel_key if kind == Kind.CANCEL else env.uniq_key)
+            env.cancel_key if kind == Kind.CANCEL else env.uniq_key, balance_timers)
         cols["kind"][i] = kind.value
         cols["level"][i] = env.level
         cols["due_ms"][i] = env.due_ms
@@ -211,13 +213,14 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
 
 
 def make_parser(rules: Rules, slot_ms: int, spread: int,
-                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0):
+                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0,
+                balance_timers: bool = True):
     """The function handed to mapInArrow."""
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
         for batch in batches:
             yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000),
-                              overdue_before_ms)
+                              overdue_before_ms, balance_timers=balance_timers)
 
     return parse_batches

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
 from state.columns import PENDING, WHEEL_OUT
 from state.envelope import TIMER_LEVEL, Kind
-from state.placement import spread_slots
+from state.placement import balanced_slot, spread_slots
 from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
 from state.worker import settle
 
@@ -85,12 +85,15 @@ _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKE
 
 
 def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
-             slot_ms: int, spread: int, uniq_key: str = "") -> tuple[int, int]:
+             slot_ms: int, spread: int, uniq_key: str = "",
+             balance_timers: bool = True) -> tuple[int, int]:
     """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A wheel
-    group's slot is the due slot times its bucket's parts plus the part of `uniq_key` (for a
-    cancel, the UNIQ_KEY it cancels). Pass-through rows go, by intake offset, to one of
-    `spread` groups that Spark runs on `spread` different state partitions (`spread` is the
-    shuffle partitions; state/placement.py).
+    group is the due slot times its bucket's parts plus the part of `uniq_key` (for a cancel,
+    the UNIQ_KEY it cancels); a level's slot number is its group. A timer's is the group's
+    `balanced_slot`, so a slot's parts take the `spread` state partitions in turn, or, with
+    `balance_timers` off (checkpoints started before it), the group itself. Pass-through rows
+    go, by intake offset, to one of `spread` groups that Spark runs on `spread` different state
+    partitions (`spread` is the shuffle partitions; state/placement.py).
 
     Heartbeats travel with immediate messages and are dropped in the wheel: a filter before
     the stateful operator would be pushed below withWatermark by the optimizer, and the
@@ -99,7 +102,10 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
     if passing is not None:
         return passing, spread_slots(passing, spread)[ioff % spread]
     parts = parts_of(level)
-    return level, slot_of(due_ms, slot_ms) * parts + part_of(uniq_key, parts)
+    group = slot_of(due_ms, slot_ms) * parts + part_of(uniq_key, parts)
+    if parts > 1 and balance_timers:
+        return level, balanced_slot(level, group, spread)
+    return level, group
 
 
 def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 STAMP = "delayq.json"
 # The wheel's operator of a checkpoint stamped before the setting existed: the only one then.
 FIRST_OPERATOR = "applyInPandasWithState"
+# How the checkpoint's timer groups are numbered, by whether they are balanced (`balance_timers`).
+TIMER_GROUPS = {True: "balanced", False: "hashed"}
 # Settings frozen into the checkpoint: the wheel's grouping (levels, slot width), Spark's
 # state partitioning, the watermark's delay and the cold tier's bucket layout.
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "spark_shuffle_partitions",
@@ -169,8 +171,9 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
     return "resume"
 
 
-def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> None:
-    """The stamp, with `started_ms`: see `started_ms`."""
+def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0,
+                balance_timers: bool = True) -> None:
+    """The stamp, with `started_ms` and `balance_timers`: see those functions."""
     if not is_local(checkpoint):
         return
     path = local_path(checkpoint)
@@ -178,7 +181,9 @@ def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> Non
     (path / STAMP).write_text(json.dumps({"settings": fingerprint(settings),
                                           "state_format": STATE_FORMAT,
                                           "wheel_operator": settings.wheel_operator,
-                                          "started_ms": started_ms}, indent=1) + "\n")
+                                          "started_ms": started_ms,
+                                          "timer_groups": TIMER_GROUPS[balance_timers]},
+                                         indent=1) + "\n")
 
 
 def wheel_operator_of(checkpoint: str, default: str) -> str:
@@ -223,6 +228,26 @@ def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
     try:
         return int(json.loads(stamp_file.read_text()).get("started_ms", 0))
     except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
+                              f"{exc}") from None
+
+
+def balance_timers(checkpoint: str, verdict: str) -> bool:
+    """Whether this run numbers a timer's wheel group by `state.placement.balanced_slot`
+    (`state.wheel.group_of`). A cancel finds the timer it names by the rule that timer was
+    held under, so a checkpoint keeps the rule it started with: balanced for a fresh local
+    checkpoint, the stamp's rule for a resumed one (stamped before there was a choice: hashed),
+    and hashed off a local path, which has no stamp to keep the choice in."""
+    if not is_local(checkpoint):
+        return False
+    if verdict == "fresh":
+        return True
+    stamp_file = local_path(checkpoint) / STAMP
+    if not stamp_file.exists():
+        return False
+    try:
+        return json.loads(stamp_file.read_text()).get("timer_groups") == TIMER_GROUPS[True]
+    except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
                               f"{exc}") from None
 

@@ -93,17 +93,20 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
 
 
 def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None,
-                 overdue_before_ms: int = 0, first_watermark_ms: int = 0) -> DataFrame:
+                 overdue_before_ms: int = 0, first_watermark_ms: int = 0,
+                 balance_timers: bool = True) -> DataFrame:
     """The fired output of the wheel: rows of the OUTPUT layout, once per batch. `source`,
     in the layout of `intake_stream`, replaces the intake topic (the class data training).
     Level messages due before `overdue_before_ms` pass through without state (the
     checkpoint's first start: `streaming.checkpoint.started_ms`); `first_watermark_ms` stands
-    in for a new query's missing watermark (`WheelConfig`). Both 0: neither."""
+    in for a new query's missing watermark (`WheelConfig`). Both 0: neither. Timer groups are
+    numbered by `balance_timers`'s rule (`streaming.checkpoint.balance_timers`)."""
     spread = settings.spark_shuffle_partitions
     source = intake_stream(spark, settings) if source is None else source
     parsed = source.mapInArrow(
         make_parser(rules_of(settings), settings.slot_ms, spread,
-                    overdue_before_ms=overdue_before_ms), ENVELOPE_SPARK)
+                    overdue_before_ms=overdue_before_ms, balance_timers=balance_timers),
+        ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
     config = wheel_config_of(settings, first_watermark_ms)
@@ -383,7 +386,8 @@ class DelayJob:
         operator = ckpt.operator_for(self.settings, self.checkpoint, verdict)
         if operator != self.settings.wheel_operator:
             self.settings = self.settings.model_copy(update={"wheel_operator": operator})
-        ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
+        balance_timers = ckpt.balance_timers(self.checkpoint, verdict)
+        ckpt.write_stamp(self.settings, self.checkpoint, started_ms, balance_timers)
         self._step("checkpoint")
         self._hold = self._driver_hold(max(largest, 1_048_576))
         kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
@@ -431,7 +435,8 @@ class DelayJob:
         self._step("listeners")
         for attempt in (1, 2):
             self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
-                                       first_watermark_ms=now_ms).writeStream
+                                       first_watermark_ms=now_ms,
+                                       balance_timers=balance_timers).writeStream
                           .queryName(self.query_name)
                           .foreachBatch(writer)
                           .option("checkpointLocation", self.checkpoint)

@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 from sinks.kafka import hold_lane
 from state.placement import partition_of, spark_hash_int, task_keys
+from state.wheel import TIMER_PARTS, part_of
 from streaming.admin import ensure_topics
 from streaming.job import wheel_stream
 from streaming.producer import DelayProducer
@@ -107,3 +108,38 @@ def test_immediate_messages_are_spread_over_every_state_partition(spark, job_set
     wanted = {h.uniq_key: h.offset % 2 for h in handles}
     assert {r.uniq_key: r.p for r in seen} == wanted
     assert set(wanted.values()) == {0, 1}
+
+
+def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job_settings, work_dir):
+    """Timers due in one second are TIMER_PARTS wheel groups, numbered so that Spark runs
+    parts 0, 2, 4, 6 on state partition 0 and 1, 3, 5, 7 on partition 1: a burst is released
+    by both tasks, half each. The query's first watermark is set past their due time, so they
+    fire in its first batch, from the task that holds them."""
+    settings = job_settings()
+    assert settings.spark_shuffle_partitions == 2
+    ensure_topics(settings)
+    due_ms = (int(time.time()) + 60) * 1_000 + 500
+    with DelayProducer(settings) as producer:
+        handles = [producer.send("anywhere", f"timer {i}".encode(), deliver_at_ms=due_ms)
+                   for i in range(64)]
+    assert {part_of(h.uniq_key, TIMER_PARTS) for h in handles} == set(range(TIMER_PARTS))
+    seen: list = []
+
+    def collect(batch, _batch_id):
+        seen.extend(batch.filter(F.col("kind") == "deliver")
+                    .select("uniq_key", F.spark_partition_id().alias("p")).collect())
+
+    query = (wheel_stream(spark, settings, first_watermark_ms=due_ms + 60_000)
+             .writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(work_dir / f"ckpt-{uuid.uuid4().hex[:8]}"))
+             .trigger(processingTime="0 seconds").start())
+    try:
+        deadline = time.monotonic() + 120
+        while len(seen) < len(handles) and time.monotonic() < deadline and query.isActive:
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    assert sorted(r.uniq_key for r in seen) == sorted(h.uniq_key for h in handles)
+    wanted = {h.uniq_key: part_of(h.uniq_key, TIMER_PARTS) % 2 for h in handles}
+    assert {r.uniq_key: r.p for r in seen} == wanted

@@ -9,8 +9,8 @@ import pytest
 
 from conf import load_settings
 from state.columns import STATE_FORMAT
-from streaming.checkpoint import (STAMP, CheckpointError, check, operator_for, started_ms,
-                                  write_stamp)
+from streaming.checkpoint import (STAMP, CheckpointError, balance_timers, check, operator_for,
+                                  started_ms, write_stamp)
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
                          delay_levels="1s 2s 3s")
@@ -123,6 +123,30 @@ def test_a_checkpoint_keeps_the_wheel_operator_it_was_started_with(tmp_path):
     assert operator_for(tws, ckpt, "resume") == "applyInPandasWithState"
     write_stamp(tws, ckpt)
     assert operator_for(aip, ckpt, "resume") == "transformWithState"
+
+
+def test_a_checkpoint_keeps_the_rule_its_timer_groups_were_numbered_by(tmp_path):
+    """A cancel finds its timer's group by the rule the timer was held under: a new checkpoint
+    balances them, one stamped before there was a choice keeps hashing them, and so does one
+    off a local path (no stamp to keep the choice in)."""
+    ckpt = str(tmp_path / "ckpt")
+    balanced = balance_timers(ckpt, check(SETTINGS, ckpt, {}))
+    assert balanced is True
+    write_stamp(SETTINGS, ckpt, 1_000, balanced)
+    spark_checkpoint(tmp_path / "ckpt")
+    assert balance_timers(ckpt, check(SETTINGS, ckpt, {0: 1})) is True
+    stamp = tmp_path / "ckpt" / STAMP
+    old = json.loads(stamp.read_text())
+    del old["timer_groups"]
+    stamp.write_text(json.dumps(old))
+    assert balance_timers(ckpt, "resume") is False, "stamped before the choice: hashed"
+    write_stamp(SETTINGS, ckpt, 1_000, balance_timers(ckpt, "resume"))
+    assert json.loads(stamp.read_text())["timer_groups"] == "hashed"
+    assert balance_timers(ckpt, "resume") is False, "and kept so by the next stamp"
+    assert balance_timers("s3a://bucket/ckpt", "fresh") is False
+    stamp.write_text("{torn")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        balance_timers(ckpt, "resume")
 
 
 @pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])

@@ -4,8 +4,10 @@ checked against Spark in tests/integration/test_placement.py."""
 import pytest
 
 from state.envelope import Kind
-from state.placement import partition_of, spark_hash, spark_hash_int, spread_slots, task_keys
-from state.wheel import BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, group_of
+from state.placement import (BALANCE_WIDTH, balanced_slot, partition_of, spark_hash, spark_hash_int,
+                             spread_slots, task_keys)
+from state.wheel import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER, TIMER_PARTS,
+                         group_of, part_of)
 
 # Spark 4.1.1: spark.createDataFrame(keys, "bucket int, slot long").select(F.hash("bucket", "slot"))
 SPARK_HASHES = {
@@ -64,3 +66,29 @@ def test_the_ints_0_and_1_share_a_task_of_two():
     both land in task 1 of two."""
     assert spark_hash_int(0) % 2 == spark_hash_int(1) % 2 == 1
     assert task_keys(2) == (2, 0)
+
+
+@pytest.mark.parametrize("partitions", [1, 2, 3, 8, 200])
+def test_balanced_groups_take_the_state_partitions_in_turn(partitions):
+    first = 1_795_400_000 * TIMER_PARTS
+    slots = [balanced_slot(BUCKET_TIMER, g, partitions) for g in range(first, first + 400)]
+    assert [partition_of(BUCKET_TIMER, s, partitions) for s in slots] == \
+        [g % partitions for g in range(first, first + 400)]
+    assert [s // BALANCE_WIDTH for s in slots] == list(range(first, first + 400)), \
+        "each group's number is its own: no two groups share one"
+
+
+def test_a_burst_s_timer_groups_fall_half_on_each_of_two_state_partitions():
+    """500,000 timers due in one second are TIMER_PARTS groups; hashed as they come, those of
+    this second fall 1/7 on two partitions, and the task with seven would hold up the batch that
+    releases the burst (2/6 or 3/5 in ten of fourteen bursts measured, docs/benchmarks.md)."""
+    due_ms, keys = 1_795_400_002_123, [f"burst-{i}" for i in range(200)]
+    groups = {group_of(Kind.DELAY, BUCKET_TIMER, due_ms, 0, 0, 1_000, 2, k) for k in keys}
+    assert len(groups) == TIMER_PARTS
+    assert sorted(partition_of(b, s, 2) for b, s in groups) == [0] * 4 + [1] * 4
+    hashed = {group_of(Kind.DELAY, BUCKET_TIMER, due_ms, 0, 0, 1_000, 2, k, balance_timers=False)
+              for k in keys}
+    assert hashed == {(BUCKET_TIMER, 1_795_400_002 * TIMER_PARTS + p) for p in range(TIMER_PARTS)}
+    assert sorted(partition_of(b, s, 2) for b, s in hashed) == [0] + [1] * 7, \
+        "the rule of checkpoints started before balancing"
+    assert {part_of(k, TIMER_PARTS) for k in keys} == set(range(TIMER_PARTS))

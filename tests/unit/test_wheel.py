@@ -186,10 +186,12 @@ def test_a_timer_cancel_reaches_the_group_part_of_the_timer_it_names():
                          RULES, 1_000, 2, NOW).to_pylist()[0]
     assert cancel["kind"] == "cancel"
     assert (cancel["bucket"], cancel["slot"]) == (send["bucket"], send["slot"])
-    parts = {parse_batch(intake(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", due),
-                                  ("UNIQ_KEY", f"m-{i}".encode())], i)), RULES, 1_000, 2,
-                         NOW).to_pylist()[0]["slot"] % TIMER_PARTS for i in range(64)}
-    assert len(parts) == TIMER_PARTS, "timers of one slot spread over its parts"
+    groups = {parse_batch(intake(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", due),
+                                   ("UNIQ_KEY", f"m-{i}".encode())], i)), RULES, 1_000, 2,
+                          NOW).to_pylist()[0]["slot"] for i in range(64)}
+    assert len(groups) == TIMER_PARTS, "timers of one slot spread over its parts"
+    assert sorted(partition_of(-1, slot, 2) for slot in groups) == [0] * 4 + [1] * 4, \
+        "and its parts over the two state partitions, half each"
 
 
 def timers(*keys_due, first_offset=1):
