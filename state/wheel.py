@@ -10,7 +10,6 @@ Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
 """
 from __future__ import annotations
 
-import base64
 import time
 import zlib
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pybase64
 
 from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
 from state.columns import PENDING, WHEEL_OUT
@@ -130,7 +130,7 @@ def encode(pending: pa.Table) -> str:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, PENDING) as writer:
         writer.write_table(pending)
-    return base64.b64encode(sink.getvalue()).decode("ascii")
+    return pybase64.b64encode_as_string(sink.getvalue())
 
 
 def decode(blob: str) -> pa.Table:
@@ -139,8 +139,10 @@ def decode(blob: str) -> pa.Table:
 
 
 def decode_chunks(chunks: list[str]) -> pa.Table:
-    """Pending messages from their chunks (each `encode`d), in the order given."""
-    tables = [pa.ipc.open_stream(pa.py_buffer(base64.b64decode(chunk))).read_all()
+    """Pending messages from their chunks (each `encode`d), in the order given. (pybase64's
+    SIMD codec: the standard library's decoded about 160 MB/s, 0.6 s of a burst's releasing
+    task for each group of 62,500 messages; docs/benchmarks.md.)"""
+    tables = [pa.ipc.open_stream(pa.py_buffer(pybase64.b64decode(chunk, validate=True))).read_all()
               for chunk in chunks]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 

@@ -1,7 +1,10 @@
 """The wheel function, driven through PySpark's own GroupState class (pure Python, no JVM)."""
+import base64
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from state.columns import ENVELOPE
@@ -10,7 +13,7 @@ from state.parse import parse_batch
 from state.placement import partition_of
 from state.timing import correct_deliver_timestamp, correct_deliver_timestamps
 from state.wheel import (BUCKET_DEAD, BUCKET_NOW, CHUNK_SEP, TIMER_PARTS, WheelConfig, decode,
-                         make_wheel)
+                         encode, make_wheel)
 from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer
 
 from state.columns import WHEEL_OUT
@@ -226,6 +229,21 @@ def test_messages_added_to_a_group_that_does_not_fire_are_appended_as_a_chunk():
     out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 60_000)
     assert sorted(out["uniq_key"]) == ["a", "b", "c", "e"] and fired._removed
     assert list(run.tally["pending_delta"]) == [-4]
+
+
+def test_a_chunk_is_the_standard_base64_of_an_arrow_stream_both_ways():
+    """State written by earlier versions (the standard library's codec) reads the same, and
+    what this version writes, the standard library reads."""
+    st = state(NOW - 10_000)
+    run(timers(("a", NOW + 30_000), ("b", NOW + 40_000)), st)
+    chunk = st.get[0]
+    raw = base64.b64decode(chunk, validate=True)
+    assert base64.b64encode(raw).decode() == chunk
+    table = pa.ipc.open_stream(raw).read_all()
+    assert decode(base64.b64encode(raw).decode()).equals(table)
+    assert encode(table) == chunk
+    with pytest.raises(ValueError):
+        decode(chunk[:-5] + "!" + chunk[-4:])
 
 
 def test_a_group_read_whole_again_is_written_back_as_one_chunk():
