@@ -15,17 +15,21 @@ import pyarrow.compute as pc
 
 from state import headers as H
 from state.columns import ENVELOPE
-from state.envelope import (Kind, Rules, cold_bucket, default_uniq_key, level_of, parse,
-                            real_topic_of)
+from state.envelope import (TIMER_LEVEL, Kind, Rules, cold_bucket, default_uniq_key, level_of,
+                            parse, real_topic_of)
 from state.placement import spread_slots
 from state.timing import correct_deliver_timestamps
-from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of
+from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of, timer_slots
 from state.worker import settle
 
 _CONTROL = pa.array(sorted(H.CONTROL_HEADERS), pa.string())
-# The control headers of the common message, a level message with its topic and maybe its
-# key: rows with only these, once each, are parsed for the whole batch at once (`_common`).
-_COMMON = (H.REAL_TOPIC, H.DELAY, H.UNIQ_KEY)
+# The control headers of the common message, a level message or a timer with its topic and
+# maybe its key: rows with only these, once each and one delay header, are parsed for the whole
+# batch at once (`_common`).
+_COMMON = (H.REAL_TOPIC, H.UNIQ_KEY, *H.DELAY_HEADERS)
+# A timer's value the batch path reads itself: plain digits, short enough that no sum below
+# leaves int64 (other values, signs and spaces included, take the per-row rules).
+_PLAIN_TIMER = "^[0-9]{1,15}$"
 
 
 def _flat_headers(headers: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
@@ -62,26 +66,47 @@ def _printable(edge: pa.Array) -> pa.Array:
 
 def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, values: pa.Array,
             ipart: np.ndarray, ioff: np.ndarray, append: np.ndarray, rules: Rules,
-            slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> dict:
+            slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int,
+            balance_timers: bool = True) -> dict:
     """`parse`, `group_of` and the overdue rule of `parse_batch`, at once, for the batch's
-    common rows: REAL_TOPIC and DELAY once each, UNIQ_KEY at most once, no other control
-    header, and values the per-row rules take as they are. Returns the row numbers ("rows")
-    and their ENVELOPE columns; every other row, and every value these checks are not sure of,
-    takes the per-row rules. tests/unit/test_parse_fast.py holds the two paths equal."""
+    common rows: REAL_TOPIC once, one delay header (DELAY or a timer's), UNIQ_KEY at most
+    once, no other control header, and values the per-row rules take as they are. Returns the
+    row numbers ("rows") and their ENVELOPE columns; every other row, and every value these
+    checks are not sure of, takes the per-row rules. tests/unit/test_parse_fast.py holds the
+    two paths equal."""
     which = {name: pc.fill_null(pc.equal(names, name), False).to_numpy(zero_copy_only=False)
              for name in _COMMON}
     count = {name: np.bincount(row_of[m], minlength=n) for name, m in which.items()}
-    rows = np.nonzero((count[H.REAL_TOPIC] == 1) & (count[H.DELAY] == 1)
-                      & (count[H.UNIQ_KEY] <= 1)
+    rows = np.nonzero((count[H.REAL_TOPIC] == 1) & (count[H.UNIQ_KEY] <= 1)
+                      & (sum(count[name] for name in H.DELAY_HEADERS) == 1)
                       & (np.bincount(row_of[control], minlength=n) == sum(count.values())))[0]
     if not len(rows):
         return {"rows": rows}
 
     topics, good = _per_value(values.take(_header_of(which[H.REAL_TOPIC], row_of, n, rows)),
                               lambda raw: real_topic_of(raw, rules))
-    levels, good_level = _per_value(values.take(_header_of(which[H.DELAY], row_of, n, rows)),
-                                    lambda raw: level_of(raw, rules))
-    good &= good_level
+    # The delay header of each row: a level's value is decided once per distinct value, a
+    # timer's (all distinct, as a rule) as an array.
+    delay_at = _header_of(np.logical_or.reduce([which[name] for name in H.DELAY_HEADERS]),
+                          row_of, n, rows)
+    delay_name = names.take(delay_at).to_numpy(zero_copy_only=False)
+    delay_raw = values.take(delay_at)
+    is_level = delay_name == H.DELAY
+    levels = np.full(len(rows), TIMER_LEVEL, dtype=object)
+    if is_level.any():
+        some = np.nonzero(is_level)[0]
+        levels[some], good_level = _per_value(delay_raw.take(some),
+                                              lambda raw: level_of(raw, rules))
+        good[some] &= good_level
+    timer_value = np.zeros(len(rows), dtype=np.int64)
+    if not is_level.all():
+        some = np.nonzero(~is_level)[0]
+        raw = delay_raw.take(some)
+        plain = pc.fill_null(pc.match_substring_regex(raw, _PLAIN_TIMER), False).to_numpy(
+            zero_copy_only=False)
+        timer_value[some[plain]] = pc.cast(raw.filter(pa.array(plain)).cast(pa.string()),
+                                           pa.int64()).to_numpy(zero_copy_only=False)
+        good[some[~plain]] = False
 
     # UNIQ_KEY is taken as it is only when it is UTF-8 and `strip()` would not change it: its
     # first and last bytes are printable ASCII other than space (a multi-byte character's first
@@ -103,23 +128,36 @@ def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, va
     uniq[default] = [default_uniq_key(p, o) for p, o in zip(ipart[rows[default]].tolist(),
                                                               ioff[rows[default]].tolist())]
 
-    rows, topics, uniq = rows[good], topics[good], uniq[good]
-    level = levels[good].astype(np.int64)
     at = append[rows]
+    # A timer's due time (`state.envelope._due`); one out of bounds takes the per-row rules,
+    # which say why it is dead.
+    timer_due = np.where(delay_name == H.TIMER_DELIVER_MS, timer_value,
+                         at + np.where(delay_name == H.TIMER_DELAY_SEC, timer_value * 1000,
+                                       timer_value))
+    good &= is_level | ((timer_due - at <= rules.max_delay_ms)
+                        & (timer_due >= at - rules.clock_tolerance_ms))
+
+    good = np.nonzero(good)[0]
+    rows, topics, uniq, at = rows[good], topics[good], uniq[good], at[good]
+    level, is_level = levels[good].astype(np.int64), is_level[good]
     delays = np.asarray(rules.level_delays_ms, dtype=np.int64)[np.maximum(level, 1) - 1]
-    due = np.where(level > 0, correct_deliver_timestamps(now_ms, at + delays, delays), at)
-    delay = (level > 0) & (due > at)
+    due = np.where(level > 0, correct_deliver_timestamps(now_ms, at + delays, delays),
+                   np.where(is_level, at, np.maximum(timer_due[good], at)))
+    delay = (level != 0) & (due > at)
     cold = delay & (cold_bucket(due, rules.cold_bucket_ms) > at + rules.near_horizon_ms)
-    delay &= ~cold & (due >= overdue_before_ms)
+    delay &= ~cold & ((due >= overdue_before_ms) | (level < 0))
     kind = np.where(cold, Kind.COLD.value, np.where(delay, Kind.DELAY.value, Kind.NOW.value))
     spread_of = {b: np.asarray(spread_slots(b, spread), dtype=np.int64)[ioff[rows] % spread]
                  for b in (BUCKET_NOW, BUCKET_COLD)}
+    slot = np.where(delay, due // slot_ms,
+                    np.where(cold, spread_of[BUCKET_COLD], spread_of[BUCKET_NOW]))
+    timers = np.nonzero(delay & (level < 0))[0]
+    if len(timers):
+        slot[timers] = timer_slots(due[timers], uniq[timers], slot_ms, spread, balance_timers)
     return {
         "rows": rows, "kind": kind.astype(object), "level": level, "due_ms": due,
         "bucket": np.where(delay, level, np.where(cold, BUCKET_COLD, BUCKET_NOW)),
-        "slot": np.where(delay, due // slot_ms,
-                         np.where(cold, spread_of[BUCKET_COLD], spread_of[BUCKET_NOW])),
-        "uniq_key": uniq, "topic": topics,
+        "slot": slot, "uniq_key": uniq, "topic": topics,
     }
 
 
@@ -152,7 +190,8 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     control = pc.fill_null(pc.is_in(names, value_set=_CONTROL), False).to_numpy(
         zero_copy_only=False)
     fast = _common(n, row_of, control, names, values, numbers["ipart"], numbers["ioff"],
-                   numbers["append_ms"], rules, slot_ms, spread, now_ms, overdue_before_ms) \
+                   numbers["append_ms"], rules, slot_ms, spread, now_ms, overdue_before_ms,
+                   balance_timers) \
         if common else {"rows": np.zeros(0, np.int64)}
 
     cols: dict[str, np.ndarray] = {name: np.empty(n, dtype=object) for name in

@@ -108,6 +108,18 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
     return level, group
 
 
+def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int,
+                balance_timers: bool = True) -> np.ndarray:
+    """`group_of`'s slot numbers for many timers at once (the parse's batch path)."""
+    groups = (due_ms // slot_ms) * TIMER_PARTS + np.fromiter(
+        (part_of(k, TIMER_PARTS) for k in uniq_keys), np.int64, len(uniq_keys))
+    if not balance_timers:
+        return groups
+    distinct, back = np.unique(groups, return_inverse=True)
+    return np.array([balanced_slot(BUCKET_TIMER, int(g), spread) for g in distinct],
+                    dtype=np.int64)[back]
+
+
 def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
     """The wheel's watermark in real time: Spark's plus the delay Spark subtracted, or, in a
     new query's first batch (Spark's is still 0), the query's start."""

@@ -30,6 +30,14 @@ keys = st.one_of(st.sampled_from([b" k", b"k ", b"\xc3\xa9k", b"k\xc3\xa9", b"\x
                                   b"\x1fk", b"k\t", b"a b", None]),
                  st.binary(max_size=12), st.text(max_size=12).map(lambda t: t.encode("utf-8")),
                  st.from_regex(r"[A-Za-z0-9_-]{1,16}", fullmatch=True).map(str.encode))
+# A timer's value: junk, plain digits, or ("rel", n), made near the batch's append time by
+# `timer_value` (n ms after it for TIMER_DELIVER_MS, |n| ms or |n| / 1000 s of delay otherwise).
+timer_values = st.one_of(
+    st.sampled_from([b"", b"x", b" 5", b"+5", b"-5", b"5 ", b"05", "３".encode(), b"\xff",
+                     b"1" * 15, b"9" * 16, b"1" * 25, None]),
+    st.integers(0, 10**15 - 1).map(lambda n: str(n).encode()),
+    st.integers(-200_000, 2 * 86_400_000).map(lambda n: ("rel", n)))
+delay_headers = st.sampled_from([H.DELAY, H.DELAY, *H.TIMER_HEADERS])
 extra_names = st.one_of(st.sampled_from(sorted(H.CONTROL_HEADERS)), st.text(max_size=8))
 extras = st.lists(st.tuples(extra_names, st.one_of(st.none(), st.binary(max_size=6))),
                   max_size=2)
@@ -37,7 +45,9 @@ extras = st.lists(st.tuples(extra_names, st.one_of(st.none(), st.binary(max_size
 
 @st.composite
 def row(draw):
-    headers = [(H.REAL_TOPIC, draw(topics)), (H.DELAY, draw(delays))]
+    name = draw(delay_headers)
+    headers = [(H.REAL_TOPIC, draw(topics)),
+               (name, draw(delays if name == H.DELAY else timer_values))]
     if draw(st.booleans()):
         headers.append((H.UNIQ_KEY, draw(keys)))
     if draw(st.integers(0, 3)) == 0:   # off the common shape: more headers, or fewer
@@ -47,8 +57,17 @@ def row(draw):
     return draw(st.permutations(headers))
 
 
+def timer_value(name, value, append_ms):
+    if not isinstance(value, tuple):
+        return value
+    n = value[1]
+    return str(append_ms + n if name == H.TIMER_DELIVER_MS
+               else abs(n) // 1000 if name == H.TIMER_DELAY_SEC else abs(n)).encode()
+
+
 def batch(rows, append_ms, partition):
     n = len(rows)
+    rows = [[(k, timer_value(k, v, a)) for k, v in r] for r, a in zip(rows, append_ms)]
     return pa.record_batch({
         "key": pa.array([None] * n, pa.binary()),
         "value": pa.array([b"v%d" % i for i in range(n)], pa.binary()),
@@ -69,24 +88,32 @@ def test_the_common_rows_parse_as_the_per_row_rules_parse_them(
     append = [base_ms + jitter[i] for i in range(len(rows))]
     data = batch(rows, append, partition)
     args = (data, rules, 1_000, spread, base_ms + skew, base_ms + overdue)
-    fast, slow = parse_batch(*args), parse_batch(*args, common=False)
-    assert fast.schema == slow.schema
-    for name in fast.schema.names:
-        assert fast.column(name).to_pylist() == slow.column(name).to_pylist(), name
+    for balance in (True, False):
+        fast = parse_batch(*args, balance_timers=balance)
+        slow = parse_batch(*args, common=False, balance_timers=balance)
+        assert fast.schema == slow.schema
+        for name in fast.schema.names:
+            assert fast.column(name).to_pylist() == slow.column(name).to_pylist(), name
 
 
 def test_a_batch_of_common_rows_takes_the_batch_path():
-    """The common shape is really taken at once: a batch path that turned every row away
-    would pass the comparison above."""
+    """The common shape, levels and timers, is really taken at once: a batch path that turned
+    every row away would pass the comparison above."""
     import state.parse as parse_module
 
     rows = [[(H.REAL_TOPIC, b"orders"), (H.DELAY, b"2"), (H.UNIQ_KEY, b"k%d" % i)]
             for i in range(50)]
     rows += [[(H.DELAY, b"1"), (H.REAL_TOPIC, b"orders")]] * 50
-    names, values = batch(rows, [0] * 100, 0).column("headers").flatten().flatten()
+    rows += [[(H.REAL_TOPIC, b"orders"), (name, b"%d" % value), (H.UNIQ_KEY, b"t%d" % i)]
+             for i, (name, value) in enumerate([(H.TIMER_DELIVER_MS, 10**12 + 30_000),
+                                                (H.TIMER_DELAY_MS, 30_000),
+                                                (H.TIMER_DELAY_SEC, 30)] * 10)]
+    names, values = batch(rows, [0] * 130, 0).column("headers").flatten().flatten()
     common = parse_module._common(
-        100, np.repeat(np.arange(100), [3] * 50 + [2] * 50), np.ones(len(names), dtype=bool),
-        names, values,
-        np.zeros(100, np.int64), np.arange(100), np.full(100, 10**12), RULES, 1_000, 2, 10**12, 0)
-    assert list(common["rows"]) == list(range(100))
+        130, np.repeat(np.arange(130), [3] * 50 + [2] * 50 + [3] * 30),
+        np.ones(len(names), dtype=bool), names, values,
+        np.zeros(130, np.int64), np.arange(130), np.full(130, 10**12), RULES, 1_000, 2, 10**12, 0)
+    assert list(common["rows"]) == list(range(130))
     assert list(common["uniq_key"][:2]) == ["k0", "k1"] and common["uniq_key"][50] == "0-50"
+    assert set(common["kind"][100:]) == {"delay"} and set(common["level"][100:]) == {-1}
+    assert set(common["due_ms"][100:]) == {10**12 + 30_000}
