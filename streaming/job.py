@@ -245,7 +245,8 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
     fifth of the Spark JVM's samples in a drain (docs/benchmarks.md); a kept row is written
     whole. Unlike a cached batch, a kept one is never computed again: Spark fails a job that
     finds a local checkpoint's block lost (an executor gone, on a cluster), and the batch then
-    runs again from the checkpoint, as after any failed batch."""
+    runs again from the checkpoint, as after any failed batch (`lost_kept_rows`: the runner
+    starts the job again in the same process)."""
     kept = batch.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
     rows = kept._jdf.queryExecution().logical().rdd()
 
@@ -312,18 +313,28 @@ def wheel_state(spark: SparkSession, checkpoint: str, part: str, batch_id: int |
     return groups.select(*key, F.explode(F.split("value.groupState.blob", re.escape(CHUNK_SEP))).alias("chunk"))
 
 
-def _is_kafka_metrics_npe(failure) -> bool:
-    """`failure` is SPARK-55271: an NPE thrown from KafkaMicroBatchStream.metrics.
-
-    PySpark hands the JVM error over as text only (description and stack trace per cause),
-    so this recognises the defect's signature: that exception type raised from that frame."""
+def _failure_text(failure) -> str:
+    """A query's failure as text: PySpark hands the JVM error over as text only (description
+    and stack trace per cause)."""
     error, texts = failure, []
     for _ in range(10):
         if error is None:
             break
         texts.append(f"{getattr(error, '_desc', '')}\n{getattr(error, '_stackTrace', '')}")
         error = getattr(error, "_cause", None)
-    trace = "\n".join(texts)
+    return "\n".join(texts) or str(failure)
+
+
+def lost_kept_rows(failure) -> bool:
+    """`failure` is a batch's kept rows lost with an executor (`kept`): Spark fails the batch,
+    which runs again once the job starts again from its checkpoint."""
+    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in _failure_text(failure)
+
+
+def _is_kafka_metrics_npe(failure) -> bool:
+    """`failure` is SPARK-55271: an NPE thrown from KafkaMicroBatchStream.metrics; this
+    recognises the defect's signature: that exception type raised from that frame."""
+    trace = _failure_text(failure)
     return ("java.lang.NullPointerException" in trace
             and "org.apache.spark.sql.kafka010.KafkaMicroBatchStream" in trace
             and ".metrics(" in trace)
@@ -463,6 +474,13 @@ class DelayJob:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         return self.query
+
+    def restart(self) -> None:
+        """Start again from the checkpoint, as a restarted driver would: what is left of this
+        run is stopped (its query has failed; the batch it failed in is not committed and runs
+        again), and everything is started anew on the same Spark session."""
+        self.stop()
+        self.start()
 
     def _finish_batch(self, grace_s: float) -> int | None:
         """Let no batch begin its work and wait for the one under way to be committed; its
