@@ -101,16 +101,17 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
     passing = _PASS_THROUGH.get(kind)
     if passing is not None:
         return passing, spread_slots(passing, spread)[ioff % spread]
-    parts = parts_of(level)
-    group = slot_of(due_ms, slot_ms) * parts + part_of(uniq_key, parts)
-    if parts > 1 and balance_timers:
-        return level, balanced_slot(level, group, spread)
-    return level, group
+    if parts_of(level) > 1:
+        return level, int(timer_slots(np.array([due_ms], np.int64), np.array([uniq_key]),
+                                      slot_ms, spread, balance_timers)[0])
+    return level, slot_of(due_ms, slot_ms)
 
 
 def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int,
                 balance_timers: bool = True) -> np.ndarray:
-    """`group_of`'s slot numbers for many timers at once (the parse's batch path)."""
+    """The slot numbers of timers' wheel groups: a due slot's TIMER_PARTS parts by UNIQ_KEY,
+    each numbered by `balanced_slot` (or, with `balance_timers` off, the group itself). The one
+    rule for both of the parse's paths (`group_of` calls it for one timer)."""
     groups = (due_ms // slot_ms) * TIMER_PARTS + np.fromiter(
         (part_of(k, TIMER_PARTS) for k in uniq_keys), np.int64, len(uniq_keys))
     if not balance_timers:
