@@ -17,10 +17,19 @@ batches again and they spool their rows anew. After a crash a row can so be sent
 the same UNIQ_KEY. Never early: a row is handed to the producer only once the clock has reached
 its due time.
 
-The file also lists the batch's deliveries its tasks sent (with their `sent_ms`, no payload),
-first: they are never sent again, and are reported with the rest. `on_sent(batch_id,
-batch_time_ms, released)` is called once per file, in batch order, when all of its rows are
-acknowledged, with its deliveries' RELEASED columns (sent_ms: when each was handed to a
+The tasks hand their rows over through files where they can (`hand_over`): a task that sees the
+hold's hand-off folder (`incoming/`, marked by the running hold's token, so a task on another
+machine never writes one) writes its rows there, in the spool's layout, and reports only the
+file's name; the driver moves it into the spool as one more file of the batch, queues it, and
+syncs it to disk before the batch commits. A task that does not see the folder reports its rows
+to the driver through Spark (sinks/kafka.py HoldReports), which writes them into the batch's
+own file. A burst of 500,000 rows of 1 KiB was 590 MB through Spark's task results, received,
+decoded and written again by the driver before its first row could leave (docs/benchmarks.md).
+
+The batch's own file also lists the batch's deliveries its tasks sent (with their `sent_ms`,
+no payload), first: they are never sent again, and are reported with the rest. `on_sent(batch_id,
+batch_time_ms, released)` is called once per batch, in batch order, when all of its files' rows
+are acknowledged, with its deliveries' RELEASED columns (sent_ms: when each was handed to a
 producer): what the ledger and the lateness histogram record.
 """
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
+import os
 import queue
 import threading
 import time
@@ -40,12 +50,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sinks.durable import write_durably
+from sinks.durable import fsync_dir, write_durably
+from state.errors import JobError
 from state.columns import OUTPUT
 
 log = logging.getLogger(__name__)
 
 SPOOL_FOLDER = "hold-spool"
+# Inside the spool: where tasks write the rows they hand over, until the driver takes them.
+HANDOFF_FOLDER = "incoming"
 # What a spooled row keeps: the record as written to Kafka, and what the ledger records.
 SPOOLED = ("topic", "partition", "key", "value", "headers", "kind", "uniq_key", "level", "ipart",
            "ioff", "append_ms", "due_ms")
@@ -127,6 +140,12 @@ class DriverHold:
         self.last_error: str | None = None
         # Rows put already sent by their batch's tasks, and rows this hold handed to Kafka.
         self.sent_by = {"tasks": 0, "hold": 0}
+        # Files the batches' tasks handed their rows over in, and those rows.
+        self.handed_over = {"files": 0, "rows": 0}
+        # The hand-off folder's marker: a task writes its rows there only if it sees this file,
+        # that is, if it shares this folder with the running hold (`hand_over`).
+        self.handoff = self.folder / HANDOFF_FOLDER
+        self.handoff_marker = str(self.handoff / f".hold-{self._token}")
 
     # ---- spool files ---------------------------------------------------------------------
     @staticmethod
@@ -137,12 +156,16 @@ class DriverHold:
         return sorted(self.folder.glob("*.arrow"), key=lambda p: (self._batch_of(p), p.name))
 
     def put(self, batch_id: int, batch_time_ms: int, rows: pa.Table | None,
-            sent: pa.Table | None = None) -> None:
+            sent: pa.Table | None = None, files: list[str] = ()) -> None:
         """Spool a batch's rows to send (SPOOLED columns) and queue them; with them the
         deliveries the batch's tasks sent already (RELEASED columns, `sent`), so that the
         batch's deliveries are all reported together, in batch order, and a crash before that
-        loses none of their ledger rows. Returns once they are on disk: the batch may commit
-        then."""
+        loses none of their ledger rows; and `files`, the names of the files its tasks wrote to
+        the hand-off folder (`hand_over`), which become files of the batch. Returns once they
+        are all on disk: the batch may commit then. The tasks' files are queued before they are
+        synced, so their rows can leave meanwhile: if the sync fails, the batch fails and runs
+        again, and a row already sent is sent again, with the same UNIQ_KEY."""
+        taken = self._take_over(batch_id, files)
         parts = []
         if sent is not None and sent.num_rows:
             n = sent.num_rows
@@ -152,19 +175,55 @@ class DriverHold:
                                           pa.nulls(n, _SCHEMA.field(name).type))
                                    for name in SPOOLED + ("sent_ms",)}, schema=_SCHEMA))
         if rows is not None and rows.num_rows:
-            rows = rows.select(list(SPOOLED))
-            due = rows.column("due_ms").to_numpy()
-            if (due[1:] < due[:-1]).any():   # one task's rows come sorted: no copy then
-                rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
-            rows = rows.append_column("sent_ms", pa.nulls(rows.num_rows, pa.int64()))
-            parts.append(rows.cast(_SCHEMA))
-        if not parts:
+            parts.append(_spooled(rows))
+        if not parts and not taken:
             return
-        rows = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        # The batch's own file, even empty: it carries the batch's time for a restart.
+        rows = (pa.concat_tables(parts) if len(parts) > 1 else parts[0] if parts
+                else _SCHEMA.empty_table())
         rows = rows.replace_schema_metadata({_BATCH_TIME: str(batch_time_ms).encode()})
         final = self.folder / f"{batch_id:019d}-{self._token}.arrow"
         write_durably(final, functools.partial(_write_arrow, rows))
-        self._queue(final, rows, batch_id, batch_time_ms, sent=None)
+        entries = [(final, rows)] + [(path, _read_arrow(path)) for path in taken]
+        self.handed_over["files"] += len(taken)
+        self.handed_over["rows"] += sum(table.num_rows for _, table in entries[1:])
+        with self._wake:       # a batch's files are queued together: reported together
+            queued = [self._queue(path, table, batch_id, batch_time_ms, sent=None)
+                      for path, table in entries]
+        if taken:
+            try:
+                for path in taken:
+                    _fsync(path)
+                fsync_dir(self.folder)
+            except OSError:
+                self._unqueue(queued)
+                raise
+
+    def _take_over(self, batch_id: int, names: list[str]) -> list[Path]:
+        """Move the files a batch's tasks handed over into the spool, as files of the batch;
+        delete what earlier attempts of its tasks left in the hand-off folder."""
+        taken = []
+        for k, name in enumerate(sorted(names), 1):
+            source = self.handoff / name
+            if not source.exists():
+                raise JobError(f"batch {batch_id}: a task handed its rows over in {source}, "
+                               f"which the driver does not see")
+            final = self.folder / f"{batch_id:019d}-{self._token}-{k:04d}.arrow"
+            os.replace(source, final)
+            taken.append(final)
+        for left in self.handoff.glob("*.arrow"):      # attempts Spark did not keep
+            prefix = left.name.split("-", 1)[0]
+            if prefix.isdigit() and int(prefix) <= batch_id:
+                left.unlink(missing_ok=True)
+        return taken
+
+    def _unqueue(self, entries: list["_File"]) -> None:
+        with self._wake:
+            for entry in entries:
+                self._files.pop((entry.batch_id, entry.path.name), None)
+            self._heap = [(int(f.due[f.next]), f.batch_id, f.path.name)
+                          for f in self._files.values() if f.next < len(f.due)]
+            heapq.heapify(self._heap)
 
     def _queue(self, path: Path, rows: pa.Table, batch_id: int, batch_time_ms: int,
                sent: np.ndarray | None) -> _File:
@@ -193,6 +252,12 @@ class DriverHold:
         batches run again."""
         for stale in self.folder.glob(".*.tmp"):
             stale.unlink()
+        # Files the tasks handed over that no batch took: their batches run again.
+        self.handoff.mkdir(exist_ok=True)
+        for left in self.handoff.iterdir():
+            left.unlink()
+        Path(self.handoff_marker).touch()
+        kept = []
         for path in self.files():
             batch_id = self._batch_of(path)
             marker = path.with_name(path.name + ".sent")
@@ -200,14 +265,18 @@ class DriverHold:
                 path.unlink()
                 marker.unlink(missing_ok=True)
                 continue
-            with pa.memory_map(str(path)) as source:
-                rows = pa.ipc.open_file(source).read_all()
+            rows = _read_arrow(path)
             sent = None
             if marker.exists():
-                with pa.memory_map(str(marker)) as source:
-                    sent = pa.ipc.open_file(source).read_all().column("sent_ms").to_numpy()
+                sent = _read_arrow(marker).column("sent_ms").to_numpy()
+            kept.append((path, rows, batch_id, sent))
+        # A batch's time is in its own file; its tasks' files do not carry it.
+        times: dict[int, int] = {}
+        for _, rows, batch_id, _ in kept:
             meta = rows.schema.metadata or {}
-            entry = self._queue(path, rows, batch_id, int(meta.get(_BATCH_TIME, b"0")), sent)
+            times[batch_id] = max(times.get(batch_id, 0), int(meta.get(_BATCH_TIME, b"0")))
+        for path, rows, batch_id, sent in kept:
+            entry = self._queue(path, rows, batch_id, times[batch_id], sent)
             log.info("hold: sending again %d rows of batch %d left by the last run",
                      len(entry.due) - entry.next, batch_id)
         for marker in self.folder.glob("*.arrow.sent"):
@@ -253,6 +322,14 @@ class DriverHold:
         log.info("hold: sent %d overdue rows left by the last run before the first batch%s",
                  len(rows), f" ({left} not yet acknowledged)" if left else "")
 
+    def overdue(self) -> int:
+        """Rows due by now that the sending thread has not yet handed to the producer: how far
+        behind it is (a burst due at once, sent from one Python thread)."""
+        now_ms = int(self._clock() * 1000)
+        with self._wake:
+            return sum(max(0, int(f.due.searchsorted(now_ms, side="right")) - f.next)
+                       for f in self._files.values())
+
     def pending(self) -> int:
         """Rows spooled and not yet acknowledged."""
         with self._wake:
@@ -281,6 +358,7 @@ class DriverHold:
         if left:
             log.info("hold: %d rows not yet due at the stop stay spooled for the next start",
                      sum(len(f.due) - f.acked for f in left))
+        Path(self.handoff_marker).unlink(missing_ok=True)
         self._thread = None
         self._reports.put(None)
         self._reporter.join(timeout=timeout_s)
@@ -291,17 +369,21 @@ class DriverHold:
             item = self._reports.get()
             if item is None:
                 return
-            entry = item
+            entries = item
+            first = entries[0]
             if self._on_sent is not None:
-                released = entry.rows.select(list(RELEASED[:-1])).append_column(
-                    "sent_ms", pa.array(entry.sent_ms, pa.int64()))
-                released = released.filter(pc.equal(entry.rows.column("kind"), "deliver"))
+                parts = [entry.rows.select(list(RELEASED[:-1])).append_column(
+                             "sent_ms", pa.array(entry.sent_ms, pa.int64()))
+                         .filter(pc.equal(entry.rows.column("kind"), "deliver"))
+                         for entry in entries]
+                released = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
                 try:
-                    self._on_sent(entry.batch_id, entry.batch_time_ms, released)
+                    self._on_sent(first.batch_id, first.batch_time_ms, released)
                 except Exception:  # the ledger or a gauge, never a reason to stop sending
-                    log.exception("hold: reporting batch %d failed", entry.batch_id)
-            entry.path.unlink(missing_ok=True)
-            entry.path.with_name(entry.path.name + ".sent").unlink(missing_ok=True)
+                    log.exception("hold: reporting batch %d failed", first.batch_id)
+            for entry in entries:
+                entry.path.unlink(missing_ok=True)
+                entry.path.with_name(entry.path.name + ".sent").unlink(missing_ok=True)
 
     def _close(self) -> None:
         if self._producer is not None:
@@ -393,16 +475,20 @@ class DriverHold:
         self._send(entry, failed, int(self._clock() * 1000))
 
     def _complete(self) -> None:
-        """Report and delete the files all of whose rows are acknowledged, in batch order."""
+        """Report and delete the batches all of whose files' rows are acknowledged, in batch
+        order (a batch's files are queued together, so they are next to each other)."""
         while True:
             with self._wake:
                 if not self._files:
                     return
-                key, entry = next(iter(self._files.items()))
-                if not entry.done:
+                batch_id = next(iter(self._files))[0]
+                batch = [(key, entry) for key, entry in self._files.items()
+                         if key[0] == batch_id]
+                if not all(entry.done for _, entry in batch):
                     return
-                del self._files[key]
-            self._reports.put(entry)
+                for key, _ in batch:
+                    del self._files[key]
+            self._reports.put([entry for _, entry in batch])
 
 
 def held(folder: Path, uniq_key: str) -> dict | None:
@@ -437,6 +523,51 @@ def _header_lists(column: pa.ChunkedArray) -> list[list[tuple[str, bytes]] | Non
         out.extend(pairs[offsets[i]:offsets[i + 1]] if valid[i] else None
                    for i in range(len(chunk)))
     return out
+
+
+def hand_over(marker: str, tables: list) -> str | None:
+    """A task's rows not yet due (tables of SPOOLED columns, in due order), written to the
+    hand-off folder of the driver's hold that `marker` names: the file's name, for the task's
+    report; None when this task does not see the marker (it runs on another machine, or the
+    hold has stopped), and its rows go in its report instead. Named by the micro-batch and the
+    task's attempt, so that the driver can delete what attempts Spark did not keep left; not
+    synced here, the driver syncs the files it takes before the batch commits."""
+    if not os.path.exists(marker):
+        return None
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    batch = context.getLocalProperty("streaming.sql.batchId") if context else None
+    task = f"{context.partitionId()}.{context.attemptNumber()}" if context else "0.0"
+    name = f"{batch if batch is not None else 'x'}-{task}-{uuid.uuid4().hex[:8]}.arrow"
+    rows = _spooled(pa.concat_tables([pa.Table.from_batches([t]) if isinstance(t, pa.RecordBatch)
+                                      else t for t in tables]))
+    folder = os.path.dirname(marker)
+    tmp = os.path.join(folder, f".{name}.tmp")
+    with open(tmp, "wb") as f:
+        _write_arrow(rows, f)
+    os.replace(tmp, os.path.join(folder, name))
+    return name
+
+
+def _spooled(rows: pa.Table) -> pa.Table:
+    """Rows to send (SPOOLED columns) in a spool file's layout: in due order, `sent_ms` null."""
+    rows = rows.select(list(SPOOLED))
+    due = rows.column("due_ms").to_numpy()
+    if (due[1:] < due[:-1]).any():   # one task's rows come sorted: no copy then
+        rows = rows.take(pc.sort_indices(rows, [("due_ms", "ascending")]))
+    rows = rows.append_column("sent_ms", pa.nulls(rows.num_rows, pa.int64()))
+    return rows.cast(_SCHEMA)
+
+
+def _read_arrow(path: Path) -> pa.Table:
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def _write_arrow(table: pa.Table, f) -> None:

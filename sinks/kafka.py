@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from sinks.base import BatchSink, BatchSummary, Sent  # noqa: F401
-from sinks.driver_hold import RELEASED, SPOOLED
+from sinks.driver_hold import RELEASED, SPOOLED, hand_over
 from state import headers as H
 from state.columns import OUTPUT
 from state.hold import by_due, hold_until_due
@@ -269,7 +269,7 @@ class KafkaSink(BatchSink):
             batch = self.refuse(batch, self.plan(aggregate(batch)))
             clear = F.lit(True)
         defer = self.hold is not None
-        counts, began, released, later, sent = self._hold_and_write(
+        counts, began, released, later, files, sent = self._hold_and_write(
             self._writer(batch.sparkSession, defer).counted(batch, clear), self.lanes(), defer)
         frames = [lambda: self._sent_frame(batch.filter(outgoing_rows() & clear), began, sent)]
         withheld = 0
@@ -285,7 +285,7 @@ class KafkaSink(BatchSink):
             rest = batch.filter((F.col("kind") == "deliver") & ~clear)
             refusals = self.plan(aggregate(rest))
             rest = self.refuse(rest, refusals)
-            counts, began2, released2, later2, sent2 = self._hold_and_write(
+            counts, began2, released2, later2, files2, sent2 = self._hold_and_write(
                 rest.withColumn(CLEAR, F.lit(True)), self.lanes(), defer)
             for row in counts:
                 self._count(summary, row, delivered=not defer)
@@ -293,6 +293,7 @@ class KafkaSink(BatchSink):
                 tables.append(released2)
             if later2 is not None:
                 held.append(later2)
+            files = files + files2
             frames.append(lambda: self._sent_frame(rest, began2, sent2))
             summary.timings["kafka_withheld"] = round(time.monotonic() - clock, 3)
         summary.released = (None if not tables else tables[0] if len(tables) == 1
@@ -301,7 +302,8 @@ class KafkaSink(BatchSink):
             clock = time.monotonic()
             summary.deferred = True
             self.hold.put(summary.batch_id, summary.batch_time_ms,
-                          pa.concat_tables(held) if held else None, sent=summary.released)
+                          pa.concat_tables(held) if held else None, sent=summary.released,
+                          files=files)
             summary.timings["kafka_spool"] = round(time.monotonic() - clock, 3)
 
         def frame() -> DataFrame:
@@ -321,7 +323,8 @@ class KafkaSink(BatchSink):
         taking the rows by `lane` (`hold_lane`): returns
         the hold tasks' counts, the moment each level began releasing, the released deliveries
         (RELEASED columns, or None), the rows not yet due that the tasks left to the driver's
-        hold when `defer` (driver_hold.SPOOLED columns, or None) and when the write ended.
+        hold when `defer` (driver_hold.SPOOLED columns, or None) and the files they handed
+        them over in instead (names in the hold's hand-off folder), and when the write ended.
 
         The Kafka writer reads the hold's output directly, so each row goes out as it is
         released. (Persisting the output for the ledger made Spark build each partition whole
@@ -333,11 +336,12 @@ class KafkaSink(BatchSink):
         write.save(rows, lane)
         began, released, later = HoldReports.read(reports.value)
         return (HoldReports.counts(reports.value), began, released, later,
-                int(time.time() * 1000))
+                HoldReports.files(reports.value), int(time.time() * 1000))
 
     def _writer(self, spark, defer: bool) -> "_HoldWrite":
         if self._write is None or self._write.defer != defer:
-            self._write = _HoldWrite(spark, defer, self._parallelism, self._options)
+            handoff = self.hold.handoff_marker if defer and self.hold is not None else None
+            self._write = _HoldWrite(spark, defer, self._parallelism, self._options, handoff)
         return self._write
 
     @staticmethod
@@ -365,7 +369,8 @@ class _HoldWrite:
     reported before its save returned, and a new one per batch would stay in PySpark's
     registry for good."""
 
-    def __init__(self, spark, defer: bool, parallelism: int, options: dict[str, str]):
+    def __init__(self, spark, defer: bool, parallelism: int, options: dict[str, str],
+                 handoff: str | None = None):
         from pyspark.sql.classic.column import _to_seq
         from pyspark.sql.pandas.functions import pandas_udf
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -374,7 +379,7 @@ class _HoldWrite:
         sc = spark.sparkContext
         self.defer = defer
         self.reports = sc.accumulator(HoldReports.zero(None), HoldReports())
-        hold = pandas_udf(hold_reporting(self.reports, defer, KAFKA_COLUMNS),
+        hold = pandas_udf(hold_reporting(self.reports, defer, KAFKA_COLUMNS, handoff),
                           returnType=from_arrow_schema(pa.schema(
                               [OUTPUT.field(name) for name in KAFKA_COLUMNS])),
                           functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
@@ -436,19 +441,20 @@ class HoldReports(AccumulatorParam):
     releasing that level's rows (the latest of its tasks', and of their attempts' should Spark
     run a task again), "rows": one Arrow IPC stream of RELEASED columns per task, "later": one
     Arrow IPC stream per task of the rows it left to the driver's hold (driver_hold.SPOOLED
-    columns), "counts": one dict per task and COUNTED_BY group of the rows it took (with
-    CLEAR, "count", and the sums of "received" and "pending_delta")}. Spark applies the
-    updates of an action's task once, from its successful attempt, so every row is counted
-    once and every delivery is in "rows" or "later" once."""
+    columns), "files": the names of the files tasks wrote those rows to instead (in the hold's
+    hand-off folder, driver_hold.hand_over), "counts": one dict per task and COUNTED_BY group
+    of the rows it took (with CLEAR, "count", and the sums of "received" and "pending_delta")}.
+    Spark applies the updates of an action's task once, from its successful attempt, so every
+    row is counted once and every delivery is in "rows", "later" or "files" once."""
 
     @staticmethod
     def zero(value):
-        return {"starts": {}, "rows": [], "later": [], "counts": []}
+        return {"starts": {}, "rows": [], "later": [], "files": [], "counts": []}
 
     def addInPlace(self, value1, value2):
         for level, ms in value2["starts"].items():
             value1["starts"][level] = max(ms, value1["starts"].get(level, ms))
-        for name in ("rows", "later", "counts"):
+        for name in ("rows", "later", "files", "counts"):
             value1[name].extend(value2[name])
         return value1
 
@@ -464,6 +470,10 @@ class HoldReports(AccumulatorParam):
     @staticmethod
     def counts(value) -> list[dict]:
         return value["counts"]
+
+    @staticmethod
+    def files(value) -> list[str]:
+        return value["files"]
 
 
 def count_rows(batch: pa.RecordBatch) -> list[dict]:
@@ -498,14 +508,16 @@ def _sendable(batches: Iterator[pa.RecordBatch], counts: list) -> Iterator[pa.Re
 _SENT_KINDS = pa.array(["deliver", "dead"], pa.string())
 
 
-def hold_reporting(reports, defer: bool = False, columns: tuple[str, ...] | None = None
+def hold_reporting(reports, defer: bool = False, columns: tuple[str, ...] | None = None,
+                   handoff: str | None = None
                    ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """`hold_and_stamp` over the rows it may send (`release_due` when `defer`), reporting to
     the accumulator `reports` (HoldReports) the counts of every row it took, the task's first
     release for every level it held, its deliveries' RELEASED columns, and the rows it left to
-    the driver's hold. It yields `columns` of the rows it sends (all, stamped, when None): the
-    Kafka write takes KAFKA_COLUMNS, and every other column would cross back to the JVM for
-    nothing."""
+    the driver's hold: in a file of the hold's hand-off folder when the task sees the folder's
+    marker, `handoff` (driver_hold.hand_over), else in the report itself. It yields `columns`
+    of the rows it sends (all, stamped, when None): the Kafka write takes KAFKA_COLUMNS, and
+    every other column would cross back to the JVM for nothing."""
     def hold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
         first, levels, delivered, counts, later = None, set(), [], [], []
@@ -522,7 +534,9 @@ def hold_reporting(reports, defer: bool = False, columns: tuple[str, ...] | None
         if not counts:
             return
         starts = {} if first is None else {level: first for level in levels if level is not None}
-        reports.add({"starts": starts, "rows": _ipc_blobs(delivered), "later": _ipc_blobs(later),
+        name = hand_over(handoff, later) if later and handoff else None
+        reports.add({"starts": starts, "rows": _ipc_blobs(delivered),
+                     "later": [] if name else _ipc_blobs(later), "files": [name] if name else [],
                      "counts": counts})
     return hold
 

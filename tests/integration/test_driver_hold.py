@@ -10,7 +10,11 @@ from pathlib import Path
 import pyarrow as pa
 from kafka.partitioner.default import murmur2
 
-from sinks.driver_hold import RELEASED, SPOOL_FOLDER, SPOOLED, DriverHold, producer_config
+import pytest
+
+from sinks.driver_hold import (RELEASED, SPOOL_FOLDER, SPOOLED, DriverHold, hand_over,
+                               producer_config)
+from state.errors import JobError
 from state.columns import OUTPUT
 from streaming.offsets import last_committed_batch
 from streaming.producer import DelayProducer
@@ -113,6 +117,73 @@ def test_rows_the_tasks_sent_are_reported_with_the_rest_and_never_sent_again(
         h.stop()
 
 
+def test_rows_the_tasks_handed_over_in_files_leave_when_due_and_are_reported_with_their_batch(
+        new_topic, kafka_bootstrap, tmp_path):
+    """Tasks that see the hold's hand-off folder write their rows not yet due there
+    (`hand_over`) and report only the file's name; the batch's `put` takes the files into the
+    spool beside its own file (the tasks' sent rows), and the batch is reported once, with
+    every delivery of all its files, when Kafka has them all."""
+    topic = new_topic(**LOG_APPEND)
+    now = int(time.time() * 1000)
+    reports: list = []
+    h = hold(tmp_path, kafka_bootstrap, reports).start(last_committed=None)
+    try:
+        first = hand_over(h.handoff_marker, [rows(topic, [now + 800, now + 1_600], tag="t1")])
+        second = hand_over(h.handoff_marker, [rows(topic, [now + 400], tag="t2")])
+        assert first and second and (h.handoff / first).exists()
+        by_tasks = released_by_tasks(rows(topic, [now - 1_000], tag="sent"), now - 900)
+        h.put(9, now, None, sent=by_tasks, files=[first, second])
+        assert not (h.handoff / first).exists(), "taken into the spool"
+        assert len(list(tmp_path.glob("0000000000000000009-*.arrow"))) == 3
+        assert h.handed_over == {"files": 2, "rows": 3}
+        records = by_uniq(consume_all(kafka_bootstrap, topic, expected=3, timeout_s=30, idle_s=1))
+        assert sorted(records) == ["t1-0", "t1-1", "t2-0"], "the tasks' sent row is theirs"
+        for name, due in (("t1-0", now + 800), ("t1-1", now + 1_600), ("t2-0", now + 400)):
+            assert records[name].timestamp >= due, f"{name} {due - records[name].timestamp} ms early"
+        assert_eventually(lambda: len(reports) == 1, timeout_s=10)
+        batch_id, batch_time, released = reports[0]
+        assert (batch_id, batch_time) == (9, now)
+        assert sorted(released.column("uniq_key").to_pylist()) == ["sent-0", "t1-0", "t1-1", "t2-0"]
+        assert_eventually(lambda: not list(tmp_path.glob("*.arrow")), timeout_s=10)
+    finally:
+        h.stop()
+    assert not (h.handoff / Path(h.handoff_marker).name).exists(), "a stopped hold takes no files"
+    assert hand_over(h.handoff_marker, [rows(topic, [now])]) is None, "the rows go in the report"
+
+
+def test_files_handed_over_stay_with_their_batch_over_a_crash(new_topic, kafka_bootstrap,
+                                                              tmp_path):
+    """A driver killed after two batches took their tasks' files, the first committed: a
+    restart sends the first batch's files (its time from the batch's own file) and drops the
+    second's (Spark runs it again); what attempts Spark did not keep left in the hand-off
+    folder goes with the batch that put after them, and the rest at the start."""
+    topic = new_topic(**LOG_APPEND)
+    now = int(time.time() * 1000)
+    crashed = hold(tmp_path, kafka_bootstrap)
+    Path(crashed.handoff_marker).touch()     # as its start would have
+    names = [hand_over(crashed.handoff_marker, [rows(topic, [now + 300], tag=tag)])
+             for tag in ("kept", "dropped")]
+    failed = {batch: crashed.handoff / f"{batch}-0.0-deadbeef.arrow" for batch in (4, 6)}
+    for path in failed.values():             # attempts Spark ran again elsewhere
+        path.write_bytes(b"partial")
+    crashed.put(4, now - 7, None, files=[names[0]])
+    assert not failed[4].exists() and failed[6].exists()
+    crashed.put(5, now, None, files=[names[1]])
+    with pytest.raises(JobError, match="does not see"):
+        crashed.put(6, now, None, files=["6-1.0-gone.arrow"])
+    crashed.stop()
+    reports: list = []
+    h = hold(tmp_path, kafka_bootstrap, reports).start(last_committed=4)
+    try:
+        assert [p.name for p in h.handoff.iterdir()] == [Path(h.handoff_marker).name]
+        records = by_uniq(consume_all(kafka_bootstrap, topic, expected=1, timeout_s=30, idle_s=2))
+        assert sorted(records) == ["kept-0"]
+        assert_eventually(lambda: [r[:2] for r in reports] == [(4, now - 7)], timeout_s=10)
+        assert reports[0][2].column("uniq_key").to_pylist() == ["kept-0"]
+    finally:
+        h.stop()
+
+
 def test_a_restart_sends_what_is_overdue_in_due_order_across_files_before_it_returns(
         new_topic, kafka_bootstrap, tmp_path):
     """Files of consecutive batches overlap in due time; what a restart finds overdue leaves in
@@ -158,7 +229,7 @@ def test_a_stop_keeps_what_is_not_due_and_the_next_start_sends_only_that(new_top
     first.put(3, now, rows(topic, dues))
     assert len(consume_all(kafka_bootstrap, topic, expected=2, timeout_s=30)) == 2
     first.stop()
-    assert [p.name.endswith(".sent") for p in sorted(tmp_path.iterdir())] == [False, True]
+    assert [p.name.endswith(".sent") for p in sorted(tmp_path.glob("*.arrow*"))] == [False, True]
     reports: list = []
     again = hold(tmp_path, kafka_bootstrap, reports).start(last_committed=3)
     try:
@@ -170,7 +241,7 @@ def test_a_stop_keeps_what_is_not_due_and_the_next_start_sends_only_that(new_top
         assert_eventually(lambda: len(reports) == 1, timeout_s=10)
         # The ledger's rows of the whole file, the two sent before the stop included.
         assert reports[0][2].column("uniq_key").to_pylist() == ["m-0", "m-1", "m-2", "m-3"]
-        assert not list(tmp_path.iterdir())
+        assert not list(tmp_path.glob("*.arrow*"))
     finally:
         again.stop()
 
@@ -221,11 +292,20 @@ def test_the_job_delivers_through_the_drivers_hold(job_settings, start_job, new_
                                        partition=qid, headers=user_headers)
                 sent[handle.uniq_key] = Sent(f"key-{level}".encode(), value, user_headers,
                                              handle.due_ms, qid)
+        # Fired 4 s ahead by a batch of its own, so not due when that batch's tasks split
+        # their rows, however long the batch reading the levels above takes on a slow host.
+        for delay in (12_000, 14_000):
+            handle = producer.send(real, f"timer {delay}".encode(), delay_ms=delay,
+                                   headers=user_headers)
+            sent[handle.uniq_key] = Sent(None, f"timer {delay}".encode(), user_headers,
+                                         handle.due_ms, None)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent, lateness_log=lateness_log)
     assert_eventually(lambda: job._hold.pending() == 0, timeout_s=30)
     assert job._hold.sent_by["tasks"] >= 5, "the overdue ones went with their batch"
-    assert job._hold.sent_by["hold"] > 0
+    assert job._hold.sent_by["hold"] > 0, job._hold.sent_by
+    # Local tasks share the spool's folder: they handed their rows over in files.
+    assert job._hold.handed_over["files"] > 0, job._hold.handed_over
     job.stop()
     from deltalake import DeltaTable
     ledger = DeltaTable(str(settings.ledger_path)).to_pyarrow_table()

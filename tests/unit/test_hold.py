@@ -1,6 +1,6 @@
 import pyarrow as pa
 
-from state.hold import hold_until_due
+from state.hold import by_due, hold_until_due
 from state.timing import correct_deliver_timestamp, fire_horizon, slot_of, timer_for
 
 
@@ -53,6 +53,21 @@ def test_nothing_is_flushed_while_nothing_was_released():
     assert [c.num_rows for c in hold_until_due(iter([rows]), clock=clock.now, sleep=clock.sleep,
                                                flush=lambda: flushes.append(1))] == [1]
     assert flushes == []
+
+
+def test_by_due_sorts_only_what_is_out_of_order():
+    """Rows in due order already (a burst due at one moment) come back as they are, their
+    payloads not copied; others sorted, equal due times in their order of arrival."""
+    ordered = [pa.record_batch({"due_ms": pa.array(d, pa.int64()), "value": [b"x" * 64] * len(d)})
+               for d in ([5, 5, 5], [5, 7], [9])]
+    rows = by_due(iter(ordered))
+    assert rows.column("due_ms").to_pylist() == [5, 5, 5, 5, 7, 9]
+    assert rows.column("value").chunk(0).buffers()[2].address == \
+        ordered[0].column("value").buffers()[2].address, "not copied"
+    mixed = [pa.record_batch({"due_ms": pa.array([5, 9], pa.int64()), "id": ["a", "b"]}),
+             pa.record_batch({"due_ms": pa.array([7, 5], pa.int64()), "id": ["c", "d"]})]
+    rows = by_due(iter(mixed))
+    assert rows.column("id").to_pylist() == ["a", "d", "c", "b"]
 
 
 def test_empty_input_yields_nothing():

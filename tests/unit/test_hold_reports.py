@@ -124,6 +124,31 @@ def test_with_the_drivers_hold_a_task_sends_what_is_due_and_leaves_the_rest_to_t
     assert counted(reports)[("deliver", "t", 2, None, True)] == (1, 0, 0), "counted all the same"
 
 
+def test_a_task_that_sees_the_holds_hand_off_folder_hands_its_rows_over_in_a_file(tmp_path):
+    """Where the task shares the folder with the driver's running hold (its marker is there),
+    the rows not yet due go to a file there, in the spool's layout, and the report carries only
+    the file's name; where it does not, they go in the report as before."""
+    now_ms = int(time.time() * 1000)
+    marker = tmp_path / ".hold-feedf00d"
+    through_report = Accumulator()
+    list(hold_reporting(through_report, defer=True, handoff=str(marker))(iter([output_rows(now_ms)])))
+    assert HoldReports.files(through_report.value) == [], "no marker: not the hold's folder"
+    _, _, expected = HoldReports.read(through_report.value)
+    marker.touch()
+    through_file = Accumulator()
+    list(hold_reporting(through_file, defer=True, handoff=str(marker))(iter([output_rows(now_ms)])))
+    (name,) = HoldReports.files(through_file.value)
+    _, released, later = HoldReports.read(through_file.value)
+    assert later is None and sorted(released.column("uniq_key").to_pylist()) == ["k-a", "k-c"]
+    with pa.memory_map(str(tmp_path / name)) as source:
+        handed = pa.ipc.open_file(source).read_all()
+    assert handed.column_names == list(SPOOLED) + ["sent_ms"]
+    assert handed.select(list(SPOOLED)).to_pylist() == expected.to_pylist()
+    assert handed.column("sent_ms").null_count == handed.num_rows, "not sent yet"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([marker.name, name]), \
+        "written under a temporary name, then renamed"
+
+
 def test_the_split_is_by_the_clock_never_early():
     rows = output_rows(1_000_000)
     for now_ms in (999_999, 1_000_000, 1_000_300, 1_000_301):
