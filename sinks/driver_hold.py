@@ -145,6 +145,7 @@ class DriverHold:
         # The hand-off folder's marker: a task writes its rows there only if it sees this file,
         # that is, if it shares this folder with the running hold (`hand_over`).
         self.handoff = self.folder / HANDOFF_FOLDER
+        self.handoff.mkdir(exist_ok=True)
         self.handoff_marker = str(self.handoff / f".hold-{self._token}")
 
     # ---- spool files ---------------------------------------------------------------------
@@ -253,7 +254,6 @@ class DriverHold:
         for stale in self.folder.glob(".*.tmp"):
             stale.unlink()
         # Files the tasks handed over that no batch took: their batches run again.
-        self.handoff.mkdir(exist_ok=True)
         for left in self.handoff.iterdir():
             left.unlink()
         Path(self.handoff_marker).touch()
