@@ -525,7 +525,7 @@ def _header_lists(column: pa.ChunkedArray) -> list[list[tuple[str, bytes]] | Non
     return out
 
 
-def hand_over(marker: str, tables: list) -> str | None:
+def hand_over(marker: str, tables: list[pa.Table]) -> str | None:
     """A task's rows not yet due (tables of SPOOLED columns, in due order), written to the
     hand-off folder of the driver's hold that `marker` names: the file's name, for the task's
     report; None when this task does not see the marker (it runs on another machine, or the
@@ -540,8 +540,7 @@ def hand_over(marker: str, tables: list) -> str | None:
     batch = context.getLocalProperty("streaming.sql.batchId") if context else None
     task = f"{context.partitionId()}.{context.attemptNumber()}" if context else "0.0"
     name = f"{batch if batch is not None else 'x'}-{task}-{uuid.uuid4().hex[:8]}.arrow"
-    rows = _spooled(pa.concat_tables([pa.Table.from_batches([t]) if isinstance(t, pa.RecordBatch)
-                                      else t for t in tables]))
+    rows = _spooled(pa.concat_tables(tables))
     folder = os.path.dirname(marker)
     tmp = os.path.join(folder, f".{name}.tmp")
     with open(tmp, "wb") as f:

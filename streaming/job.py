@@ -141,18 +141,21 @@ def with_kafka_headers(fired: DataFrame) -> DataFrame:
 # (due, not yet handed to its producer), for at most HOLD_WAIT_S: the hold sends from one Python
 # thread, and the next batches' Spark work and Python workers take the cores it needs. A burst
 # of 500,000 due together left at 37,000 rows a second with the batches running on, 54,000
-# with them waiting (docs/benchmarks.md, "A burst handed over in files"). At 10,000 msg/s the
-# hold is never that far behind.
+# with them waiting (docs/benchmarks.md, "A burst handed over in files"). In a run at 10,000
+# msg/s no batch waited: the rows fired ahead are a few thousand a batch.
 HOLD_BEHIND_ROWS = 20_000
 HOLD_WAIT_S = 15.0
 
 
-def wait_for_the_hold(hold, closed: Callable[[], bool], limit_rows: int = HOLD_BEHIND_ROWS,
-                      timeout_s: float = HOLD_WAIT_S,
+def wait_for_the_hold(hold, closed: Callable[[], bool], limit_rows: int | None = None,
+                      timeout_s: float | None = None,
                       sleep: Callable[[float], None] = time.sleep,
                       clock: Callable[[], float] = time.monotonic) -> float:
-    """Wait while `hold` (sinks/driver_hold.py DriverHold) has more than `limit_rows` overdue,
-    at most `timeout_s`, and not once `closed()`: the seconds waited."""
+    """Wait while `hold` (sinks/driver_hold.py DriverHold) has more than `limit_rows`
+    (HOLD_BEHIND_ROWS) overdue, at most `timeout_s` (HOLD_WAIT_S), and not once `closed()`: the
+    seconds waited."""
+    limit_rows = HOLD_BEHIND_ROWS if limit_rows is None else limit_rows
+    timeout_s = HOLD_WAIT_S if timeout_s is None else timeout_s
     began = clock()
     while (hold.overdue() > limit_rows and clock() - began < timeout_s and not closed()):
         sleep(0.05)

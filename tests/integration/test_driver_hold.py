@@ -264,6 +264,48 @@ def test_after_a_crash_a_committed_batch_is_sent_again_and_an_uncommitted_one_dr
         h.stop()
 
 
+def test_batches_wait_while_the_drivers_hold_is_behind_and_nothing_is_lost(
+        job_settings, start_job, new_topic, kafka_bootstrap, monkeypatch, lateness_log):
+    """The job's batches wait, before their work, while the driver's hold has more rows overdue
+    than HOLD_BEHIND_ROWS (here 0, at most 1.5 s a batch): its sending thread is held back
+    until the timers it took are due, and the batches run meanwhile report the wait; once the
+    thread sends again, every timer arrives, none early."""
+    import threading
+
+    from streaming import job as job_module
+
+    monkeypatch.setattr(job_module, "HOLD_BEHIND_ROWS", 0)
+    monkeypatch.setattr(job_module, "HOLD_WAIT_S", 1.5)
+    held_back = threading.Event()
+    release = DriverHold._release
+
+    def paused(self):
+        if not held_back.is_set():
+            release(self)
+    monkeypatch.setattr(DriverHold, "_release", paused)
+    settings = job_settings(hold="driver", fire_lead_ms=4000)
+    real = new_topic(**LOG_APPEND)
+    summaries: list = []
+    job = start_job(settings, on_batch=summaries.append)
+    sent = {}
+    with DelayProducer(settings) as producer:
+        for i in range(3):
+            handle = producer.send(real, f"timer {i}".encode(), delay_ms=8_000)
+            sent[handle.uniq_key] = Sent(None, f"timer {i}".encode(), [], handle.due_ms, None)
+    assert_eventually(lambda: job._hold.pending() == 3, timeout_s=60,
+                      message="the timers in the driver's hold")
+    held_back.set()
+    assert_eventually(lambda: job._hold.overdue() == 3, timeout_s=30)
+    begun = len(summaries)
+    assert_eventually(lambda: any(s.timings.get("hold_wait", 0) >= 1.0
+                                  for s in summaries[begun:]), timeout_s=30,
+                      message="a batch that waited for the hold")
+    held_back.clear()
+    records = consume_all(kafka_bootstrap, real, expected=3, timeout_s=60, idle_s=2)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+    assert_eventually(lambda: job._hold.overdue() == 0, timeout_s=10)
+
+
 def test_the_job_delivers_through_the_drivers_hold(job_settings, start_job, new_topic, admin,
                                                    kafka_bootstrap, lateness_log):
     """`hold = "driver"` end to end: every level on time, never early, exactly once, as sent;
