@@ -283,14 +283,15 @@ def test_batches_wait_while_the_drivers_hold_is_behind_and_nothing_is_lost(
         if not held_back.is_set():
             release(self)
     monkeypatch.setattr(DriverHold, "_release", paused)
-    settings = job_settings(hold="driver", fire_lead_ms=4000)
+    # Fired 10 s ahead: in the driver's hold for seconds however slow the host's batches.
+    settings = job_settings(hold="driver", fire_lead_ms=10_000)
     real = new_topic(**LOG_APPEND)
     summaries: list = []
     job = start_job(settings, on_batch=summaries.append)
     sent = {}
     with DelayProducer(settings) as producer:
         for i in range(3):
-            handle = producer.send(real, f"timer {i}".encode(), delay_ms=8_000)
+            handle = producer.send(real, f"timer {i}".encode(), delay_ms=15_000)
             sent[handle.uniq_key] = Sent(None, f"timer {i}".encode(), [], handle.due_ms, None)
     assert_eventually(lambda: job._hold.pending() == 3, timeout_s=60,
                       message="the timers in the driver's hold")
