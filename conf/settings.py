@@ -76,6 +76,7 @@ class Settings(BaseSettings):
     spark_driver_memory: str
     spark_shuffle_partitions: int
     spark_log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"]
+    log_level: Literal["ERROR", "WARNING", "INFO", "DEBUG"]
     spark_executor_memory: str
     cluster_host: str
     cluster_port: int

@@ -15,6 +15,27 @@ from pathlib import Path
 from conf.settings import ENV_PREFIX, load_settings
 from state.errors import DelayqError
 
+# What `delayq run` prints once its first batch is done (the bench's restart scenario waits
+# for it).
+STARTED = "delayq started in"
+# The project's top-level packages: their loggers take the `log_level` setting.
+PACKAGES = ("conf", "state", "sinks", "streaming")
+
+
+def log_to_stderr(level: str) -> None:
+    """delayq's own loggers at `level`, every other library's at WARNING (kafka-python's
+    INFO is a line per connection), in the shape of Spark's log4j lines."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                           datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for package in PACKAGES:
+        logging.getLogger(package).setLevel(level)
+
 
 def _env(name: str) -> str:
     return f"{ENV_PREFIX}{name.upper()}"
@@ -66,6 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     stop_on_sigterm(stop)
     settings = _settings(args)
+    log_to_stderr(settings.log_level)
     with running_job(settings, allow_fresh_checkpoint=args.allow_fresh_checkpoint,
                      allow_config_change=args.allow_config_change) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
@@ -74,7 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               flush=True)
         steps = ", ".join(f"{k} {v} s" for k, v in job.startup_s.items())
         first = ", ".join(f"{k} {v} s" for k, v in job.first_batch_s.items())
-        print(f"delayq started in {sum(job.startup_s.values()):.1f} s ({steps}; first batch: "
+        print(f"{STARTED} {sum(job.startup_s.values()):.1f} s ({steps}; first batch: "
               f"{first})", flush=True)
         wait(job, stop)
     print("delayq stopped; pending messages stay in the checkpoint until the next run")
@@ -124,7 +146,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from streaming.demo import run_demo
 
-    return run_demo(_settings(args))
+    settings = _settings(args)
+    log_to_stderr(settings.log_level)
+    return run_demo(settings)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:

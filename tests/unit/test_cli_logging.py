@@ -1,0 +1,51 @@
+"""`delayq run` and `delayq demo` show delayq's own log lines at the `log_level` setting
+(Python's default left them at WARNING, so a restart's "sending again" and a batch's wait
+for the driver's hold were never shown), and other libraries' only from WARNING."""
+import logging
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conf.settings import load_settings
+from streaming import cli
+
+
+@pytest.fixture
+def clean_logging():
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, {p: logging.getLogger(p).level for p in cli.PACKAGES}
+    root.handlers = []
+    yield
+    root.handlers, level, levels = saved
+    root.setLevel(level)
+    for package, level in levels.items():
+        logging.getLogger(package).setLevel(level)
+
+
+def test_delayqs_info_lines_are_shown_and_other_libraries_only_from_warning(clean_logging, capsys):
+    cli.log_to_stderr(load_settings().log_level)
+    logging.getLogger("sinks.driver_hold").info("hold: sending again %d rows", 3)
+    logging.getLogger("streaming.job").info("batch 7 waited 1.2 s")
+    logging.getLogger("kafka.net.manager").info("Attempting bootstrap")
+    logging.getLogger("kafka.net.manager").warning("broker gone")
+    err = capsys.readouterr().err
+    assert "INFO sinks.driver_hold: hold: sending again 3 rows" in err
+    assert "INFO streaming.job: batch 7 waited 1.2 s" in err
+    assert "Attempting bootstrap" not in err
+    assert "WARNING kafka.net.manager: broker gone" in err
+
+
+def test_the_setting_quiets_delayqs_lines(clean_logging, capsys, monkeypatch):
+    monkeypatch.setenv("DELAYQ_LOG_LEVEL", "WARNING")
+    cli.log_to_stderr(load_settings().log_level)
+    logging.getLogger("streaming.job").info("batch 7 waited 1.2 s")
+    logging.getLogger("streaming.job").warning("restarting the query")
+    err = capsys.readouterr().err
+    assert "batch 7" not in err and "restarting the query" in err
+
+
+def test_every_package_of_the_project_takes_the_level():
+    pyproject = tomllib.loads((Path(cli.__file__).parents[1] / "pyproject.toml").read_text())
+    packages = pyproject["tool"]["setuptools"]["packages"]
+    assert sorted(cli.PACKAGES) == sorted(packages)
