@@ -362,15 +362,6 @@ def lost_kept_rows(failure) -> bool:
     return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in _failure_text(failure)
 
 
-def _is_kafka_metrics_npe(failure) -> bool:
-    """`failure` is SPARK-55271: an NPE thrown from KafkaMicroBatchStream.metrics; this
-    recognises the defect's signature: that exception type raised from that frame."""
-    trace = _failure_text(failure)
-    return ("java.lang.NullPointerException" in trace
-            and "org.apache.spark.sql.kafka010.KafkaMicroBatchStream" in trace
-            and ".metrics(" in trace)
-
-
 class DelayJob:
     """One running delivery query, its heartbeat and its admin connection."""
 
@@ -475,35 +466,26 @@ class DelayJob:
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
         self._step("listeners")
-        for attempt in (1, 2):
-            self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
-                                       first_watermark_ms=now_ms,
-                                       balance_timers=balance_timers).writeStream
-                          .queryName(self.query_name)
-                          .foreachBatch(writer)
-                          .option("checkpointLocation", self.checkpoint)
-                          .trigger(processingTime="0 seconds")
-                          .start())
-            if attempt == 1:
-                query_start = time.monotonic()
-            failure = self._first_batch(first_batch_timeout_s)
-            self._step("first_batch" if attempt == 1 else "first_batch_again")
-            if attempt == 1 and writer.first is not None:
-                began, timings = writer.first
-                self.first_batch_s = {"planning": round(began - query_start, 1),
-                                      **{k: round(v, 1) for k, v in timings.items()}}
-            if failure is None:
-                if self.metrics is not None and seed_batch is not None:
-                    self._seed_pending(seed_batch)
-                return self.query
-            if attempt == 1 and _is_kafka_metrics_npe(failure):
-                # SPARK-55271: the first batch after a restart re-runs the batch the last run
-                # left uncommitted, and the Kafka source's progress metrics hit a null. The
-                # batch itself is committed by then, so starting again proceeds normally.
-                log.warning("restarting the query once past SPARK-55271 (Kafka source metrics NPE)")
-                continue
+        self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
+                                   first_watermark_ms=now_ms,
+                                   balance_timers=balance_timers).writeStream
+                      .queryName(self.query_name)
+                      .foreachBatch(writer)
+                      .option("checkpointLocation", self.checkpoint)
+                      .trigger(processingTime="0 seconds")
+                      .start())
+        query_start = time.monotonic()
+        failure = self._first_batch(first_batch_timeout_s)
+        self._step("first_batch")
+        if writer.first is not None:
+            began, timings = writer.first
+            self.first_batch_s = {"planning": round(began - query_start, 1),
+                                  **{k: round(v, 1) for k, v in timings.items()}}
+        if failure is not None:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
+        if self.metrics is not None and seed_batch is not None:
+            self._seed_pending(seed_batch)
         return self.query
 
     def restart(self) -> None:
@@ -536,10 +518,9 @@ class DelayJob:
     def _drop_unbegun(self, committed: int) -> None:
         """After a clean stop: the offsets Spark wrote for the batches after `committed`, none
         of which began its work (the writer was closed first: nothing sent, spooled or kept
-        in the state for them). Left in place, the next start would run the next batch over
-        those offsets, and the Kafka source's progress metrics hit SPARK-55271 on such a
-        batch (the query stops and restarts once, with an error logged); without them, Spark
-        plans that batch anew from the last commit, as after a stop between batches."""
+        in the state for them). Left in place, the next start would first run a batch over
+        just those offsets, planned before the stop; without them, Spark plans that batch anew
+        from the last commit, as after a stop between batches, over all that came since."""
         if not ckpt.is_local(self.checkpoint):
             return
         root = ckpt.local_path(self.checkpoint)

@@ -13,6 +13,7 @@ from conf.settings import CONF_DIR, Settings
 from state.errors import ConfigError
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 FILE_SYSTEM_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
                            "FileSystemBasedCheckpointFileManager")
 # Jars the job cannot run without; the rest of .lib/spark are their runtime dependencies.
@@ -99,6 +100,14 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.metrics.conf": str(CONF_DIR / "spark-metrics.properties"),
         "spark.ui.prometheus.enabled": "true",
         "spark.sql.streaming.metricsEnabled": "true",
+        # Kafka is read through Spark's V1 source (KafkaSource), not its V2 stream: the two
+        # read the same offsets the same way and keep them in the same checkpoint format, but
+        # the V2 stream's progress metrics throw a NullPointerException on the first batch of a
+        # restart that runs a batch again (SPARK-55271, Spark 4.1.1: they read offsets only
+        # the next batch's planning sets), which failed the query after that batch and cost
+        # a second query start, 6-8 s of the first delivery after a crash on this project's
+        # machine (docs/benchmarks.md). The V1 source reports no such metrics.
+        "spark.sql.streaming.disabledV2MicroBatchReaders": KAFKA_PROVIDER,
         # One pool of Python workers instead of two: Spark keeps a daemon and its workers per
         # distinct worker environment, and only some of its Python runners set
         # SPARK_SIMPLIFIED_TRACEBACK in theirs, so the job's executor ran two daemons, each
