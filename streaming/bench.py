@@ -12,8 +12,8 @@ Scenarios, in one run on one broker and one Spark session:
   backlog many timers pending over 2 h … 30 days (cold tier), taken in between two runs of
           the same near load: the near load's lateness with the backlog against without it,
           the rate it was taken in, its bytes on disk, memory peaks.
-  restart the job killed (SIGKILL) with messages pending and started again: time from the
-          restart to its first delivery.
+  restart the job, once up and 20 s into a load, killed (SIGKILL) and started again: time
+          from the restart to its first delivery, and to that of a message sent after it.
 Lateness is the delivered record's broker timestamp minus its due time (the intake append
 time plus the level's delay, or the timer's deliver time). The load generator and the reader
 run as child processes (streaming/loadgen.py). Writes a JSON result and a PNG of lateness.

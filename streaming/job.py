@@ -177,6 +177,8 @@ class BatchWriter:
     # A clean stop (DelayJob.stop): the last batch begun, and whether one was asked for.
     begun: int | None = None
     closed: bool = False
+    # When the query's stop was called (time.monotonic), for a batch waiting for it.
+    stopping: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def close(self) -> int | None:
@@ -191,7 +193,7 @@ class BatchWriter:
             if not closed:
                 self.begun = batch_id
         if closed:
-            wait_for_the_stop(batch.sparkSession, batch_id)
+            wait_for_the_stop(batch.sparkSession, batch_id, lambda: self.stopping)
         waited = 0.0
         if self.kafka.hold is not None:
             waited = wait_for_the_hold(self.kafka.hold, lambda: self.closed)
@@ -239,15 +241,34 @@ class BatchWriter:
 # How long a batch begun after a stop was asked waits for it (DelayJob.stop asks for it within
 # its grace period); past this the batch fails, having sent nothing.
 STOP_WAIT_MS = 10 * 60 * 1000
+# It waits in slices this long, and interrupts itself once the stop has been under way for
+# STOP_INTERRUPT_AFTER_S without its interruption reaching the wait.
+STOP_SLICE_MS = 500
+STOP_INTERRUPT_AFTER_S = 1.0
 
 
-def wait_for_the_stop(spark: SparkSession, batch_id: int) -> None:
+def wait_for_the_stop(spark: SparkSession, batch_id: int,
+                      stopping: Callable[[], float | None] = lambda: None,
+                      clock: Callable[[], float] = time.monotonic) -> None:
     """A batch that began after a stop was asked sends nothing: it waits in the JVM, on the
     query's own thread (PySpark pins a callback's JVM calls to it), until the query's stop
     interrupts it. Spark takes that interruption as a clean stop (SPARK-39218); the batch is
-    not committed, and the stop removes its offsets so the next start plans it anew."""
+    not committed, and the stop removes its offsets so the next start plans it anew.
+
+    Spark's stop interrupts the thread once. In one full test run that interruption never
+    reached the wait (it came while the thread was elsewhere, and was spent there): the wait
+    slept on and the stop gave up after its 30 s. So the wait sleeps in slices, and once
+    `stopping()` (when DelayJob.stop called the query's stop, by `clock`) is
+    STOP_INTERRUPT_AFTER_S old, by which time Spark has marked the query terminated, the thread
+    interrupts itself: the same interruption, the same clean stop."""
+    jvm = spark._jvm
+    deadline = clock() + STOP_WAIT_MS / 1000
     try:
-        spark._jvm.java.lang.Thread.sleep(STOP_WAIT_MS)
+        while clock() < deadline:
+            asked = stopping()
+            if asked is not None and clock() - asked >= STOP_INTERRUPT_AFTER_S:
+                jvm.java.lang.Thread.currentThread().interrupt()
+            jvm.java.lang.Thread.sleep(STOP_SLICE_MS)
     except Exception as e:   # the stop's interruption, which Spark must see as it is
         e.delayq_stop = True
         raise
@@ -686,6 +707,8 @@ class DelayJob:
         at 0, a thread that does not end holds the stop forever). None once it has ended;
         otherwise what to raise, after logging the thread's stack from Spark's time-out."""
         self.spark.conf.set("spark.sql.streaming.stopTimeout", str(max(1, int(thread_s * 1000))))
+        if self._writer is not None:
+            self._writer.stopping = time.monotonic()
         try:
             self.query.stop()
         except Exception as e:   # Spark's TimeoutException; its cause holds the thread's stack
