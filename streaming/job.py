@@ -468,9 +468,10 @@ class DelayJob:
         # A new checkpoint's first deliveries do not pay for the executors' Kafka producer:
         # it is made here, before there is anything to deliver. On a restart there is (the
         # driver's hold sends its spool from its start, just below, and the intake waits):
-        # there the warm-up was a young JVM's first job, 5.0-6.7 s in front of both, and
-        # without it the first new delivery came no later (docs/benchmarks.md, "A restart's
-        # first deliveries"), so the first batch makes the producer.
+        # there the warm-up was a young JVM's first job, 5.0-6.7 s in front of both; without
+        # it the spool's rows left 9.1 s after a kill instead of 15.7 s, and the first new
+        # delivery came 33.0-33.3 s after it against 32.0-42.1 s (docs/benchmarks.md, "A
+        # restart's first deliveries"), so the first batch makes the producer.
         # The pending gauge starts from the state as of the last committed batch; the batches
         # of this run add their deltas on top.
         seed_batch = last_committed_batch(Path(self.checkpoint))

@@ -104,9 +104,11 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # read the same offsets the same way and keep them in the same checkpoint format, but
         # the V2 stream's progress metrics throw a NullPointerException on the first batch of a
         # restart that runs a batch again (SPARK-55271, Spark 4.1.1: they read offsets only
-        # the next batch's planning sets), which failed the query after that batch and cost
-        # a second query start, 6-8 s of the first delivery after a crash on this project's
-        # machine (docs/benchmarks.md). The V1 source reports no such metrics.
+        # the next batch's planning sets), which failed the query after that batch with the
+        # exception in the log, and the job started the query again (5.6-7.9 s on this
+        # project's machine; the first new delivery did not come measurably sooner without it,
+        # docs/benchmarks.md, "A restart's first deliveries"). The V1 source reports no such
+        # metrics.
         "spark.sql.streaming.disabledV2MicroBatchReaders": KAFKA_PROVIDER,
         # One pool of Python workers instead of two: Spark keeps a daemon and its workers per
         # distinct worker environment, and only some of its Python runners set
