@@ -16,15 +16,17 @@ registered event-time timer; moving it deletes the old one.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
                                                       StatefulProcessorHandle, TimerValues)
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from state.wheel import Held, WheelConfig, incoming, turn
+from state.groups import Held, WheelConfig
 from state.worker import settle
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CHUNKS = StructType([StructField("chunk", StringType(), False)])
 META = StructType([StructField("count", IntegerType(), False),
@@ -88,6 +90,8 @@ class WheelProcessor(StatefulProcessor):
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame],
                         timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        from state.wheel import incoming, turn   # imported here: see state/groups.py
+
         settle()
         frame = incoming(rows)
         held = ListHeld(self._handle, self._chunks, self._meta, timerValues)
@@ -95,6 +99,8 @@ class WheelProcessor(StatefulProcessor):
 
     def handleExpiredTimer(self, key, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        from state.wheel import turn
+
         settle()
         held = ListHeld(self._handle, self._chunks, self._meta, timerValues,
                         expired_ms=expiredTimerInfo.getExpiryTimeInMs())

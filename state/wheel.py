@@ -11,8 +11,6 @@ Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
 from __future__ import annotations
 
 import time
-import zlib
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -24,60 +22,11 @@ import pybase64
 from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
 from state.columns import PENDING, WHEEL_OUT
 from state.envelope import TIMER_LEVEL, Kind
+from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  # noqa: F401
+                          TIMER_PARTS, Held, WheelConfig, part_of, parts_of)
 from state.placement import balanced_slot, spread_slots
 from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
 from state.worker import settle
-
-BUCKET_NOW = 0
-BUCKET_DEAD = -2
-BUCKET_TIMER = -1  # == TIMER_LEVEL: timer messages share one bucket of slots
-BUCKET_COLD = -3   # pass-through: to the cold tier
-
-
-@dataclass(frozen=True)
-class WheelConfig:
-    level_delays_ms: tuple[int, ...]
-    slot_ms: int = 1_000
-    lead_ms: int = 2_000
-    # A group fires this much earlier again per message it holds: a large group (a burst of
-    # timers due in the same second) needs a batch of its own size to leave, and the hold
-    # stage keeps every message until due, so firing it early costs nothing but memory.
-    lead_per_message_us: int = 0
-    # The Spark watermark trails the newest append time by this much (see streaming/job.py);
-    # the wheel adds it back so its own arithmetic is in real time.
-    watermark_delay_ms: int = 0
-    # The driver's clock when the query was built (epoch ms; 0 = none). A new query's first
-    # batch has no watermark yet (Spark passes 0): this stands in for it, so messages already
-    # overdue when a job starts on a backlog fire in that batch instead of waiting a batch in
-    # state. It is one value for every group of the batch, and a new query holds no state, so
-    # every group with messages is called in it: due order is kept (see fire_horizon).
-    first_watermark_ms: int = 0
-    max_delay_ms: int = 30 * 86_400_000
-    dlq_topic: str = "SCHEDULE_TOPIC_XXXX.DLQ"
-
-    def lead_for(self, messages: int, bucket: int) -> int:
-        """How long before its earliest due time a group of this many messages fires. The
-        group is one of its bucket's equal parts of a slot, which all fire in one batch, so the
-        lead grows with the slot's size."""
-        return self.lead_ms + messages * parts_of(bucket) * self.lead_per_message_us // 1000
-
-
-# A timer slot is split into this many groups by a hash of the message's UNIQ_KEY, so that no
-# one state value holds a whole burst (500,000 timers due in the same second), and a cancel,
-# which names the UNIQ_KEY, still finds its group. A level's slot is one group: its messages
-# arrive spread over time, and splitting it made the steady benchmark's batches slower (more,
-# smaller groups; docs/benchmarks.md).
-TIMER_PARTS = 8
-
-
-def parts_of(bucket: int) -> int:
-    return TIMER_PARTS if bucket == BUCKET_TIMER else 1
-
-
-def part_of(uniq_key: str, parts: int) -> int:
-    """The group part of a message: a hash that is the same in every Python process."""
-    return zlib.crc32(uniq_key.encode()) % parts if parts > 1 else 0
-
 
 # The pass-through bucket of each kind that keeps no state in the wheel.
 _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKET_NOW,
@@ -255,21 +204,6 @@ def _timer(earliest: int, count: int, bucket: int, watermark: int, config: Wheel
     """The group's event-time timer: its lead before the earliest due time, in Spark's
     watermark units (real time minus the delay Spark subtracts)."""
     return timer_for(earliest, config.lead_for(count, bucket), watermark) - config.watermark_delay_ms
-
-
-class Held:
-    """A wheel group's state as the wheel sees it, whichever Spark operator keeps it: whether
-    it holds messages, their count and earliest due time, their chunks, the watermark, and
-    `keep` (new chunk appended or all replaced, count, earliest, timer) or `remove`."""
-
-    exists: bool
-
-    def meta(self) -> tuple[int, int]: ...
-    def chunks(self) -> list[str]: ...
-    def watermark_ms(self) -> int: ...
-    def keep(self, count: int, earliest: int, timer_ms: int, chunk: str | None,
-             append: bool) -> None: ...
-    def remove(self) -> None: ...
 
 
 class GroupHeld(Held):

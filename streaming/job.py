@@ -35,6 +35,7 @@ from state.envelope import Rules
 from state.errors import JobError
 from state.parse import make_parser
 from state.wheel import CHUNK_SEP, WheelConfig, make_wheel
+from state.worker import warm
 from streaming import admin as kadmin
 from streaming.heartbeat import Heartbeat
 from streaming.kafka_config import librdkafka_config, spark_options
@@ -45,6 +46,8 @@ from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OU
 
 log = logging.getLogger(__name__)
 QUERY_NAME = "delayq"
+# The Spark job group of the Python workers' warm-up (DelayJob.start).
+WARM_UP_GROUP = "delayq-python-warm-up"
 
 
 def rules_of(settings: Settings) -> Rules:
@@ -425,6 +428,11 @@ class DelayJob:
     def start(self, first_batch_timeout_s: float = 180.0):
         """Start the query and return it once its first batch completed."""
         self._step_t = time.monotonic()
+        # The Python workers start while the driver does the steps below and plans the query,
+        # instead of inside the first batch's Python stages.
+        self._warm_up = threading.Thread(target=self._warm_python_workers,
+                                         name="delayq-python-warm-up", daemon=True)
+        self._warm_up.start()
         self._admin = kadmin.admin_client(self.settings)
         largest = kadmin.ensure_topics(self.settings, self._admin)
         kadmin.check_intake(self.settings, self._admin)
@@ -515,6 +523,22 @@ class DelayJob:
         if self.metrics is not None and seed_batch is not None:
             self._seed_pending(seed_batch)
         return self.query
+
+    def _warm_python_workers(self) -> None:
+        """One task per core that starts a Python worker (and, on a new JVM, their daemon) and
+        imports the job's modules in it (state.worker.warm): a restarted job's first batch
+        spent 2.6 s of its 13.9 s there, in its parse stage (docs/benchmarks.md, "The Python
+        workers started before the first batch"). Spark reuses the workers for the query's
+        tasks. A failure here costs only that time again, so it is logged, never raised."""
+        began = time.monotonic()
+        context = self.spark.sparkContext
+        try:
+            context.setJobGroup(WARM_UP_GROUP, "delayq: the Python workers' warm-up")
+            cores = context.defaultParallelism
+            self.spark.range(0, cores, 1, cores).mapInArrow(warm, "id long").collect()
+            log.info("Python workers started in %.1f s", time.monotonic() - began)
+        except Exception as exc:   # noqa: BLE001 (the query starts the workers itself)
+            log.warning("the Python workers' warm-up failed: %s", exc)
 
     def restart(self) -> None:
         """Start again from the checkpoint, as a restarted driver would: what is left of this

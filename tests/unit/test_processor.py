@@ -155,3 +155,19 @@ def test_pass_through_groups_keep_no_state():
     out = rows_of(proc.handleInputRows(key, iter([frame]), watermark(NOW)))
     assert list(out["uniq_key"]) == ["now"]
     assert handle.meta.writes == 0 and handle.chunks.calls == [] and handle.timers == set()
+
+
+def test_the_processor_s_module_imports_neither_pandas_nor_pyarrow():
+    """Spark plans a transformWithStateInPandas query by unpickling the processor in a Python
+    process of its own on the driver; the wheel's imports there made every start's planning
+    slower (state/groups.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    probe = (f"import sys; sys.path.insert(0, {root!r}); import state.processor; "
+             "print(sorted(m for m in ('pandas', 'pyarrow', 'state.wheel') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], env={"PATH": ""}, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "[]"

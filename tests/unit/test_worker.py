@@ -61,3 +61,21 @@ def test_the_parse_the_wheel_and_the_hold_each_settle_their_worker(settles):
     list(hold_reporting(Accumulator())(iter([])))
     assert settles == ["state.parse", "state.wheel", "sinks.kafka"]
 
+
+
+WARM = """
+import sys
+sys.path.insert(0, {root!r})
+from state.worker import warm
+before = [m for m in ("state.parse", "state.processor", "state.hold", "pandas") if m in sys.modules]
+out = list(warm(iter(["a", "b"])))
+after = [m for m in ("state.parse", "state.processor", "state.hold", "pandas") if m in sys.modules]
+print(out == ["a", "b"], before, after, sep="|")
+"""
+
+
+def test_the_warm_up_imports_the_job_s_modules_and_passes_its_input_through():
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", WARM.format(root=root)], env={"PATH": ""},
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "True|[]|['state.parse', 'state.processor', 'state.hold', 'pandas']"

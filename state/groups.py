@@ -1,0 +1,77 @@
+"""A wheel group's buckets, settings and state interface (state/wheel.py turns the wheel).
+
+Kept apart from the wheel's own imports (pandas, pyarrow, numpy): transformWithStateInPandas
+plans a query by running the stateful processor's `init` in a Python process of its own on
+the driver, which imports what the pickled processor names (state/processor.py). With the
+wheel's imports that was 0.34-0.50 s more of a start's planning on an idle host
+(docs/benchmarks.md, "The Python workers started before the first batch").
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+BUCKET_NOW = 0
+BUCKET_DEAD = -2
+BUCKET_TIMER = -1  # == TIMER_LEVEL: timer messages share one bucket of slots
+BUCKET_COLD = -3   # pass-through: to the cold tier
+
+
+@dataclass(frozen=True)
+class WheelConfig:
+    level_delays_ms: tuple[int, ...]
+    slot_ms: int = 1_000
+    lead_ms: int = 2_000
+    # A group fires this much earlier again per message it holds: a large group (a burst of
+    # timers due in the same second) needs a batch of its own size to leave, and the hold
+    # stage keeps every message until due, so firing it early costs nothing but memory.
+    lead_per_message_us: int = 0
+    # The Spark watermark trails the newest append time by this much (see streaming/job.py);
+    # the wheel adds it back so its own arithmetic is in real time.
+    watermark_delay_ms: int = 0
+    # The driver's clock when the query was built (epoch ms; 0 = none). A new query's first
+    # batch has no watermark yet (Spark passes 0): this stands in for it, so messages already
+    # overdue when a job starts on a backlog fire in that batch instead of waiting a batch in
+    # state. It is one value for every group of the batch, and a new query holds no state, so
+    # every group with messages is called in it: due order is kept (see fire_horizon).
+    first_watermark_ms: int = 0
+    max_delay_ms: int = 30 * 86_400_000
+    dlq_topic: str = "SCHEDULE_TOPIC_XXXX.DLQ"
+
+    def lead_for(self, messages: int, bucket: int) -> int:
+        """How long before its earliest due time a group of this many messages fires. The
+        group is one of its bucket's equal parts of a slot, which all fire in one batch, so the
+        lead grows with the slot's size."""
+        return self.lead_ms + messages * parts_of(bucket) * self.lead_per_message_us // 1000
+
+
+# A timer slot is split into this many groups by a hash of the message's UNIQ_KEY, so that no
+# one state value holds a whole burst (500,000 timers due in the same second), and a cancel,
+# which names the UNIQ_KEY, still finds its group. A level's slot is one group: its messages
+# arrive spread over time, and splitting it made the steady benchmark's batches slower (more,
+# smaller groups; docs/benchmarks.md).
+TIMER_PARTS = 8
+
+
+def parts_of(bucket: int) -> int:
+    return TIMER_PARTS if bucket == BUCKET_TIMER else 1
+
+
+def part_of(uniq_key: str, parts: int) -> int:
+    """The group part of a message: a hash that is the same in every Python process."""
+    return zlib.crc32(uniq_key.encode()) % parts if parts > 1 else 0
+
+
+class Held:
+    """A wheel group's state as the wheel sees it, whichever Spark operator keeps it: whether
+    it holds messages, their count and earliest due time, their chunks, the watermark, and
+    `keep` (new chunk appended or all replaced, count, earliest, timer) or `remove`."""
+
+    exists: bool
+
+    def meta(self) -> tuple[int, int]: ...
+    def chunks(self) -> list[str]: ...
+    def watermark_ms(self) -> int: ...
+    def keep(self, count: int, earliest: int, timer_ms: int, chunk: str | None,
+             append: bool) -> None: ...
+    def remove(self) -> None: ...
