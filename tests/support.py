@@ -2,6 +2,8 @@
 consuming a topic to the end."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -22,6 +24,17 @@ def fake_jars_dir(root: Path, spark_jars=("delta-spark_2.13-4.1.0.jar",
     (root / "localfs").mkdir()
     (root / "localfs" / "delayq-localfs.jar").write_bytes(b"jar")
     return root
+
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def fresh_python(code: str, env: dict | None = None) -> str:
+    """What `code` prints in a new interpreter with the project first on its path (no
+    environment but `env`, PATH empty by default): what importing a module really imports."""
+    prelude = f"import sys; sys.path.insert(0, {str(PROJECT)!r})\n"
+    return subprocess.run([sys.executable, "-c", prelude + code], env=env or {"PATH": ""},
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def free_port() -> int:

@@ -8,6 +8,7 @@ from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValu
 from state.processor import WheelProcessor
 from state.wheel import decode
 
+from tests.support import fresh_python
 from tests.unit.test_wheel import CONFIG, NOW, envelopes, timers
 
 
@@ -161,13 +162,6 @@ def test_the_processor_s_module_imports_neither_pandas_nor_pyarrow():
     """Spark plans a transformWithStateInPandas query by unpickling the processor in a Python
     process of its own on the driver; the wheel's imports there made every start's planning
     slower (state/groups.py)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = str(Path(__file__).resolve().parents[2])
-    probe = (f"import sys; sys.path.insert(0, {root!r}); import state.processor; "
+    probe = ("import state.processor\n"
              "print(sorted(m for m in ('pandas', 'pyarrow', 'state.wheel') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", probe], env={"PATH": ""}, capture_output=True,
-                         text=True, check=True).stdout.strip()
-    assert out == "[]"
+    assert fresh_python(probe) == "[]"

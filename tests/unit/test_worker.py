@@ -2,10 +2,6 @@
 function the job hands to a worker settles it."""
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 import sinks.kafka
@@ -14,12 +10,12 @@ import state.wheel
 from sinks.kafka import hold_reporting
 from state.parse import make_parser
 from state.wheel import make_wheel
+from tests.support import fresh_python
 from tests.unit.test_hold_reports import Accumulator
 from tests.unit.test_wheel import CONFIG, NOW, RULES, intake, state as group_state
 
 PROBE = """
-import gc, os, sys
-sys.path.insert(0, {root!r})
+import gc
 from state.worker import settle
 settle()
 first = gc.get_freeze_count()
@@ -30,9 +26,7 @@ print(first, gc.get_freeze_count())
 
 
 def _freeze_counts(env: dict) -> tuple[int, int]:
-    root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-c", PROBE.format(root=root)], env=env,
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = fresh_python(PROBE, env).split()
     return int(out[0]), int(out[1])
 
 
@@ -62,10 +56,7 @@ def test_the_parse_the_wheel_and_the_hold_each_settle_their_worker(settles):
     assert settles == ["state.parse", "state.wheel", "sinks.kafka"]
 
 
-
 WARM = """
-import sys
-sys.path.insert(0, {root!r})
 from state.worker import warm
 before = [m for m in ("state.parse", "state.processor", "state.hold", "pandas") if m in sys.modules]
 out = list(warm(iter(["a", "b"])))
@@ -75,7 +66,4 @@ print(out == ["a", "b"], before, after, sep="|")
 
 
 def test_the_warm_up_imports_the_job_s_modules_and_passes_its_input_through():
-    root = str(Path(__file__).resolve().parents[2])
-    out = subprocess.run([sys.executable, "-c", WARM.format(root=root)], env={"PATH": ""},
-                         capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "True|[]|['state.parse', 'state.processor', 'state.hold', 'pandas']"
+    assert fresh_python(WARM) == "True|[]|['state.parse', 'state.processor', 'state.hold', 'pandas']"
