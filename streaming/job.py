@@ -419,6 +419,7 @@ class DelayJob:
         self._spool: LedgerSpool | None = None
         self._hold: driver_hold.DriverHold | None = None
         self._writer: BatchWriter | None = None
+        self._warm_up: threading.Thread | None = None   # the Python workers' warm-up
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
