@@ -35,15 +35,32 @@ from pathlib import Path
 import numpy as np
 
 from conf.settings import Settings
+from state.errors import ConfigError
 from streaming.cli import STARTED
 from streaming.kafka_config import librdkafka_config
 
 PROJECT = Path(__file__).resolve().parents[1]
 
 
+# The order the scenarios run in: the drain needs a new job on a backlog, and the steady
+# load, burst and backlog run on the job it leaves (or start one); restart runs its own.
+SCENARIOS = ("raw", "drain", "steady", "burst", "backlog", "restart")
+
+
+def scenarios_of(text: str) -> tuple[str, ...]:
+    """`--scenarios`' comma separated names, in the order they run (SCENARIOS); an unknown
+    name is a ConfigError naming the known ones."""
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = sorted(names - set(SCENARIOS))
+    if unknown or not names:
+        raise ConfigError(f"--scenarios: unknown scenario {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {','.join(SCENARIOS)}")
+    return tuple(name for name in SCENARIOS if name in names)
+
+
 @dataclass
 class Plan:
-    scenarios: tuple[str, ...] = ("raw", "drain", "steady", "burst", "backlog", "restart")
+    scenarios: tuple[str, ...] = SCENARIOS
     size: int = 1024
     drain: int = 200_000
     # drain: the preload's msg/s (0: as fast as the broker takes it). A backlog sent slowly

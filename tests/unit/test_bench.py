@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from streaming.bench import PROJECT, Result, after_warmup, join, tidy
+from state.errors import ConfigError
+from streaming.bench import PROJECT, Result, after_warmup, join, scenarios_of, tidy
 
 
 def test_join_counts_lost_early_and_duplicates():
@@ -152,3 +153,13 @@ def test_the_burst_waits_for_a_batch_that_ended_after_its_last_delivery():
     assert _ended_since(query, 1795640400000 + 41_000)
     assert not _ended_since(query, 1795640400000 + 41_001)
     assert not _ended_since(SimpleNamespace(lastProgress=None), 0)
+
+
+def test_scenarios_run_in_their_own_order_and_unknown_names_are_refused():
+    # The drain needs a new job on its backlog: asked after steady, it still runs first.
+    assert scenarios_of("steady,drain") == ("drain", "steady")
+    assert scenarios_of(" restart , raw") == ("raw", "restart")
+    with pytest.raises(ConfigError, match="unknown scenario stedy; choose from raw,drain"):
+        scenarios_of("raw,stedy")
+    with pytest.raises(ConfigError, match="none given"):
+        scenarios_of(",")
