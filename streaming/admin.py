@@ -2,7 +2,11 @@
 rule, and know which real topics exist (and how many partitions they have)."""
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
+from pathlib import Path
 
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
@@ -11,6 +15,8 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPart
 from conf.settings import Settings
 from state.errors import JobError
 from streaming.kafka_config import python_client_config
+
+log = logging.getLogger(__name__)
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 # Room for what the service adds to a record on its way out (DLQ_REASON, UNIQ_KEY, DELIVER_MS
@@ -82,10 +88,15 @@ def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> 
 
 def topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str | None:
     """One effective topic setting (its own value, else the broker's default)."""
-    resource = ConfigResource(ConfigResourceType.TOPIC, topic)
-    answer = admin.describe_configs([resource], config_filter="all")
-    entry = answer.get("topic", {}).get(topic, {}).get(key)
-    return entry.get("value") if entry else None
+    return topic_configs(admin, [topic], key)[topic]
+
+
+def topic_configs(admin: KafkaAdminClient, topics: list[str], key: str) -> dict[str, str | None]:
+    """One effective setting of each topic, in one request."""
+    answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics],
+                                    config_filter="all").get("topic", {})
+    entries = {t: answer.get(t, {}).get(key) for t in topics}
+    return {t: entry.get("value") if entry else None for t, entry in entries.items()}
 
 
 def timestamp_type(admin: KafkaAdminClient, topic: str) -> str | None:
@@ -114,15 +125,43 @@ def check_intake(settings: Settings, admin: KafkaAdminClient) -> None:
 
 class TopicCatalog:
     """Partition counts of real topics, cached; an unknown topic is looked up again at most
-    every `recheck_s` so a topic created later is found without a restart."""
+    every `recheck_s` so a topic created later is found without a restart.
 
-    def __init__(self, admin: KafkaAdminClient, recheck_s: float = 5.0, limit_ttl_s: float = 60.0):
+    With a `memory` file (in the job's checkpoint), the names of the topics found are kept
+    there, and `seed` looks them up again when the job starts: a batch whose topics are all
+    known is sent by its one Spark job, while a batch with a topic not yet known is computed
+    by an aggregate job first and sent by a second (sinks/kafka.py `write_batch`). Without it,
+    a restarted job's first batch always took the two (docs/benchmarks.md, "Known topics at a
+    job's start")."""
+
+    def __init__(self, admin: KafkaAdminClient, recheck_s: float = 5.0, limit_ttl_s: float = 60.0,
+                 memory: Path | None = None):
         self._admin = admin
         self._known: dict[str, int] = {}
         self._missing: dict[str, float] = {}
         self._recheck_s = recheck_s
         self._limits: dict[str, tuple[int | None, float]] = {}
         self._limit_ttl_s = limit_ttl_s
+        self._memory = memory
+
+    def seed(self, topics=()) -> dict[str, int]:
+        """Look up `topics` (the allow-list) and the topics found by earlier runs (the memory
+        file), with their size limits, in a request each; the memory then keeps those found.
+        Returns the partition counts known."""
+        names = sorted(set(topics) | set(self._remembered()))
+        if names:
+            self.partitions(names)
+        found = sorted(self._known)
+        if found:
+            now = time.monotonic()
+            try:
+                values = topic_configs(self._admin, found, "max.message.bytes")
+            except KafkaError:   # looked up one by one when a batch needs them
+                values = {}
+            for topic, value in values.items():
+                self._limits[topic] = (int(value) if value else None, now)
+        self._remember()
+        return self.known()
 
     def max_message_bytes(self, topic: str) -> int | None:
         """The topic's max.message.bytes, cached for `limit_ttl_s` (an operator may raise it)."""
@@ -164,6 +203,29 @@ class TopicCatalog:
         for topic in topics:
             if topic not in self._known:
                 self._missing[topic] = now
+        if any(topic in self._known for topic in topics):
+            self._remember()
+
+    def _remembered(self) -> list[str]:
+        if self._memory is None or not self._memory.is_file():
+            return []
+        try:
+            names = json.loads(self._memory.read_text())
+        except (OSError, ValueError):
+            return []   # a damaged memory costs a first batch its second job, nothing more
+        return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+    def _remember(self) -> None:
+        """The topics known now, written whole (a new file renamed into place)."""
+        if self._memory is None:
+            return
+        part = self._memory.with_name(self._memory.name + ".tmp")
+        try:
+            self._memory.parent.mkdir(parents=True, exist_ok=True)
+            part.write_text(json.dumps(sorted(self._known)))
+            os.replace(part, self._memory)
+        except OSError as exc:
+            log.warning("could not keep the real topics found in %s: %s", self._memory, exc)
 
     def _describe_one(self, topic: str):
         try:

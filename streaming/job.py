@@ -453,8 +453,15 @@ class DelayJob:
         ckpt.write_stamp(self.settings, self.checkpoint, started_ms, balance_timers)
         self._step("checkpoint")
         self._hold = self._driver_hold(max(largest, 1_048_576))
-        kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic,
-                          kadmin.TopicCatalog(self._admin),
+        # The real topics this checkpoint's runs delivered to, and the allow-list, looked up
+        # now: the first batch, a restart's re-run or a backlog's first, then needs no
+        # aggregate job of its own to find them (streaming/admin.py TopicCatalog).
+        catalog = kadmin.TopicCatalog(self._admin, memory=(
+            ckpt.local_path(self.checkpoint) / ckpt.TOPICS_FILE if ckpt.is_local(self.checkpoint)
+            else None))
+        catalog.seed(self.settings.allowed_topic_set)
+        self._step("real_topics")
+        kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic, catalog,
                           self.spark.sparkContext.defaultParallelism,
                           max_request_bytes=max(largest, 1_048_576),
                           hold=self._hold if self.settings.hold == "driver" else None)
