@@ -150,7 +150,7 @@ class TopicCatalog:
         Returns the partition counts known."""
         names = sorted(set(topics) | set(self._remembered()))
         if names:
-            self.partitions(names)
+            self._lookup(names, time.monotonic())
         found = sorted(self._known)
         if found:
             now = time.monotonic()
@@ -180,11 +180,12 @@ class TopicCatalog:
         now = time.monotonic()
         wanted = [t for t in topics if t not in self._known
                   and now - self._missing.get(t, -1e9) >= self._recheck_s]
-        if wanted:
-            self._lookup(wanted, now)
+        if wanted and self._lookup(wanted, now):
+            self._remember()
         return {t: self._known.get(t) for t in topics}
 
-    def _lookup(self, topics: list[str], now: float) -> None:
+    def _lookup(self, topics: list[str], now: float) -> bool:
+        """Describe `topics`; whether any of them was found."""
         try:
             described = self._admin.describe_topics(topics)
         except UnknownTopicOrPartitionError:
@@ -203,8 +204,7 @@ class TopicCatalog:
         for topic in topics:
             if topic not in self._known:
                 self._missing[topic] = now
-        if any(topic in self._known for topic in topics):
-            self._remember()
+        return any(topic in self._known for topic in topics)
 
     def _remembered(self) -> list[str]:
         if self._memory is None or not self._memory.is_file():

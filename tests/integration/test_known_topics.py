@@ -5,6 +5,7 @@ aggregate job to look them up (`kafka_lookup` in its step timings)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +22,7 @@ LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
 
 
 def test_the_catalog_remembers_the_topics_it_found_and_looks_them_up_again(
-        kafka_bootstrap, new_topic, tmp_path):
+        kafka_bootstrap, new_topic, tmp_path, caplog):
     real = new_topic(partitions=2, max_message_bytes="500000")
     allowed = new_topic(partitions=3)
     never = f"never-created-{uuid.uuid4().hex[:8]}"
@@ -45,6 +46,13 @@ def test_the_catalog_remembers_the_topics_it_found_and_looks_them_up_again(
         memory.write_text("{not json")
         assert TopicCatalog(admin, memory=memory).seed() == {}
         assert json.loads(memory.read_text()) == []
+
+        # A memory that cannot be written: a warning, and the catalog works on.
+        with caplog.at_level(logging.WARNING, logger="streaming.admin"):
+            unwritable = TopicCatalog(admin, memory=memory / "under-a-file.json")
+            assert unwritable.seed({real}) == {real: 2}
+            assert unwritable.partitions([allowed]) == {allowed: 3}
+        assert caplog.text.count("could not keep the real topics found in") == 2
     finally:
         admin.close()
 
