@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from conf.settings import PROJECT_ROOT
 from streaming.process import free_ports  # noqa: F401  (tests import it from here)
 
 T = TypeVar("T")
@@ -26,13 +27,10 @@ def fake_jars_dir(root: Path, spark_jars=("delta-spark_2.13-4.1.0.jar",
     return root
 
 
-PROJECT = Path(__file__).resolve().parents[1]
-
-
 def fresh_python(code: str, env: dict | None = None) -> str:
     """What `code` prints in a new interpreter with the project first on its path (no
     environment but `env`, PATH empty by default): what importing a module really imports."""
-    prelude = f"import sys; sys.path.insert(0, {str(PROJECT)!r})\n"
+    prelude = f"import sys; sys.path.insert(0, {str(PROJECT_ROOT)!r})\n"
     return subprocess.run([sys.executable, "-c", prelude + code], env=env or {"PATH": ""},
                           capture_output=True, text=True, check=True).stdout.strip()
 
