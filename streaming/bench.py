@@ -13,7 +13,8 @@ Scenarios, in one run on one broker and one Spark session:
           the same near load: the near load's lateness with the backlog against without it,
           the rate it was taken in, its bytes on disk, memory peaks.
   restart the job, once up and 20 s into a load, killed (SIGKILL) and started again: time
-          from the restart to its first delivery, and to that of a message sent after it.
+          from the restart to its first delivery, and to that of a message sent after it;
+          optionally after a downtime with a backlog sent meanwhile, and how soon it is out.
 Lateness is the delivered record's broker timestamp minus its due time (the intake append
 time plus the level's delay, or the timer's deliver time). The load generator and the reader
 run as child processes (streaming/loadgen.py). Writes a JSON result and a PNG of lateness.
@@ -73,6 +74,8 @@ class Plan:
     burst: int = 500_000
     burst_lead_s: float = 90
     restart_rate: float = 200
+    restart_down_s: float = 0     # restart: seconds the job stays down after the kill
+    restart_backlog: int = 0      # restart: level-1 messages sent while it is down
     backlog: int = 10_000_000
     backlog_rate: float = 1_000
     backlog_seconds: float = 30
@@ -112,19 +115,22 @@ def percentile(values: np.ndarray, q: float) -> int | None:
 
 
 class Load:
-    """One load generator and one reader for a real topic, as child processes."""
+    """One load generator and one reader for a real topic, as child processes. Loads that
+    share a real topic each take their own range of sequence numbers: `seq_base` is this
+    one's first, and its reader is told how many it has (`count`) so it skips the others'."""
 
-    def __init__(self, settings: Settings, work: Path, real: str, name: str):
-        self.settings, self.real = settings, real
+    def __init__(self, settings: Settings, work: Path, real: str, name: str, seq_base: int = 0):
+        self.settings, self.real, self.seq_base = settings, real, seq_base
         self.out = str(work / name)
         self.env = {**os.environ, "DELAYQ_BENCH_SECURITY": json.dumps(librdkafka_config(settings))}
         self.reader = None
 
-    def start_reader(self, timeout_s: float, idle_s: float = 120.0) -> None:
+    def start_reader(self, timeout_s: float, idle_s: float = 120.0, count: int = 0) -> None:
         self.reader = subprocess.Popen(
             [sys.executable, "-m", "streaming.loadgen", "consume",
              "--bootstrap", self.settings.bootstrap, "--topic", self.real,
-             "--out", self.out + "-read.npz", "--timeout", str(timeout_s), "--idle", str(idle_s)],
+             "--out", self.out + "-read.npz", "--timeout", str(timeout_s), "--idle", str(idle_s),
+             "--seq-base", str(self.seq_base), "--seq-count", str(count)],
             env=self.env, cwd=PROJECT)
 
     def produce(self, intake: str, count: int, rate: float, size: int,
@@ -139,7 +145,8 @@ class Load:
              "--deliver-at-ms", str(deliver_at_ms), "--partitions", str(partitions),
              "--deliver-spread-ms", str(deliver_spread_ms),
              *(["--random-bodies"] if random_bodies else []),
-             "--run", Path(self.out).name, "--out", self.out + "-sent.npz"],
+             "--run", Path(self.out).name, "--seq-base", str(self.seq_base),
+             "--out", self.out + "-sent.npz"],
             env=self.env, cwd=PROJECT)
         if wait:
             self.wait_producer(proc)
@@ -445,6 +452,27 @@ def _topic(admin, prefix: str, partitions: int = 2) -> str:
     return name
 
 
+def _stamps(figures: dict) -> np.ndarray:
+    """Each delivered message's first delivery time (broker timestamp, ms)."""
+    due, late = figures["_series"]
+    return due + late
+
+
+def _outage_figures(held: dict, restarted_ms: float) -> dict:
+    """An outage's backlog after the restart: when its first and last messages left, how
+    fast it was caught up (first to last delivery), and how late it was."""
+    stamps = _stamps(held)
+    figures = {k: held[k] for k in ("messages", "delivered", "lost", "early", "duplicates",
+                                    "lateness_p50_ms", "lateness_p99_ms", "lateness_max_ms",
+                                    "out_msg_s")}
+    if len(stamps):
+        figures.update(
+            first_delivery_after_restart_s=round((stamps.min() - restarted_ms) / 1000, 1),
+            all_delivered_after_restart_s=round((stamps.max() - restarted_ms) / 1000, 1),
+            before_restart=int(np.sum(stamps < restarted_ms)))
+    return figures
+
+
 class Bench:
     def __init__(self, settings: Settings, spark, plan: Plan, work: Path,
                  overrides: dict | None = None, log=lambda line: print(line, flush=True)):
@@ -627,10 +655,13 @@ class Bench:
 
     def restart(self) -> dict:
         """A `delayq run` child killed with SIGKILL while level-2 messages are pending, and
-        started again at once: seconds from the restart to its first delivery."""
+        started again after `restart_down_s` (at once by default): seconds from the restart to
+        its first delivery. With `restart_backlog`, that many level-1 messages for the same
+        real topic come in while it is down (an outage's backlog): figures under `outage`."""
         if self.job is not None:
             self.job.stop()
             self.job = None
+        plan = self.plan
         real = _topic(self.admin, "bench-restart")
         load = Load(self.settings, self.work, real, "restart")
         from streaming.process import free_ports, kill_session
@@ -651,9 +682,15 @@ class Bench:
             return subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
                                     cwd=PROJECT, stdout=logfile, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        # The load runs 20 s before the kill and 12 s after it.
-        count = int(self.plan.restart_rate * 32)
-        load.start_reader(timeout_s=600)
+        # The load runs 20 s before the kill, through the downtime, and 12 s after the restart.
+        count = int(plan.restart_rate * (32 + plan.restart_down_s))
+        load.start_reader(timeout_s=600 + plan.restart_down_s, count=count)
+        # The outage's backlog: the same real topic (one the killed run delivered to), its own
+        # sequence numbers after the load's.
+        outage = (Load(self.settings, self.work, real, "restart-outage", seq_base=count)
+                  if plan.restart_backlog else None)
+        if outage:
+            outage.start_reader(timeout_s=900 + plan.restart_down_s, count=plan.restart_backlog)
         job = run()
         # Up and delivering before the kill: its first batch done ("delayq started in", which
         # `delayq run` prints then) and 20 s of the load behind it. A fixed wait from the
@@ -661,25 +698,31 @@ class Bench:
         # still in its first batches (start-up 25-33 s that day), with none of its messages
         # fired ahead yet: the scenario measured a job killed during its start.
         _wait_for_line(job, self.work / "restart-job.log", STARTED, timeout_s=300)
-        producer = load.produce(intake, count, self.plan.restart_rate,
-                                self.plan.size, levels=(2,),
+        producer = load.produce(intake, count, plan.restart_rate,
+                                plan.size, levels=(2,),
                                 partitions=len(self.settings.level_delays_ms), wait=False)
         time.sleep(20)
         kill_session(job)
+        killed = time.time()
+        if outage:
+            outage.produce(intake, plan.restart_backlog, 0, plan.size, levels=(1,),
+                           partitions=len(self.settings.level_delays_ms))
+        time.sleep(max(0.0, killed + plan.restart_down_s - time.time()))
         restarted = time.time()
         job = run()
         if job.poll() is not None:
             raise RuntimeError(f"the restarted job exited; see {self.work / 'restart-job.log'}")
         load.wait_producer(producer)
         figures = load.finish(count)
+        held = outage.finish(plan.restart_backlog) if outage else None
         job.send_signal(signal.SIGTERM)
         try:
             job.wait(60)
         except subprocess.TimeoutExpired:
             kill_session(job)
-        due, late = figures["_series"]
-        stamps = due + late
         restarted_ms = restarted * 1000
+        figures["down_s"] = round(restarted - killed, 1)
+        stamps = _stamps(figures)
         after = stamps[stamps >= restarted_ms]
         # Any message: what the restarted driver's hold sends from its spool comes first.
         figures["first_delivery_after_restart_s"] = (
@@ -689,6 +732,10 @@ class Bench:
         figures["first_new_delivery_after_restart_s"] = (
             round((new.min() - restarted_ms) / 1000, 1) if len(new) else None)
         figures["delivered_before_kill"] = int(np.sum(stamps < restarted_ms))
+        if held is not None:
+            figures["outage"] = _outage_figures(held, restarted_ms)
+            for what in ("lost", "early", "duplicates"):
+                figures[what] += held[what]
         return figures
 
     def run(self) -> Result:

@@ -278,7 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plan = Plan.short() if args.short else Plan()
     changes = {name: getattr(args, name) for name in
                ("size", "drain", "drain_rate", "rate", "seconds", "warmup_s", "burst", "burst_lead_s", "backlog",
-                "backlog_rate", "backlog_seconds")
+                "backlog_rate", "backlog_seconds", "restart_down_s", "restart_backlog")
                if getattr(args, name) is not None}
     if args.scenarios:
         changes["scenarios"] = scenarios_of(args.scenarios)
@@ -407,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="backlog: msg/s of the near load before and after it [1000]")
     bench.add_argument("--backlog-seconds", type=float,
                        help="backlog: seconds of each near load [30]")
+    bench.add_argument("--restart-down-s", type=float,
+                       help="restart: seconds the killed job stays down [0]")
+    bench.add_argument("--restart-backlog", type=int,
+                       help="restart: level-1 messages sent while it is down (an outage's "
+                            "backlog) [0]")
     bench.add_argument("--driver-memory", default="4g", help="Spark driver memory")
     bench.add_argument("--wheel-operator", choices=("applyInPandasWithState", "transformWithState"),
                        help="the Spark operator that keeps the wheel's state [setting wheel_operator]")

@@ -7,7 +7,9 @@ takes the driver's Python (and its GIL) from the job it measures. Both use librd
 
 A message's value starts with its sequence number (8 bytes, big-endian); the producer records
 each one's broker append time and due time, the reader each delivery's broker timestamp, and
-the bench joins them on the sequence number.
+the bench joins them on the sequence number. Two loads may share a real topic: the second
+numbers its messages from `--seq-base` on, and each reader keeps only its own range
+(`--seq-base`, `--seq-count`), numbered from 0 again.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def produce(args) -> None:
 
     def delivered(err, msg):
         nonlocal failed
-        seq = int.from_bytes(msg.value()[:SEQ], "big")
+        seq = int.from_bytes(msg.value()[:SEQ], "big") - args.seq_base
         if err is not None:
             failed += 1
         else:
@@ -77,7 +79,8 @@ def produce(args) -> None:
             # tier's Parquet files and understate the bytes kept per message.
             body = os.urandom(args.size - SEQ) if args.random_bodies else pad
             try:
-                producer.produce(args.intake, value=i.to_bytes(SEQ, "big") + body, partition=part,
+                producer.produce(args.intake, value=(args.seq_base + i).to_bytes(SEQ, "big") + body,
+                                 partition=part,
                                  headers=headers, on_delivery=delivered)
                 i += 1
             except BufferError:
@@ -122,7 +125,9 @@ def consume(args) -> None:
         for msg in batch:
             if msg.error() is not None:
                 continue
-            seq = int.from_bytes(msg.value()[:SEQ], "big")
+            seq = int.from_bytes(msg.value()[:SEQ], "big") - args.seq_base
+            if seq < 0 or (args.seq_count and seq >= args.seq_count):
+                continue   # another load's message on a shared topic
             seqs.append(seq)
             stamps.append(msg.timestamp()[1])
             seen.add(seq)
@@ -160,12 +165,16 @@ def main(argv=None) -> None:
     p.add_argument("--random-bodies", action="store_true", help="a random body per message")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--run", default="bench")
+    p.add_argument("--seq-base", type=int, default=0, help="the first message's sequence number")
     p.add_argument("--out", required=True)
     c = sub.add_parser("consume")
     c.add_argument("--bootstrap", required=True)
     c.add_argument("--topic", required=True)
     c.add_argument("--timeout", type=float, default=900.0)
     c.add_argument("--idle", type=float, default=20.0)
+    c.add_argument("--seq-base", type=int, default=0, help="the load's first sequence number")
+    c.add_argument("--seq-count", type=int, default=0,
+                   help="the load's messages; others on the topic are skipped (0: all from the base)")
     c.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     (produce if args.command == "produce" else consume)(args)

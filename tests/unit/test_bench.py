@@ -163,3 +163,16 @@ def test_scenarios_run_in_their_own_order_and_unknown_names_are_refused():
         scenarios_of("raw,stedy")
     with pytest.raises(ConfigError, match="none given"):
         scenarios_of(",")
+
+
+def test_an_outage_s_backlog_is_timed_from_the_restart():
+    from streaming.bench import _outage_figures
+
+    # Three messages due at 1,000 ms: one out before the restart (at 9,000), two after.
+    held = join(np.array([0, 0, 0]), np.array([1000, 1000, 1000]), np.array([0, 1, 2]),
+                np.array([9000, 14000, 21000]))
+    figures = _outage_figures(held, restarted_ms=10_000)
+    assert figures["before_restart"] == 1
+    assert figures["first_delivery_after_restart_s"] == -1.0   # the one the killed run sent
+    assert figures["all_delivered_after_restart_s"] == 11.0
+    assert figures["lateness_max_ms"] == 20_000 and figures["lost"] == 0
