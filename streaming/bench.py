@@ -452,6 +452,13 @@ def _topic(admin, prefix: str, partitions: int = 2) -> str:
     return name
 
 
+def child_env(environ, overrides: dict) -> dict[str, str]:
+    """The environment of a `delayq run` child with the settings of the bench's own job: the
+    environment's DELAYQ_* values (dropped here once, so a setting given that way held for
+    every scenario but the restart) under the bench's overrides."""
+    return {**environ, **{f"DELAYQ_{k.upper()}": str(v) for k, v in overrides.items()}}
+
+
 def _stamps(figures: dict) -> np.ndarray:
     """Each delivered message's first delivery time (broker timestamp, ms)."""
     due, late = figures["_series"]
@@ -669,8 +676,7 @@ class Bench:
         # A job of its own: its own intake and data folder (the checkpoint guard rightly
         # refuses a fresh checkpoint on an intake another run has read).
         intake = f"{self.settings.intake_topic}-restart"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
-        env.update({f"DELAYQ_{k.upper()}": str(v) for k, v in self.overrides.items()})
+        env = child_env(os.environ, self.overrides)
         env.update(DELAYQ_METRICS_PORT=str(free_ports(1)[0]), DELAYQ_INTAKE_TOPIC=intake,
                    DELAYQ_DLQ_TOPIC=f"{intake}.DLQ",
                    DELAYQ_DATA_DIR=str(self.work / "restart-data"))

@@ -176,3 +176,13 @@ def test_an_outage_s_backlog_is_timed_from_the_restart():
     assert figures["first_delivery_after_restart_s"] == -1.0   # the one the killed run sent
     assert figures["all_delivered_after_restart_s"] == 11.0
     assert figures["lateness_max_ms"] == 20_000 and figures["lost"] == 0
+
+
+def test_the_restart_s_job_has_the_bench_s_settings():
+    from streaming.bench import child_env
+
+    env = child_env({"PATH": "/bin", "DELAYQ_MAX_OFFSETS_PER_TRIGGER": "50000",
+                     "DELAYQ_DATA_DIR": "/theirs"}, {"data_dir": "/bench/data", "ledger": "false"})
+    assert env["DELAYQ_MAX_OFFSETS_PER_TRIGGER"] == "50000"    # the user's, as in the bench
+    assert env["DELAYQ_DATA_DIR"] == "/bench/data"              # the bench's over it
+    assert env["DELAYQ_LEDGER"] == "false" and env["PATH"] == "/bin"
