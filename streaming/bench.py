@@ -454,8 +454,8 @@ def _topic(admin, prefix: str, partitions: int = 2) -> str:
 
 def child_env(environ, overrides: dict) -> dict[str, str]:
     """The environment of a `delayq run` child with the settings of the bench's own job: the
-    environment's DELAYQ_* values (dropped here once, so a setting given that way held for
-    every scenario but the restart) under the bench's overrides."""
+    environment's DELAYQ_* values under the bench's overrides, so a setting given in the
+    environment holds for the restart scenario's job as for the other scenarios."""
     return {**environ, **{f"DELAYQ_{k.upper()}": str(v) for k, v in overrides.items()}}
 
 
