@@ -51,3 +51,27 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
               f"{warmup['lateness_max_ms']} ms")
         print(f"  drain/raw throughput ratio: {written['machine'].get('drain_ratio_to_raw')}")
         print(f"  this host's CPU probe (ms, lower is faster): {written['machine']['cpu_probe_ms']}")
+
+
+def test_a_restart_after_an_outage_delivers_its_backlog_and_nothing_early(work_dir):
+    """The restart scenario with a downtime and a backlog sent during it, as a user runs it:
+    the backlog's figures are its own, none of it left before the restart (the kill took the
+    whole job), and the bench fails on a lost or early message of either load."""
+    folder = work_dir / "bench-outage"
+    out = folder / "result.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "streaming.cli", "bench", "--scenarios", "restart",
+         "--restart-down-s", "5", "--restart-backlog", "2000", "--data-dir", str(folder),
+         "--driver-memory", "1500m", "--out", str(out)],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+
+    restart = json.loads(out.read_text())["scenarios"]["restart"]
+    outage = restart["outage"]
+    assert restart["down_s"] >= 5
+    assert restart["delivered"] == restart["messages"] > 0
+    assert outage["messages"] == outage["delivered"] == 2000
+    assert outage["lost"] == 0 and outage["early"] == 0
+    assert outage["before_restart"] == 0 and outage["first_delivery_after_restart_s"] > 0
+    assert restart["lost"] == 0 and restart["early"] == 0

@@ -2,9 +2,8 @@
 restart scenario's load and its outage's backlog), each reader counting only its own."""
 from __future__ import annotations
 
-import pytest
-
 import numpy as np
+import pytest
 
 from streaming.bench import Load
 
