@@ -65,6 +65,29 @@ def kept_batches(spark) -> list[int]:
     return [int(i) for i in held.keySet() if held.get(i).rdd().isLocallyCheckpointed()]
 
 
+def test_a_level_shorter_than_the_fire_lead_skips_the_wheels_state(
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log):
+    """At the default fire lead (12 s) a message due within the lead of the watermark when it
+    is read fires in the batch that reads it: a 6 s level's messages wait in the driver's hold,
+    on time and never early, without a trip through the wheel's state (no batch adds them to
+    its pending count). With a lead of 4 s each one would wait in the state for a batch or more
+    (docs/benchmarks.md, "A fire lead longer than the short levels")."""
+    settings = job_settings(delay_levels="1s 6s")
+    assert settings.fire_lead_ms == 12_000, "the default lead"
+    real = new_topic(**LOG_APPEND)
+    summaries: list = []
+    start_job(settings, on_batch=summaries.append)
+    sent: dict = {}
+    with DelayProducer(settings) as producer:
+        for i in range(20):
+            send(producer, sent, real, f"six {i}".encode(), level=2)
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=60, idle_s=2)
+    check_deliveries(records, sent, lateness_log=lateness_log)
+    assert sum(s.received_by_level.get(2, 0) for s in summaries) == 20
+    held = [(s.batch_id, s.pending_delta_by_level[2]) for s in summaries
+            if s.pending_delta_by_level.get(2)]
+    assert not held, f"level-2 messages went into the state: {held}"
+
 def test_idle_intake_still_delivers(job_settings, start_job, new_topic, kafka_bootstrap,
                                     lateness_log):
     settings = job_settings()
@@ -437,7 +460,9 @@ def test_restart_keeps_pending_messages_and_offsets_agree(
     real_warm_up = KafkaSink.warm_up
     monkeypatch.setattr(KafkaSink, "warm_up",
                         lambda sink, *a: (warm_ups.append(a), real_warm_up(sink, *a)))
-    settings = job_settings(delay_levels="1s 2s 12s", wheel_operator=operator)
+    # In the wheel's state when the job stops: at the default lead (12 s) these 12 s messages
+    # would fire in the next batch, into the driver's hold, instead of waiting in the state.
+    settings = job_settings(delay_levels="1s 2s 12s", wheel_operator=operator, fire_lead_ms=4000)
     real = new_topic(partitions=2, **LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-restart-{settings.intake_topic}")
     job = start_job(settings, checkpoint=checkpoint)

@@ -51,7 +51,9 @@ def test_timer_beyond_the_maximum_is_dead_lettered(job_settings, start_job, new_
 
 def test_cancelled_messages_never_arrive_while_their_neighbours_do(
         job_settings, start_job, new_topic, kafka_bootstrap, lateness_log):
-    settings = job_settings(delay_levels="1s 2s 6s")
+    # A cancel must reach the job before its message's due time minus the fire lead: at the
+    # default lead (12 s) these 6 s messages fire in the batch that reads them.
+    settings = job_settings(delay_levels="1s 2s 6s", fire_lead_ms=2000)
     real = new_topic(**LOG_APPEND)
     summaries = []
     start_job(settings, on_batch=summaries.append)
