@@ -88,6 +88,7 @@ def test_a_level_shorter_than_the_fire_lead_skips_the_wheels_state(
             if s.pending_delta_by_level.get(2)]
     assert not held, f"level-2 messages went into the state: {held}"
 
+
 def test_idle_intake_still_delivers(job_settings, start_job, new_topic, kafka_bootstrap,
                                     lateness_log):
     settings = job_settings()
