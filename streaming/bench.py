@@ -4,6 +4,9 @@ Scenarios, in one run on one broker and one Spark session:
   raw     the raw pipe: messages copied from a topic to another by a plain Spark Kafka
           query with the job's trigger and batch bound (no parse, no state, no hold);
           a preloaded backlog drained, in msg/s.
+  raw-steady
+          the raw pipe under the steady load: its transit (append to copy), the floor
+          under the steady scenario's lateness of a level (transit minus its delay).
   drain   delayq on the same preloaded backlog (level-1 messages, all overdue when the job
           starts): parse, wheel, hold, Kafka write, ledger. Its ratio to raw is the headline.
   steady  delayq under a constant rate over chosen levels: lateness p50/p95/p99/max, early,
@@ -43,9 +46,10 @@ from streaming.kafka_config import librdkafka_config
 PROJECT = Path(__file__).resolve().parents[1]
 
 
-# The order the scenarios run in: the drain needs a new job on a backlog, and the steady
-# load, burst and backlog run on the job it leaves (or start one); restart runs its own.
-SCENARIOS = ("raw", "drain", "steady", "burst", "backlog", "restart")
+# The order the scenarios run in: the raw pipe's queries first, then the drain, which needs a
+# new job on a backlog; the steady load, burst and backlog run on the job it leaves (or start
+# one); restart runs its own.
+SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "backlog", "restart")
 
 
 def scenarios_of(text: str) -> tuple[str, ...]:
@@ -83,7 +87,8 @@ class Plan:
     @classmethod
     def short(cls) -> "Plan":
         """The CI form: small, quick, fails only on early or lost messages."""
-        return cls(scenarios=("raw", "drain", "steady", "burst", "backlog"), drain=5_000,
+        return cls(scenarios=("raw", "raw-steady", "drain", "steady", "burst", "backlog"),
+                   drain=5_000,
                    rate=1_000, seconds=10, warmup_s=5, burst=5_000, burst_lead_s=25, backlog=20_000,
                    backlog_rate=500, backlog_seconds=10)
 
@@ -135,8 +140,11 @@ class Load:
 
     def produce(self, intake: str, count: int, rate: float, size: int,
                 levels: tuple[int, ...] = (1,), deliver_at_ms: int = 0, partitions: int = 1,
-                wait: bool = True, deliver_spread_ms: int = 0, random_bodies: bool = False):
-        delays = ",".join(str(d) for d in self.settings.level_delays_ms)
+                wait: bool = True, deliver_spread_ms: int = 0, random_bodies: bool = False,
+                no_delay: bool = False):
+        """Sends `count` messages at `rate` (0: at once); each is due its level's delay after
+        its append, or at its append with `no_delay` (the raw pipe, which keeps nothing)."""
+        delays = ",".join("0" if no_delay else str(d) for d in self.settings.level_delays_ms)
         proc = subprocess.Popen(
             [sys.executable, "-m", "streaming.loadgen", "produce",
              "--bootstrap", self.settings.bootstrap, "--intake", intake, "--real", self.real,
@@ -494,34 +502,71 @@ class Bench:
         self.summaries: list = []   # every delivery batch's BatchSummary (step timings)
 
     # -- the raw pipe --------------------------------------------------------------------
-    def raw(self) -> dict:
+    def _raw_query(self, intake: str, real: str, name: str):
+        """The raw pipe: `intake` copied to `real` by a plain Spark Kafka query with the job's
+        Kafka options, trigger and batch bound (no parse, no state, no hold)."""
         from pyspark.sql import functions as F
 
         from sinks.kafka import PRODUCER_OPTIONS
         from streaming.kafka_config import spark_options
 
-        intake, real = _topic(self.admin, "bench-raw-in", 1), _topic(self.admin, "bench-raw-out")
-        load = Load(self.settings, self.work, real, "raw")
-        load.start_reader(timeout_s=600)
-        # Level 0: the raw pipe's due time is the append time itself.
-        load.produce(intake, self.plan.drain, 0, self.plan.size, levels=(0,))
         options = spark_options(self.settings)
         reader = (self.spark.readStream.format("kafka").options(**options)
                   .option("subscribe", intake).option("startingOffsets", "earliest")
                   .option("includeHeaders", "true"))
         if self.settings.max_offsets_per_trigger > 0:
             reader = reader.option("maxOffsetsPerTrigger", self.settings.max_offsets_per_trigger)
-        query = (reader.load()
-                 .select(F.lit(real).alias("topic"), "key", "value", "headers")
-                 .writeStream.format("kafka").options(**{**PRODUCER_OPTIONS, **options})
-                 .option("checkpointLocation", str(self.work / "raw-ckpt"))
-                 .trigger(processingTime="0 seconds").start())
+        return (reader.load()
+                .select(F.lit(real).alias("topic"), "key", "value", "headers")
+                .writeStream.format("kafka").options(**{**PRODUCER_OPTIONS, **options})
+                .option("checkpointLocation", str(self.work / f"{name}-ckpt"))
+                .trigger(processingTime="0 seconds").start())
+
+    def raw(self) -> dict:
+        intake, real = _topic(self.admin, "bench-raw-in", 1), _topic(self.admin, "bench-raw-out")
+        load = Load(self.settings, self.work, real, "raw")
+        load.start_reader(timeout_s=600)
+        # Level 0: the raw pipe's due time is the append time itself.
+        load.produce(intake, self.plan.drain, 0, self.plan.size, levels=(0,))
+        query = self._raw_query(intake, real, "raw")
         try:
             figures = load.finish(self.plan.drain)
             figures.update(_processing_rate(query, -1, _last_delivery_ms(figures)))
         finally:
             query.stop()
         # The raw pipe has no due time: its "lateness" is the copy's delay after append.
+        return figures
+
+    def raw_steady(self) -> dict:
+        """The raw pipe under the steady scenario's load (rate, seconds, warm-up, levels, one
+        intake partition per level): its transit, from the intake's append to the copy's, is
+        the least time any Spark micro-batch job on this host and trigger takes to read a
+        message and write it again at that rate. A level's lateness in delayq can be no lower
+        than that transit minus the level's delay, so this measures the floor under the
+        steady scenario's lateness in the same run ("lateness" here is the transit)."""
+        plan = self.plan
+        intake = _topic(self.admin, "bench-raw-steady-in", max(plan.levels))
+        real = _topic(self.admin, "bench-raw-steady-out")
+        load = Load(self.settings, self.work, real, "raw-steady")
+        count = int(plan.rate * (plan.warmup_s + plan.seconds))
+        load.start_reader(timeout_s=plan.warmup_s + plan.seconds + 600)
+        query = self._raw_query(intake, real, "raw-steady")
+        try:
+            # The steady load's levels and partitions, each due at its append: a transit.
+            produced = load.produce(intake, count, plan.rate, plan.size, levels=plan.levels,
+                                    partitions=max(plan.levels), wait=False, no_delay=True)
+            after = -1
+            if plan.warmup_s:
+                time.sleep(plan.warmup_s)
+                after = _last_batch(query)
+            done = load.wait_producer(produced)
+            figures = load.finish(count)
+            if plan.warmup_s:
+                figures.update(after_warmup(figures, plan.warmup_s))
+            figures.update(in_msg_s=done["rate"], **_batches(query, after))
+            figures["_timeline"] = _timeline(query, after, [])
+        finally:
+            query.stop()
         return figures
 
     # -- delayq ------------------------------------------------------------------------------
@@ -758,7 +803,7 @@ class Bench:
                 self.log(f"bench: {name} …")
                 t0, cpu0 = time.time(), memory.cpu_seconds()
                 memory.window_peaks()
-                figures = getattr(self, name)()
+                figures = getattr(self, name.replace("-", "_"))()
                 figures["wall_s"] = round(time.time() - t0, 1)
                 figures.update(memory.window_peaks())
                 figures.update(cpu_used(cpu0, memory.cpu_seconds(), figures["wall_s"]))
@@ -775,6 +820,10 @@ class Bench:
             result.machine["drain_ratio_to_raw"] = round(
                 drain["processing_msg_s"] / raw["processing_msg_s"], 3)
         steady = result.scenarios.get("steady")
+        floor = lateness_floor(result.scenarios.get("raw-steady"), self.plan.levels,
+                               self.settings.level_delays_ms)
+        if floor:
+            result.machine["steady_lateness_floor_p99_ms"] = floor
         if raw and steady and raw.get("processing_msg_s") and steady.get("out_msg_s"):
             # The rate delayq kept up over the steady load (first to last delivery, several
             # batches on a warmer JVM) against the raw pipe's rate per second of batch time.
@@ -782,6 +831,18 @@ class Bench:
             result.machine["steady_out_ratio_to_raw"] = round(
                 steady["out_msg_s"] / raw["processing_msg_s"], 3)
         return result
+
+
+def lateness_floor(pipe: dict | None, levels: tuple[int, ...],
+                   delays_ms: tuple[int, ...]) -> dict[str, int]:
+    """Per level, the p99 lateness a job would have if it read and wrote each message as soon
+    as the raw pipe does under the same load (`raw-steady`): the pipe's p99 transit minus
+    the level's delay (a constant, so the percentile moves with it), never below 0. A job
+    that does more per batch than the pipe cannot be lower."""
+    p99 = (pipe or {}).get("lateness_p99_ms")
+    if p99 is None:
+        return {}
+    return {str(lv): max(0, p99 - delays_ms[lv - 1]) for lv in sorted(set(levels))}
 
 
 def cpu_probe_ms(loops: int = 3_000_000, tries: int = 3) -> float:
@@ -818,7 +879,8 @@ def write(result: Result, json_path: Path, plot_path: Path | None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [n for n in ("steady", "burst", "backlog", "restart") if n in result.scenarios]
+    shown = [n for n in ("raw-steady", "steady", "burst", "backlog", "restart")
+             if n in result.scenarios]
     if not shown:
         return
     fig, axes = plt.subplots(len(shown), 1, figsize=(9, 3.2 * len(shown)), squeeze=False)
@@ -830,7 +892,8 @@ def write(result: Result, json_path: Path, plot_path: Path | None) -> None:
             pick = np.random.default_rng(0).choice(len(due), 40_000, replace=False)
             due, late = due[pick], late[pick]
         ax.scatter((due - due.min()) / 1000, late, s=1, alpha=0.4)
-        ax.set_title(f"{name}: lateness by due time")
+        # The raw pipe keeps nothing: its "lateness" is the transit from append to copy.
+        ax.set_title(f"{name}: {'transit' if name == 'raw-steady' else 'lateness'} by due time")
         ax.set_xlabel("due time (s from the first)")
         ax.set_ylabel("lateness (ms)")
         ax.axhline(0, color="red", linewidth=0.8)

@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the CI form: small counts, no restart scenario")
     bench.add_argument("--scenarios",
                        help="comma separated, run in this order whatever the order given: "
-                            "raw,drain,steady,burst,backlog,restart")
+                            "raw,raw-steady,drain,steady,burst,backlog,restart")
     bench.add_argument("--size", type=int, help="message value bytes [1024]")
     bench.add_argument("--drain", type=int, help="messages preloaded for raw and drain [200000]")
     bench.add_argument("--drain-rate", type=float,

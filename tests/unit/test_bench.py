@@ -159,7 +159,8 @@ def test_scenarios_run_in_their_own_order_and_unknown_names_are_refused():
     # The drain needs a new job on its backlog: asked after steady, it still runs first.
     assert scenarios_of("steady,drain") == ("drain", "steady")
     assert scenarios_of(" restart , raw") == ("raw", "restart")
-    with pytest.raises(ConfigError, match="unknown scenario stedy; choose from raw,drain"):
+    assert scenarios_of("steady,raw-steady") == ("raw-steady", "steady")
+    with pytest.raises(ConfigError, match="unknown scenario stedy; choose from raw,raw-steady,drain"):
         scenarios_of("raw,stedy")
     with pytest.raises(ConfigError, match="none given"):
         scenarios_of(",")
@@ -186,3 +187,14 @@ def test_the_restart_s_job_has_the_bench_s_settings():
     assert env["DELAYQ_MAX_OFFSETS_PER_TRIGGER"] == "50000"    # the user's, as in the bench
     assert env["DELAYQ_DATA_DIR"] == "/bench/data"              # the bench's over it
     assert env["DELAYQ_LEDGER"] == "false" and env["PATH"] == "/bin"
+
+
+def test_the_lateness_floor_is_the_raw_pipe_s_transit_less_each_level_s_delay():
+    from streaming.bench import lateness_floor
+
+    delays = (1_000, 5_000, 10_000)
+    # A transit of 1,800 ms at p99: a 1 s message can be no less than 800 ms late, a 5 s one
+    # (which a job can hold until due) has no floor from the pipe.
+    assert lateness_floor({"lateness_p99_ms": 1_800}, (2, 1), delays) == {"1": 800, "2": 0}
+    assert lateness_floor(None, (1,), delays) == {}
+    assert lateness_floor({"lateness_p99_ms": None}, (1,), delays) == {}
