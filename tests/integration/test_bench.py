@@ -31,6 +31,8 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
         assert figures["messages"] > 0, name
         assert figures["delivered"] == figures["messages"], (name, figures["lost"])
         assert figures["lost"] == 0 and figures["early"] == 0, (name, figures)
+    # The raw pipe under the steady load sets, per level, the floor under delayq's lateness.
+    assert set(written["machine"]["steady_lateness_floor_p99_ms"]) == {"1", "2"}
     steady = written["scenarios"]["steady"]      # its lateness after the warm-up, and during
     assert steady["warmup"]["messages"] > 0 and steady["measured_messages"] > 0
     assert steady["warmup"]["messages"] + steady["measured_messages"] == steady["delivered"]
