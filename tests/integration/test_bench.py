@@ -43,7 +43,7 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
     with capsys.disabled():
         print("\nshort bench (figures only, not judged):")
         for name, figures in written["scenarios"].items():
-            print(f"  {name:7} {figures['messages']} msgs, lost {figures['lost']}, early "
+            print(f"  {name:10} {figures['messages']} msgs, lost {figures['lost']}, early "
                   f"{figures['early']}, dups {figures['duplicates']}, lateness p50/p99/max "
                   f"{figures['lateness_p50_ms']}/{figures['lateness_p99_ms']}/"
                   f"{figures['lateness_max_ms']} ms, out {figures['out_msg_s']} msg/s")
