@@ -545,7 +545,8 @@ class Bench:
         than that transit minus the level's delay, so this measures the floor under the
         steady scenario's lateness in the same run ("lateness" here is the transit)."""
         plan = self.plan
-        intake = _topic(self.admin, "bench-raw-steady-in", max(plan.levels))
+        partitions = max(1, *plan.levels)   # one per level, as the intake; level 0 too
+        intake = _topic(self.admin, "bench-raw-steady-in", partitions)
         real = _topic(self.admin, "bench-raw-steady-out")
         load = Load(self.settings, self.work, real, "raw-steady")
         count = int(plan.rate * (plan.warmup_s + plan.seconds))
@@ -554,7 +555,7 @@ class Bench:
         try:
             # The steady load's levels and partitions, each due at its append: a transit.
             produced = load.produce(intake, count, plan.rate, plan.size, levels=plan.levels,
-                                    partitions=max(plan.levels), wait=False, no_delay=True)
+                                    partitions=partitions, wait=False, no_delay=True)
             after = -1
             if plan.warmup_s:
                 time.sleep(plan.warmup_s)
@@ -842,7 +843,9 @@ def lateness_floor(pipe: dict | None, levels: tuple[int, ...],
     p99 = (pipe or {}).get("lateness_p99_ms")
     if p99 is None:
         return {}
-    return {str(lv): max(0, p99 - delays_ms[lv - 1]) for lv in sorted(set(levels))}
+    # Level 0 is delivered at once: no delay to take off.
+    return {str(lv): max(0, p99 - (delays_ms[lv - 1] if lv > 0 else 0))
+            for lv in sorted(set(levels))}
 
 
 def cpu_probe_ms(loops: int = 3_000_000, tries: int = 3) -> float:

@@ -196,5 +196,7 @@ def test_the_lateness_floor_is_the_raw_pipe_s_transit_less_each_level_s_delay():
     # A transit of 1,800 ms at p99: a 1 s message can be no less than 800 ms late, a 5 s one
     # (which a job can hold until due) has no floor from the pipe.
     assert lateness_floor({"lateness_p99_ms": 1_800}, (2, 1), delays) == {"1": 800, "2": 0}
+    # Immediate messages (level 0) are due at their append: the whole transit is their floor.
+    assert lateness_floor({"lateness_p99_ms": 1_800}, (0,), delays) == {"0": 1_800}
     assert lateness_floor(None, (1,), delays) == {}
     assert lateness_floor({"lateness_p99_ms": None}, (1,), delays) == {}
