@@ -85,6 +85,13 @@ class BatchSummary:
     def count(self, kind: str) -> int:
         return self.by_kind.get(kind, 0)
 
+    def recount(self, kind: str, as_kind: str, count: int) -> None:
+        """Move `count` rows counted as `kind` to `as_kind` (a cancel miss parked in the cold
+        tier is no miss until its bucket rolls)."""
+        if count:
+            self.by_kind[kind] = self.by_kind.get(kind, 0) - count
+            self.by_kind[as_kind] = self.by_kind.get(as_kind, 0) + count
+
 
 class Sent:
     """What a batch sent: `frame()` is a DataFrame of the sent rows (the OUTPUT layout plus

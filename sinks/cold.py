@@ -7,6 +7,14 @@ driver rolls its messages back onto the intake (RocketMQ 5's "roll"), with their
 Never lost: a bucket is marked loaded (a small file in the checkpoint) only after its roll;
 a cold message whose bucket is already loaded is rolled at once instead of parked. A roll
 retried after a crash is held once: the wheel drops a UNIQ_KEY it already holds.
+
+Cancels: a cancel that finds nothing in the wheel (its message waits here, or has not arrived
+yet) is parked beside the bucket's messages as a tombstone row (`tombstone` = WAITING, no
+topic) when that bucket is not loaded yet; the roll leaves out every message a tombstone
+names, and counts it cancelled. Parked and rolled in the same driver thread as the messages,
+with the same marker and in the same idempotent append, so a crash and replay park a tombstone
+exactly as it parks a message. A cancel that found its message in the wheel leaves a DONE
+tombstone in a bucket already loaded: a record for `delayq ledger`, never read by a roll.
 """
 from __future__ import annotations
 
@@ -25,6 +33,13 @@ from state import headers as H
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
            "append_ms", "ipart", "ioff")
+# The tombstone column: null on a parked message; on a cancel's row, WAITING (it meets its
+# message when the bucket rolls) or DONE (its message was dropped from the wheel).
+TOMBSTONE = "tombstone"
+WAITING, DONE = "waiting", "done"
+# What a tombstone keeps of its cancel's row: the key it cancels, where and when it was due,
+# and the cancel's own intake position.
+_TOMBSTONE_KEEPS = ("uniq_key", "level", "due_ms", "append_ms", "ipart", "ioff")
 
 
 class ColdTier:
@@ -59,29 +74,71 @@ class ColdTier:
 
     # ---- per batch ------------------------------------------------------------------------
     def park(self, batch: DataFrame, summary: BatchSummary) -> None:
-        """Write the batch's cold rows to the table (or roll them, if their bucket is in)."""
-        if not summary.count("cold"):
+        """Write the batch's cold rows to the table (or roll them, if their bucket is in), with
+        a tombstone for each cancel of the batch: WAITING for a miss whose bucket is not loaded
+        (it is then no miss yet: `cancel_parked` in the summary), DONE for a hit."""
+        misses, hits = summary.count("cancel_unknown"), summary.count("cancelled")
+        if not summary.count("cold") and not misses and not hits:
             return
         loaded = self.loaded_until()
-        rows = (batch.filter(F.col("kind") == "cold").select(*COLUMNS)
-                .withColumn("due_bucket", F.col("due_ms") - F.pmod("due_ms", F.lit(self.bucket_ms))))
-        self.roll(rows.filter(F.col("due_bucket") <= loaded))
+        bucket = F.col("due_ms") - F.pmod("due_ms", F.lit(self.bucket_ms))
+        frames = []
+        if summary.count("cold"):
+            rows = (batch.filter(F.col("kind") == "cold").select(*COLUMNS)
+                    .withColumn(TOMBSTONE, F.lit(None).cast("string"))
+                    .withColumn("due_bucket", bucket))
+            self.roll(rows.filter(F.col("due_bucket") <= loaded))
+            frames.append(rows.filter(F.col("due_bucket") > loaded))
+        if misses or hits:
+            types = {f.name: f.dataType for f in batch.schema.fields}
+            kind = F.col("kind")
+            waiting = (kind == "cancel_unknown") & (bucket > loaded)
+            tombs = (batch.filter((kind == "cancelled") | waiting)
+                     .select(*[F.col(c) if c in _TOMBSTONE_KEEPS
+                               else F.lit(None).cast(types[c]).alias(c) for c in COLUMNS],
+                             F.when(kind == "cancelled", F.lit(DONE)).otherwise(F.lit(WAITING))
+                             .alias(TOMBSTONE))
+                     .withColumn("due_bucket", bucket))
+            frames.append(tombs)
+            if misses:
+                parked = batch.filter(waiting).count()
+                summary.recount("cancel_unknown", "cancel_parked", parked)
         if self._app_id is None:
             self._app_id = query_id(self.checkpoint)
-        append_once(rows.filter(F.col("due_bucket") > loaded), self.path, self._app_id,
-                    summary.batch_id, ("due_bucket",))
+        rows = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+        # One append for the batch: a second one with the same txnVersion would be skipped.
+        append_once(rows, self.path, self._app_id, summary.batch_id, ("due_bucket",),
+                    merge_schema=True)
 
-    def advance(self) -> int:
-        """Roll every bucket that came within the horizon; returns how many were rolled."""
+    def advance(self, summary: BatchSummary | None = None) -> int:
+        """Roll every bucket that came within the horizon; returns how many were rolled. The
+        messages a tombstone names stay behind, counted into `summary` as cancelled (and no
+        longer pending); a tombstone whose message never came is counted as a miss."""
         loaded, edge, rolled = self.loaded_until(), self._horizon_bucket(), 0
         while loaded + self.bucket_ms <= edge:
             nxt = loaded + self.bucket_ms
             if table_exists(self.path):
-                self.roll(self.spark.read.format("delta").load(self.path)
-                          .filter(F.col("due_bucket") == nxt))
+                self._roll_bucket(nxt, summary)
             self._set_loaded(nxt)
             loaded, rolled = nxt, rolled + 1
         return rolled
+
+    def _roll_bucket(self, bucket: int, summary: BatchSummary | None) -> None:
+        rows = self.spark.read.format("delta").load(self.path).filter(F.col("due_bucket") == bucket)
+        if TOMBSTONE not in rows.columns:   # a table no cancel was parked in yet
+            self.roll(rows)
+            return
+        messages = rows.filter(F.col(TOMBSTONE).isNull())
+        waiting = rows.filter(F.col(TOMBSTONE) == WAITING).select("uniq_key").distinct()
+        self.roll(messages.join(waiting, "uniq_key", "left_anti"))
+        if summary is None:
+            return
+        for row in messages.join(waiting, "uniq_key", "left_semi").groupBy("level").count().collect():
+            summary.add("cancelled", row["level"], None, row["count"])
+            summary.pending_delta_by_level[row["level"]] = \
+                summary.pending_delta_by_level.get(row["level"], 0) - row["count"]
+        summary.add("cancel_unknown", None, None,
+                    waiting.join(messages, "uniq_key", "left_anti").count())
 
     def roll(self, rows: DataFrame) -> None:
         """Put cold messages back on the intake, addressed to their wheel group."""

@@ -27,11 +27,13 @@ def query_id(checkpoint: str | Path) -> str:
 
 
 def append_once(rows: DataFrame, path: str, app_id: str, txn_version: int,
-                partition_by: tuple[str, ...] = ()) -> None:
+                partition_by: tuple[str, ...] = (), merge_schema: bool = False) -> None:
     """Append rows in one Delta commit, skipped when the table already has `txn_version` (or
-    a later one) of `app_id`."""
+    a later one) of `app_id`. `merge_schema`: a column the table lacks is added to it."""
     writer = (rows.write.format("delta").mode("append")
               .option("txnAppId", app_id).option("txnVersion", txn_version))
+    if merge_schema:
+        writer = writer.option("mergeSchema", "true")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     writer.save(path)

@@ -222,7 +222,7 @@ class BatchWriter:
             lap("kafka")
             if self.cold is not None:
                 self.cold.park(batch, summary)
-                self.cold.advance()
+                self.cold.advance(summary)
                 lap("cold")
             if summary.sends:
                 if summary.count("deliver") and not summary.deferred:

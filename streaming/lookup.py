@@ -11,6 +11,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
 from sinks.driver_hold import SPOOL_FOLDER as HOLD_FOLDER, held
 from sinks.ledger import SPOOL_FOLDER, delivered_row
@@ -20,7 +21,7 @@ from streaming.job import wheel_state
 
 @dataclass
 class Whereabouts:
-    status: str            # delivered | dead | pending | unknown
+    status: str            # delivered | dead | cancelled | pending | unknown
     detail: dict
 
 
@@ -39,7 +40,7 @@ def _delivered(r) -> Whereabouts:
 
 
 def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
-         checkpoint: Path) -> Whereabouts:
+         checkpoint: Path, cold: Path | None = None) -> Whereabouts:
     def in_table(key: str) -> dict | None:
         if not table_exists(ledger):
             return None
@@ -58,6 +59,10 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
             r = rows[0]
             return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["dead_ms"]),
                                         "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+    if cold is not None and table_exists(cold):
+        where = _in_cold_tier(spark, uniq_key, cold)
+        if where is not None:
+            return where
     # Fired ahead and waiting in the driver's hold (hold = "driver", sinks/driver_hold.py), or
     # sent by its batch's tasks and reported with the batch's last delivery.
     hit = held(checkpoint / HOLD_FOLDER, uniq_key)
@@ -73,6 +78,18 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
     if pending:
         return Whereabouts("pending", pending)
     return Whereabouts("unknown", {})
+
+
+def _in_cold_tier(spark: SparkSession, uniq_key: str, cold: Path) -> Whereabouts | None:
+    """Cancelled when a cancel's tombstone in the cold tier names it (sinks/cold.py: every
+    cancel that found its message, or waits for it there), else None."""
+    rows = [r.asDict() for r in spark.read.format("delta").load(str(cold))
+            .filter(F.col("uniq_key") == uniq_key).collect()]
+    tomb = next((r for r in rows if r.get(TOMBSTONE)), None)
+    if tomb is not None:
+        return Whereabouts("cancelled", {"due": _iso(tomb["due_ms"]), "cancel": _iso(tomb["append_ms"]),
+                                         "intake": f"{tomb['ipart']}-{tomb['ioff']}"})
+    return None
 
 
 def _pending(spark: SparkSession, uniq_key: str, checkpoint: Path) -> dict | None:

@@ -200,3 +200,63 @@ def test_a_checkpoint_stamped_before_balanced_timer_groups_keeps_its_rule_and_ca
     check_deliveries(records, sent, lateness_log=lateness_log)
     assert sum(s.count("cancelled") for s in summaries) == len(cancelled)
     assert sum(s.count("cancel_unknown") for s in summaries) == 0
+
+
+# The cold tier in seconds: timers 30 s out wait there (horizon 10 s, buckets of 2 s) and roll
+# into the wheel 10-12 s before they are due; a 2 s fire lead leaves a cancel about 8 s to
+# reach a rolled timer in the wheel.
+COLD = dict(delay_levels="1s 2s 28s", near_horizon="10s", cold_bucket="2s", fire_lead_ms=2000)
+
+
+def cancel_elsewhere(settings, bootstrap: str, uniq_key: str, due_ms: int) -> None:
+    """A timer's cancel written by a plain Kafka client to another intake partition than the
+    one DelayProducer puts its timer in, so the two travel apart."""
+    import zlib
+
+    raw = KafkaProducer(bootstrap_servers=bootstrap)
+    parts = len(raw.partitions_for(settings.intake_topic))
+    raw.send(settings.intake_topic, value=b"", partition=(zlib.crc32(uniq_key.encode()) + 1) % parts,
+             headers=[("TIMER_DEL_UNIQKEY", uniq_key.encode()),
+                      ("TIMER_DELIVER_MS", str(due_ms).encode())]).get(timeout=30)
+    raw.close()
+
+
+def test_a_cancel_finds_its_timer_in_the_cold_tier_in_the_wheel_and_ahead_of_it(
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log, spark):
+    """Four timers due at the same moment, parked in the cold tier: one cancelled while it
+    waits there, one whose cancel came first (on another intake partition), one cancelled once
+    its bucket rolled into the wheel; the fourth, their neighbour, arrives on time. Every cancel
+    is counted as one, none as a miss, and `delayq ledger` says "cancelled"."""
+    import json
+    from pathlib import Path
+
+    from streaming import lookup
+    from tests.support import assert_eventually
+
+    settings = job_settings(**COLD)
+    real = new_topic(**LOG_APPEND)
+    summaries = []
+    job = start_job(settings, on_batch=summaries.append)
+    due = (int(time.time() * 1000) // 1000 + 30) * 1000
+    cancel_elsewhere(settings, kafka_bootstrap, "ahead", due)
+    with DelayProducer(settings) as producer:
+        kept = producer.send(real, b"kept", key=b"kept", deliver_at_ms=due)
+        waiting = producer.send(real, b"waiting", deliver_at_ms=due)
+        producer.cancel(waiting)
+        producer.send(real, b"ahead", deliver_at_ms=due, uniq_key="ahead")
+        rolled = producer.send(real, b"rolled", deliver_at_ms=due)
+    marker = Path(job.checkpoint) / "cold" / "loaded_until"
+    assert_eventually(lambda: json.loads(marker.read_text())["loaded_until"] >= due - due % 2000,
+                      timeout_s=30, message="the timers' bucket rolled into the wheel")
+    assert int(time.time() * 1000) < due - 4_000, "rolled early enough to cancel in the wheel"
+    with DelayProducer(settings) as producer:
+        producer.cancel(rolled)
+    records = consume_all(kafka_bootstrap, real, expected=1, timeout_s=60, idle_s=4)
+    check_deliveries(records, {kept.uniq_key: Sent(b"kept", b"kept", [], due)},
+                     lateness_log=lateness_log)
+    assert sum(s.count("cancelled") for s in summaries) == 3
+    assert sum(s.count("cancel_unknown") for s in summaries) == 0
+    for key in (waiting.uniq_key, "ahead", rolled.uniq_key):
+        where = lookup.find(spark, key, settings.ledger_path, settings.dead_letter_path,
+                            Path(job.checkpoint), settings.cold_path)
+        assert where.status == "cancelled", (key, where)

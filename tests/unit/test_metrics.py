@@ -101,3 +101,17 @@ def test_status_renders_headline_figures():
     text = render(samples)
     assert "received 10" in text and "delivered 8" in text
     assert "p50 ≤0.1 s" in text
+
+
+def test_a_cancel_parked_in_the_cold_tier_is_no_miss_until_its_bucket_rolls():
+    """sinks/cold.py moves the wheel's misses it parks as tombstones out of `cancel_unknown`;
+    the roll counts each as cancelled (no longer pending) or, its message never come, a miss."""
+    m = fresh()
+    s = BatchSummary(5)
+    s.add("cancel_unknown", -1, None, 3)
+    s.recount("cancel_unknown", "cancel_parked", 2)
+    m.observe_batch(s)
+    r = m.registry
+    assert r.get_sample_value("delayq_cancel_misses_total") == 1
+    assert r.get_sample_value("delayq_messages_cancelled_total") == 0
+    assert s.count("cancel_parked") == 2

@@ -1,0 +1,61 @@
+"""Cancels of timers parked in the cold tier survive a SIGKILL of the job and its restart: a
+cancel parked beside its timer, a cancel that came before its timer, a cancel sent again after
+the restart, and a cancel of a timer that rolled into the wheel after it; their neighbour with
+the same due time is delivered on time."""
+from __future__ import annotations
+
+import json
+import time
+
+from pyspark.sql import functions as F
+
+from sinks.delta import table_exists
+from streaming.admin import admin_client, create_topic
+from streaming.producer import DelayProducer
+from tests.integration.test_timers import COLD, cancel_elsewhere
+from tests.support import assert_eventually, consume_all, header_map
+
+
+def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstrap):
+    job, settings = job_process(**COLD)
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 1, {"message.timestamp.type": "LogAppendTime"})
+    admin.close()
+    job.start()
+    # Far enough out for a kill and a restart before the roll (10-12 s before due).
+    due = (int(time.time() * 1000) // 1000 + 120) * 1000
+    cancel_elsewhere(settings, kafka_bootstrap, "ahead", due)
+    with DelayProducer(settings) as producer:
+        kept = producer.send(real, b"kept", deliver_at_ms=due)
+        waiting = producer.send(real, b"waiting", deliver_at_ms=due)
+        producer.cancel(waiting)
+        producer.send(real, b"ahead", deliver_at_ms=due, uniq_key="ahead")
+        rolled = producer.send(real, b"rolled", deliver_at_ms=due)
+
+    def tombstones() -> int:
+        if not table_exists(settings.cold_path):
+            return 0
+        table = spark.read.format("delta").load(str(settings.cold_path))
+        return table.filter(F.col("tombstone") == "waiting").count() if "tombstone" in table.columns else 0
+
+    assert_eventually(lambda: tombstones() >= 2, timeout_s=60,
+                      message="both cancels parked beside their timers")
+    job.kill()
+    job.start()
+    restarted_ms = int(time.time() * 1000)
+    with DelayProducer(settings) as producer:
+        producer.cancel(waiting)          # sent again after the restart: harmless
+    marker = settings.checkpoint_path / "cold" / "loaded_until"
+    assert_eventually(lambda: json.loads(marker.read_text())["loaded_until"] >= due - due % 2000,
+                      timeout_s=90, message="the timers' bucket rolled into the wheel")
+    assert int(time.time() * 1000) < due - 4_000, \
+        f"rolled early enough to cancel in the wheel (restarted {due - restarted_ms} ms before due)"
+    with DelayProducer(settings) as producer:
+        producer.cancel(rolled)
+    records = consume_all(kafka_bootstrap, real, expected=1, timeout_s=90, idle_s=5)
+    delivered = [header_map(r)["UNIQ_KEY"].decode() for r in records]
+    assert delivered == [kept.uniq_key], f"cancelled timers delivered: {delivered}"
+    [record] = records
+    assert due <= record.timestamp < due + 10_000, f"kept arrived {record.timestamp - due} ms late"
+    job.stop()
