@@ -55,7 +55,13 @@ class Settings(BaseSettings):
 
     slot_ms: int
     fire_lead_ms: int
-    hold: Literal["tasks", "driver"]
+    hold: Literal["tasks", "driver", "executors"]
+    ready_partitions: int
+    dispatch_commit_interval_ms: int
+    dispatch_max_held: int
+    dispatch_topic_wait_ms: int
+    dispatch_max_failures: int
+    ledger_dedup_window: str
     wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
     fire_lead_per_message_us: int
     heartbeat_ms: int
@@ -107,7 +113,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("max_delay", "clock_tolerance", "late_tolerance", "near_horizon",
-                     "cold_bucket", "ledger_interval")
+                     "cold_bucket", "ledger_interval", "ledger_dedup_window")
     @classmethod
     def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
         try:
@@ -118,6 +124,8 @@ class Settings(BaseSettings):
 
     @field_validator("spark_shuffle_partitions", "kafka_port", "kafka_controller_port",
                      "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
+                     "ready_partitions", "dispatch_commit_interval_ms", "dispatch_max_held",
+                     "dispatch_topic_wait_ms", "dispatch_max_failures",
                      "cluster_workers", "cluster_worker_cores")
     @classmethod
     def _positive(cls, value: int) -> int:
@@ -168,6 +176,18 @@ class Settings(BaseSettings):
     @property
     def ledger_interval_ms(self) -> int:
         return parse_duration(self.ledger_interval)
+
+    @property
+    def ledger_dedup_window_ms(self) -> int:
+        return parse_duration(self.ledger_dedup_window)
+
+    @property
+    def ready_topic(self) -> str:
+        return f"{self.intake_topic}.READY"
+
+    @property
+    def ledger_topic(self) -> str:
+        return f"{self.intake_topic}.LEDGER"
 
     @property
     def ledger_path(self) -> Path:

@@ -86,6 +86,23 @@ def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> 
             admin.close()
 
 
+def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient, largest: int) -> int:
+    """The ready and ledger topics of `hold = "executors"`, `ready_partitions` each (the ledger
+    topic LogAppendTime: its acknowledgements time the dispatch tasks' clocks). The ready topic
+    takes the largest record the service writes plus its restore headers. Returns the number
+    of ready partitions (an existing topic's own count: the dispatch follows the topic)."""
+    create_topic(admin, settings.ready_topic, settings.ready_partitions,
+                 {"max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)})
+    create_topic(admin, settings.ledger_topic, settings.ready_partitions, LOG_APPEND_TIME)
+    parts = TopicCatalog(admin).partitions([settings.ready_topic, settings.ledger_topic])
+    ready, ledger = parts[settings.ready_topic], parts[settings.ledger_topic]
+    if ready != ledger:
+        raise ValueError(f"topic {settings.ready_topic} has {ready} partitions and "
+                         f"{settings.ledger_topic} {ledger}: a dispatch task writes the ledger "
+                         f"partition of its ready partition; give both the same count")
+    return ready
+
+
 def topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str | None:
     """One effective topic setting (its own value, else the broker's default)."""
     return topic_configs(admin, [topic], key)[topic]

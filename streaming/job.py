@@ -25,6 +25,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary, Sent
 from sinks.cold import ColdTier
+from sinks.ready import ReadySink
 from sinks import driver_hold
 from sinks.kafka import KafkaSink, header_struct, record_size
 from sinks.ledger import (DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER,
@@ -37,7 +38,9 @@ from state.parse import make_parser
 from state.wheel import CHUNK_SEP, WheelConfig, make_wheel
 from state.worker import warm
 from streaming import admin as kadmin
+from streaming.dispatcher import Dispatcher
 from streaming.heartbeat import Heartbeat
+from streaming.ledger_query import start_ledger_query
 from streaming.kafka_config import librdkafka_config, spark_options
 from streaming import checkpoint as ckpt
 from streaming.listener import OffsetMirror, ProgressListener
@@ -405,8 +408,10 @@ class DelayJob:
         self.spark = spark
         self.checkpoint = checkpoint or str(settings.checkpoint_path)
         if sinks is None:
-            sinks = [DeliveryLedger(settings.ledger_path, self.checkpoint),
-                     DeadLetterTable(settings.dead_letter_path, self.checkpoint)] \
+            # With hold = "executors" the ledger query writes the ledger (streaming/ledger_query.py).
+            sinks = ([DeliveryLedger(settings.ledger_path, self.checkpoint)]
+                     if settings.hold != "executors" else []) + \
+                [DeadLetterTable(settings.dead_letter_path, self.checkpoint)] \
                 if settings.ledger else []
         self._extra_sinks = sinks
         self._on_batch = on_batch
@@ -420,6 +425,8 @@ class DelayJob:
         self._hold: driver_hold.DriverHold | None = None
         self._writer: BatchWriter | None = None
         self._warm_up: threading.Thread | None = None   # the Python workers' warm-up
+        self._dispatcher: Dispatcher | None = None        # hold = "executors"
+        self._ledger_query = None
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -452,7 +459,8 @@ class DelayJob:
         balance_timers = ckpt.balance_timers(self.checkpoint, verdict)
         ckpt.write_stamp(self.settings, self.checkpoint, started_ms, balance_timers)
         self._step("checkpoint")
-        self._hold = self._driver_hold(max(largest, 1_048_576))
+        executors = self.settings.hold == "executors"
+        self._hold = None if executors else self._driver_hold(max(largest, 1_048_576))
         # The real topics this checkpoint's runs delivered to, and the allow-list, looked up
         # now: the first batch, a restart's re-run or a backlog's first, then needs no
         # aggregate job of its own to find them (streaming/admin.py TopicCatalog).
@@ -461,10 +469,17 @@ class DelayJob:
             else None))
         catalog.seed(self.settings.allowed_topic_set)
         self._step("real_topics")
-        kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic, catalog,
-                          self.spark.sparkContext.defaultParallelism,
-                          max_request_bytes=max(largest, 1_048_576),
-                          hold=self._hold if self.settings.hold == "driver" else None)
+        if executors:
+            partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin,
+                                                       max(largest, 1_048_576))
+            self._check_slots(partitions)
+            kafka = ReadySink(self.spark, spark_options(self.settings), self.settings.ready_topic,
+                              partitions, max_request_bytes=max(largest, 1_048_576))
+        else:
+            kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic, catalog,
+                              self.spark.sparkContext.defaultParallelism,
+                              max_request_bytes=max(largest, 1_048_576),
+                              hold=self._hold if self.settings.hold == "driver" else None)
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint,
                         self.settings.intake_topic,
                         kadmin.TopicCatalog(self._admin).partitions(
@@ -510,6 +525,13 @@ class DelayJob:
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
         self._step("listeners")
+        if executors:
+            self._dispatcher = Dispatcher(self.spark, self.settings, partitions,
+                                          max(largest, 1_048_576)).start()
+            if self.settings.ledger:
+                self._ledger_query = start_ledger_query(self.spark, self.settings,
+                                                        self.checkpoint, self.metrics)
+            self._step("dispatch")
         self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
                                    first_watermark_ms=now_ms,
                                    balance_timers=balance_timers).writeStream
@@ -531,6 +553,27 @@ class DelayJob:
         if self.metrics is not None and seed_batch is not None:
             self._seed_pending(seed_batch)
         return self.query
+
+    def _check_slots(self, partitions: int) -> None:
+        """The dispatch tasks hold a task slot each for good: refuse to start where they would
+        leave the wheel's stages none (DESIGN.md section 4)."""
+        slots = self.spark.sparkContext.defaultParallelism
+        need = partitions + self.settings.spark_shuffle_partitions + 1
+        if slots < need:
+            raise JobError(
+                f"hold = \"executors\" needs {need} task slots ({partitions} dispatch tasks, "
+                f"{self.settings.spark_shuffle_partitions} wheel state partitions and one more "
+                f"for the intake and the ledger query) and Spark has {slots}: give it more "
+                f"(spark_master = \"local[{need}]\", or more executor cores)")
+        conf = self.spark.sparkContext.getConf()
+        for key, bad in (("spark.speculation", "true"), ("spark.dynamicAllocation.enabled", "true")):
+            if conf.get(key, "false").lower() == bad:
+                raise JobError(f"hold = \"executors\" runs dispatch tasks that never end: "
+                               f"{key} must be off")
+
+    def failure(self) -> str | None:
+        """Why the job cannot go on though its query runs (a dispatch stage that gave up)."""
+        return self._dispatcher.failure if self._dispatcher is not None else None
 
     def _warm_python_workers(self) -> None:
         """One task per core that starts a Python worker (and, on a new JVM, their daemon) and
@@ -713,6 +756,14 @@ class DelayJob:
                 stuck = self._stop_query(thread_s)
                 if committed is not None and stuck is None:
                     self._drop_unbegun(committed)
+            # After the wheel: a dispatch task ends once it reads its stop record, and the wheel
+            # writes nothing after it.
+            if self._dispatcher is not None:
+                self._dispatcher.stop()
+                self._dispatcher = None
+            if self._ledger_query is not None:
+                self._ledger_query.stop()
+                self._ledger_query = None
             for listener in (self._listener, self._mirror):
                 if listener is not None:
                     self.spark.streams.removeListener(listener)

@@ -129,4 +129,8 @@ def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:
             if exc is not None:
                 raise exc
             return
+        failure = job.failure()
+        if failure is not None:
+            from state.errors import JobError
+            raise JobError(failure)
         stop.wait(poll_s)

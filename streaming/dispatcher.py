@@ -1,0 +1,123 @@
+"""The dispatch stage's supervisor, in the driver: each ready partition runs as its own one-task
+Spark job (sinks/dispatch.py run_partition) under a job group of its own, started again with a
+back-off when it fails, as Spark does not retry tasks in `local[N]` and, on a cluster, a task
+that never ends would add its failures up to `spark.task.maxFailures` and abort the job. Past
+`max_failures` in FAILURE_WINDOW_S the stage gives up and says so (`failure`).
+
+A clean stop writes a stop record for this run to every ready partition, after the wheel has
+stopped: each task then sends what is in flight, commits and ends its job.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+
+from conf.settings import Settings
+from sinks.dispatch import READY_STOP, DispatchConfig, run_partition
+from streaming.kafka_config import librdkafka_config
+
+log = logging.getLogger(__name__)
+
+FAILURE_WINDOW_S = 600.0
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+JOB_GROUP = "delayq-dispatch-{topic}-{partition}"
+
+
+def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int) -> DispatchConfig:
+    from sinks.driver_hold import producer_config
+
+    security = librdkafka_config(settings)
+    producer = {**producer_config(settings.bootstrap, security, max_request_bytes),
+                "topic.metadata.propagation.max.ms": settings.dispatch_topic_wait_ms}
+    consumer = {"bootstrap.servers": settings.bootstrap, **security,
+                "group.id": f"delayq.{settings.intake_topic}.dispatch",
+                "fetch.wait.max.ms": 10, "enable.partition.eof": False}
+    return DispatchConfig(consumer=consumer, producer=producer,
+                          ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
+                          dlq_topic=settings.dlq_topic, run_id=run_id,
+                          commit_interval_s=settings.dispatch_commit_interval_ms / 1000,
+                          max_held=settings.dispatch_max_held)
+
+
+class Dispatcher:
+    def __init__(self, spark, settings: Settings, partitions: int, max_request_bytes: int):
+        self.spark, self.settings, self.partitions = spark, settings, partitions
+        self.run_id = uuid.uuid4().hex
+        self.config = dispatch_config(settings, self.run_id, max_request_bytes)
+        self.failure: str | None = None
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> "Dispatcher":
+        for partition in range(self.partitions):
+            thread = threading.Thread(target=self._supervise, args=(partition,),
+                                      name=f"delayq-dispatch-{partition}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def _group(self, partition: int) -> str:
+        return JOB_GROUP.format(topic=self.settings.ready_topic, partition=partition)
+
+    def _supervise(self, partition: int) -> None:
+        context = self.spark.sparkContext
+        config = self.config
+        failures: deque[float] = deque()
+        while not self._stopping.is_set():
+            context.setJobGroup(self._group(partition),
+                                f"delayq: dispatch of {self.settings.ready_topic} partition "
+                                f"{partition}", interruptOnCancel=True)
+            try:
+                [done] = (context.parallelize([partition], 1)
+                          .mapPartitions(lambda parts: run_partition(config, next(iter(parts))))
+                          .collect())
+                log.info("dispatch %d ended: %d sent, %d dead-lettered, %d skipped as already "
+                         "in the ledger", partition, done["sent"], done["dead"], done["skipped"])
+                if self._stopping.is_set():
+                    return
+            except Exception as exc:   # noqa: BLE001 (the task's failure, whatever it was)
+                if self._stopping.is_set():
+                    return
+                now = time.monotonic()
+                failures.append(now)
+                while failures and now - failures[0] > FAILURE_WINDOW_S:
+                    failures.popleft()
+                if len(failures) > self.settings.dispatch_max_failures:
+                    self.failure = (f"dispatch of ready partition {partition} failed "
+                                    f"{len(failures)} times in {FAILURE_WINDOW_S:.0f} s; last: "
+                                    f"{str(exc).splitlines()[0]}")
+                    log.error("%s; giving up (setting dispatch_max_failures)", self.failure)
+                    return
+                wait = BACKOFF_S[min(len(failures), len(BACKOFF_S)) - 1]
+                log.warning("dispatch %d failed (%s); starting it again in %.0f s from its "
+                            "committed offset", partition, str(exc).splitlines()[0], wait)
+                self.restarts += 1
+                self._stopping.wait(wait)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask every task to end (a stop record per ready partition), wait up to `timeout_s`,
+        then cancel the jobs of those that did not."""
+        from confluent_kafka import Producer
+
+        self._stopping.set()
+        producer = Producer({k: v for k, v in self.config.producer.items()
+                             if k != "topic.metadata.propagation.max.ms"})
+        for partition in range(self.partitions):
+            producer.produce(self.settings.ready_topic, value=self.run_id.encode(),
+                             partition=partition, headers=[(READY_STOP, b"1")])
+        producer.flush(30)
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for partition, thread in enumerate(self._threads):
+            if thread.is_alive():
+                log.warning("dispatch %d did not end within %.0f s of the stop; cancelling it "
+                            "(what it sent after its last commit is sent again after the restart)",
+                            partition, timeout_s)
+                self.spark.sparkContext.cancelJobGroup(self._group(partition))
+        for thread in self._threads:
+            thread.join(10)
