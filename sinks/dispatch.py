@@ -145,7 +145,6 @@ def _permanent_codes():
             E._UNKNOWN_TOPIC: "REAL_TOPIC '{topic}' does not exist",
             E._UNKNOWN_PARTITION: "REAL_QID {partition} is out of range for topic '{topic}'",
             E.MSG_SIZE_TOO_LARGE: "message of {size} bytes is too large for topic '{topic}'",
-            E._MSG_SIZE_TOO_LARGE: "message of {size} bytes is too large for topic '{topic}'",
             E.RECORD_LIST_TOO_LARGE: "message of {size} bytes is too large for topic '{topic}'",
             E.TOPIC_AUTHORIZATION_FAILED: "not authorized to write to topic '{topic}'",
             E.INVALID_RECORD: "topic '{topic}' refused the record as invalid",
@@ -237,16 +236,17 @@ class _Task:
 
     def _in_ledger(self, start: int, mark: int | None) -> set[int]:
         """Ready offsets at or above `start` whose ledger rows are in the ledger partition
-        from `mark` on; sets `ledger_end` to the partition's end."""
+        from `mark` on (from its beginning when nothing was committed yet: the partition holds
+        only this ready partition's rows); sets `ledger_end` to the partition's end."""
         from confluent_kafka import TopicPartition
 
         low, high = self.consumer.get_watermark_offsets(self.ledger, timeout=60)
         self.ledger_end = high
-        if mark is None or high <= max(mark, low):
+        position = low if mark is None else max(mark, low)
+        if position >= high:
             return set()
         done = set()
-        self.consumer.assign([TopicPartition(self.ledger.topic, self.partition, max(mark, low))])
-        position = max(mark, low)
+        self.consumer.assign([TopicPartition(self.ledger.topic, self.partition, position)])
         deadline = time.monotonic() + 120
         while position < high and time.monotonic() < deadline:
             for msg in self.consumer.consume(1000, timeout=1.0):

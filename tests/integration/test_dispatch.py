@@ -1,0 +1,159 @@
+"""The dispatch task (sinks/dispatch.py) on the real broker, without Spark: rows leave at their
+due time and never before, also from a host whose clock runs ahead of the broker's; a task
+killed and started again sends again only what the ledger lacks, and a clean stop nothing; a
+row its real topic refuses is dead-lettered with its reason and the partition goes on."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import threading
+import time
+import uuid
+
+import pytest
+from kafka import KafkaProducer
+
+from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
+                            DispatchConfig, run_partition)
+from state import headers as H
+from tests.support import consume_all, header_map
+
+LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
+
+
+@pytest.fixture
+def dispatch(new_topic, kafka_bootstrap):
+    """(config, write): a DispatchConfig over fresh ready, ledger, real and dead-letter topics,
+    and write(rows) putting fired rows on the ready partition as the wheel writes them."""
+    ready, ledger = new_topic(), new_topic(**LOG_APPEND)
+    real, dlq = new_topic(**LOG_APPEND), new_topic(**LOG_APPEND)
+    config = DispatchConfig(
+        consumer={"bootstrap.servers": kafka_bootstrap, "group.id": f"dispatch-{uuid.uuid4().hex}",
+                  "fetch.wait.max.ms": 10},
+        producer={"bootstrap.servers": kafka_bootstrap, "linger.ms": 1, "acks": "all",
+                  "enable.idempotence": True, "topic.metadata.propagation.max.ms": 2000},
+        ready_topic=ready, ledger_topic=ledger, dlq_topic=dlq, run_id="run-1",
+        commit_interval_s=0.2, retry_backoff_s=0.2)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+
+    def write(rows: list[dict]) -> None:
+        for i, row in enumerate(rows):
+            headers = [("trace", b"t"), (H.UNIQ_KEY, row["uniq"].encode()),
+                       (H.DELIVER_MS, str(row["due"]).encode()),
+                       (READY_TOPIC, row.get("topic", real).encode())]
+            if row.get("qid") is not None:
+                headers.append((READY_QID, str(row["qid"]).encode()))
+            headers += [(READY_LEVEL, b"1"), (READY_FROM, f"0-{i}-{row['due'] - 1000}".encode())]
+            producer.send(ready, key=row.get("key"), value=row.get("value", b"v"), partition=0,
+                          headers=headers)
+        producer.flush()
+
+    config.real = real
+    yield config, write
+    producer.close()
+
+
+def stop(config: DispatchConfig, bootstrap: str) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(config.ready_topic, value=config.run_id.encode(), partition=0,
+                  headers=[(READY_STOP, b"1")])
+    producer.flush()
+    producer.close()
+
+
+def in_thread(config: DispatchConfig, clock=time.time) -> tuple[threading.Thread, list]:
+    result = []
+    thread = threading.Thread(target=lambda: result.extend(run_partition(config, 0, clock)),
+                              daemon=True)
+    thread.start()
+    return thread, result
+
+
+def _run(config: DispatchConfig) -> None:   # a task in a process of its own, to be killed
+    list(run_partition(config, 0))
+
+
+def test_rows_leave_at_their_due_time_never_before_from_a_clock_ahead(dispatch, kafka_bootstrap):
+    """The task's clock runs 3 s ahead of the broker's: it learns so from its ledger topic's
+    LogAppendTime acknowledgements and holds each row that much longer."""
+    config, write = dispatch
+    now = int(time.time() * 1000)
+    rows = [{"uniq": f"u{i}", "due": now + 1500 + 40 * i, "key": f"k{i % 3}".encode()}
+            for i in range(60)]
+    write(rows)
+    thread, result = in_thread(config, clock=lambda: time.time() + 3.0)
+    records = consume_all(kafka_bootstrap, config.real, expected=60, timeout_s=60)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    due = {r["uniq"]: r["due"] for r in rows}
+    late = [r.timestamp - due[header_map(r)["UNIQ_KEY"].decode()] for r in records]
+    assert len(records) == 60 and min(late) >= 0, f"early by {-min(late)} ms"
+    assert max(late) < 1500, f"late by {max(late)} ms"
+    first = records[0]
+    assert [k for k, _ in first.headers] == ["trace", H.UNIQ_KEY, H.DELIVER_MS], \
+        "restore headers removed, the message's own kept in order"
+    for key in (b"k0", b"k1", b"k2"):   # one key's rows leave in due order
+        order = [due[header_map(r)["UNIQ_KEY"].decode()] for r in records if r.key == key]
+        assert order == sorted(order)
+    assert result == [{"partition": 0, "sent": 60, "dead": 0, "skipped": 0}]
+
+
+def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing(
+        dispatch, kafka_bootstrap):
+    """The first rows are held (due in 6 s): the commit point stays below every row after them
+    until they leave, so a task killed once the rest were delivered finds them all above its
+    commit; the ledger says they are done and the new task skips them."""
+    config, write = dispatch
+    now = int(time.time() * 1000)
+    held = [{"uniq": f"h{i}", "due": now + 6000} for i in range(10)]
+    prompt = [{"uniq": f"p{i}", "due": now} for i in range(300)]
+    write(held + prompt)
+    task = multiprocessing.get_context("spawn").Process(target=_run, args=(config,))
+    task.start()
+    consume_all(kafka_bootstrap, config.real, expected=300, timeout_s=60)
+    consume_all(kafka_bootstrap, config.ledger_topic, expected=301, timeout_s=30)  # + a probe
+    time.sleep(1.0)            # its commits (every 0.2 s) go on: still below the held rows
+    task.kill()
+    task.join(30)
+    thread, result = in_thread(config)
+    records = consume_all(kafka_bootstrap, config.real, expected=310, timeout_s=60, idle_s=2)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert result and result[0]["skipped"] == 300 and result[0]["sent"] == 10
+    keys = [header_map(r)["UNIQ_KEY"].decode() for r in records]
+    assert sorted(keys) == sorted(r["uniq"] for r in held + prompt), "no duplicate, none lost"
+    # A clean stop committed past everything: a new task has nothing to send.
+    config.run_id = "run-2"
+    thread, result = in_thread(config)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert result == [{"partition": 0, "sent": 0, "dead": 0, "skipped": 0}]
+
+
+def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on(
+        dispatch, kafka_bootstrap, new_topic):
+    config, write = dispatch
+    small = new_topic(max_message_bytes="2000", **LOG_APPEND)
+    now = int(time.time() * 1000)
+    write([{"uniq": "missing", "due": now, "topic": "no-such-topic-delayq"},
+           {"uniq": "beyond", "due": now, "qid": 7},
+           {"uniq": "large", "due": now, "topic": small, "value": b"x" * 5000},
+           *[{"uniq": f"ok{i}", "due": now} for i in range(5)]])
+    thread, result = in_thread(config)
+    delivered = consume_all(kafka_bootstrap, config.real, expected=5, timeout_s=60)
+    dead = consume_all(kafka_bootstrap, config.dlq_topic, expected=3, timeout_s=60)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert len(delivered) == 5
+    reasons = {header_map(r)["UNIQ_KEY"].decode(): header_map(r)["DLQ_REASON"].decode()
+               for r in dead}
+    assert "does not exist" in reasons["missing"]
+    assert "out of range" in reasons["beyond"]
+    assert "too large" in reasons["large"]
+    assert all(header_map(r)["REAL_TOPIC"] for r in dead)
+    ledger = [json.loads(r.value) for r in consume_all(kafka_bootstrap, config.ledger_topic,
+                                                       expected=9, timeout_s=30)]
+    statuses = {row["uniq_key"]: row["status"] for row in ledger if "uniq_key" in row}
+    assert statuses == {"missing": "dead", "beyond": "dead", "large": "dead",
+                        **{f"ok{i}": "delivered" for i in range(5)}}
+    assert result == [{"partition": 0, "sent": 5, "dead": 3, "skipped": 0}]
