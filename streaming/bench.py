@@ -340,6 +340,16 @@ class MemoryPeaks(threading.Thread):
             return self._report(self.peaks)
 
 
+def driver_cost(figures: dict) -> dict:
+    """The driver's Python CPU per delivered message (µs; the bench's own process, which runs
+    the job's driver in-process and also reads the progress) and its peak resident memory."""
+    delivered = figures.get("delivered")
+    python_s = figures.get("cpu_s", {}).get("bench_python")
+    if not delivered or python_s is None:
+        return {}
+    return {"driver_python_cpu_us_per_msg": round(python_s * 1e6 / delivered, 1)}
+
+
 def cpu_used(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict:
     """CPU seconds per role between two readings, and the share of the machine they took."""
     used = {role: round(after.get(role, 0.0) - before.get(role, 0.0), 1) for role in after}
@@ -808,6 +818,7 @@ class Bench:
                 figures["wall_s"] = round(time.time() - t0, 1)
                 figures.update(memory.window_peaks())
                 figures.update(cpu_used(cpu0, memory.cpu_seconds(), figures["wall_s"]))
+                figures.update(driver_cost(figures))
                 result.scenarios[name] = figures
                 self.log(f"bench: {name}: " + json.dumps(_public(figures)))
         finally:

@@ -16,10 +16,12 @@ from tests.support import assert_eventually
 KILLS = 2
 
 
-@pytest.mark.parametrize("hold", ["tasks", "driver"])
+@pytest.mark.parametrize("hold", ["tasks", "driver", "executors"])
 def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, capsys, hold):
-    """Either hold (`hold` setting): the tasks', or the driver's with its spool."""
-    job, settings = job_process(hold=hold)
+    """Every hold (`hold` setting): the tasks', the driver's with its spool, or the executors'
+    dispatch tasks with the ledger query."""
+    slots = {"spark_master": "local[5]", "ledger_interval": "2s"} if hold == "executors" else {}
+    job, settings = job_process(hold=hold, **slots)
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
     create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
