@@ -29,6 +29,8 @@ def reason_label(reason: str | None) -> str:
         ("beyond_max_delay", "beyond the maximum delay"),
         ("timer_in_past", "in the past"),
         ("too_large", "too large"),
+        ("not_authorized", "not authorized"),
+        ("invalid_record", "refused the record"),
     ):
         if marker in text:
             return label
@@ -51,13 +53,6 @@ class BatchSummary:
     lateness: tuple[list[int], int, float] | None = None
     # seconds spent per step of the batch, for profiling (step -> seconds)
     timings: dict[str, float] = field(default_factory=dict)
-    # the deliveries as the hold tasks released them (a pyarrow Table of sinks/kafka.py's
-    # RELEASED columns), and in the ledger's columns (sinks/ledger.py), on the driver
-    released: object = None
-    delivered: object = None
-    # True when the driver's hold sends this batch's rows after the batch (sinks/driver_hold.py):
-    # its deliveries are counted, and their ledger rows and lateness recorded, as they are sent.
-    deferred: bool = False
 
     def add(self, kind: str, level: int | None, reason: str | None, count: int,
             received: int = 0, pending_delta: int = 0, delivered: bool = True) -> None:

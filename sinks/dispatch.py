@@ -166,8 +166,13 @@ def refusal(err, row: Row) -> str | None:
     return text.format(topic=row.topic, partition=row.partition, size=size)
 
 
-def ledger_record(row: Row, sent_ms: int, status: str = "delivered",
-                  reason: str | None = None) -> bytes:
+# Ledger rows per ledger record at most: a task's rows acknowledged together travel as one
+# JSON array, so the ledger topic and query carry a record per send cycle, not per message.
+LEDGER_BATCH = 500
+
+
+def ledger_row(row: Row, sent_ms: int, status: str = "delivered",
+               reason: str | None = None) -> dict:
     """The ledger row of a sent row (streaming/ledger_query.py ROW); a dead letter's carries
     the message (base64) for the dead-letter table."""
     record = {"uniq_key": row.uniq_key, "topic": row.topic, "partition": row.partition,
@@ -178,7 +183,7 @@ def ledger_record(row: Row, sent_ms: int, status: str = "delivered",
         b64 = lambda raw: None if raw is None else base64.b64encode(raw).decode()
         record.update(key=b64(row.key), value=b64(row.value),
                       headers=[[k, b64(v)] for k, v in row.headers])
-    return json.dumps(record, separators=(",", ":")).encode()
+    return record
 
 
 def dead_letter_headers(row: Row, reason: str) -> list:
@@ -221,6 +226,7 @@ class _Task:
         self.stopping = self.paused = False
         self.offsets = Offsets(0)
         self._last_ack = 0.0
+        self._unledgered: list[tuple[Row, dict]] = []   # acknowledged, ledger row not yet sent
 
     # ---- start: where to read from, and what the ledger already holds ----------------------
     def _committed(self) -> tuple[int, int | None]:
@@ -253,9 +259,10 @@ class _Task:
                 if msg.error():
                     continue
                 position = msg.offset() + 1
-                row = json.loads(msg.value())
-                if row.get("status") != "probe" and row["ready_offset"] >= start:
-                    done.add(row["ready_offset"])
+                rows = json.loads(msg.value())
+                for row in rows if isinstance(rows, list) else ():   # not a probe
+                    if row["ready_offset"] >= start:
+                        done.add(row["ready_offset"])
         self.consumer.unassign()
         return done
 
@@ -273,6 +280,7 @@ class _Task:
             self._release()
             self._send_due()
             self.producer.poll(0)
+            self._ledger()
             self._pace()
             for msg in self.consumer.consume(5000, timeout=self._wait_s()):
                 if msg.error():
@@ -289,6 +297,7 @@ class _Task:
         # the commit point and are read again.
         for _ in range(3):
             self.producer.flush(30)
+            self._ledger()
             self._release(force=True)
         self._commit()
 
@@ -360,7 +369,7 @@ class _Task:
     def _delivered(self, err, msg, row: Row, sent_ms: int) -> None:
         if err is None:
             self.sent += 1
-            self._ledger_row(row, ledger_record(row, sent_ms))
+            self._unledgered.append((row, ledger_row(row, sent_ms)))
             return
         reason = refusal(err, row)
         if reason is None:
@@ -383,21 +392,29 @@ class _Task:
             self._later(lambda: self._dead_letter(row, reason))
             return
         self.dead += 1
-        self._ledger_row(row, ledger_record(row, sent_ms, "dead", reason))
+        self._unledgered.append((row, ledger_row(row, sent_ms, "dead", reason)))
 
-    def _ledger_row(self, row: Row, record: bytes) -> None:
-        def send() -> bool:
-            try:
-                self.producer.produce(self.ledger.topic, value=record, key=row.uniq_key.encode(),
-                                      partition=self.partition,
-                                      on_delivery=lambda err, msg: self._ledgered(err, msg, row, send))
-            except BufferError:
-                return False
-            return True
-        if not send():
-            self._later(send, 0.05)
+    def _ledger(self) -> None:
+        """The ledger rows of what was acknowledged since the last call, as records of up to
+        LEDGER_BATCH rows; their rows are done once the ledger has them."""
+        while self._unledgered:
+            chunk, self._unledgered = (self._unledgered[:LEDGER_BATCH],
+                                       self._unledgered[LEDGER_BATCH:])
+            rows = [row for row, _ in chunk]
+            record = json.dumps([entry for _, entry in chunk], separators=(",", ":")).encode()
 
-    def _ledgered(self, err, msg, row: Row | None, send) -> None:
+            def send(record=record, rows=rows) -> bool:
+                try:
+                    self.producer.produce(
+                        self.ledger.topic, value=record, partition=self.partition,
+                        on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
+                except BufferError:
+                    return False
+                return True
+            if not send():
+                self._later(send, 0.05)
+
+    def _ledgered(self, err, msg, rows: list[Row], send) -> None:
         if err is not None:
             self._later(send)
             return
@@ -406,7 +423,7 @@ class _Task:
         if kind == 2:   # TIMESTAMP_LOG_APPEND_TIME: the broker's clock
             self.skew.observe(stamp)
         self._last_ack = time.monotonic()
-        if row is not None:
+        for row in rows:
             self.offsets.done(row.offset)
 
     def _probe(self, wait: bool = False) -> None:
@@ -417,7 +434,7 @@ class _Task:
         def send():
             self.producer.produce(self.ledger.topic, value=b'{"status":"probe"}',
                                   partition=self.partition,
-                                  on_delivery=lambda err, msg: self._ledgered(err, msg, None, send))
+                                  on_delivery=lambda err, msg: self._ledgered(err, msg, [], send))
         send()
         deadline = time.monotonic() + 60
         while wait and not self.skew.measured and time.monotonic() < deadline:

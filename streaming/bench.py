@@ -266,6 +266,9 @@ class MemoryPeaks(threading.Thread):
         self.peaks = [0] * len(self.PEAKS)
         self.window = [0] * len(self.PEAKS)    # peaks since the last `window_peaks`
         self._cpu: dict[int, tuple[str, float]] = {}
+        # The sampling's own CPU (reading every child's memory maps for its PSS), which would
+        # otherwise count as the driver's: reported apart as "bench_sampler".
+        self._sampler_cpu = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -281,6 +284,14 @@ class MemoryPeaks(threading.Thread):
             self.sample()
 
     def sample(self) -> None:
+        began = time.thread_time()
+        try:
+            self._sample()
+        finally:
+            with self._lock:
+                self._sampler_cpu += time.thread_time() - began
+
+    def _sample(self) -> None:
         import psutil
 
         me = psutil.Process()
@@ -332,6 +343,8 @@ class MemoryPeaks(threading.Thread):
         with self._lock:
             for role, seconds in self._cpu.values():
                 totals[role] = totals.get(role, 0.0) + seconds
+            totals["bench_python"] = totals.get("bench_python", 0.0) - self._sampler_cpu
+            totals["bench_sampler"] = self._sampler_cpu
         return totals
 
     def stop(self) -> dict:
@@ -341,8 +354,8 @@ class MemoryPeaks(threading.Thread):
 
 
 def driver_cost(figures: dict) -> dict:
-    """The driver's Python CPU per delivered message (µs; the bench's own process, which runs
-    the job's driver in-process and also reads the progress) and its peak resident memory."""
+    """The driver's Python CPU per delivered message (µs): the bench's own process, which runs
+    the job's driver in-process and also reads the progress, less its memory sampling."""
     delivered = figures.get("delivered")
     python_s = figures.get("cpu_s", {}).get("bench_python")
     if not delivered or python_s is None:

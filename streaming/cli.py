@@ -234,7 +234,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
             raise SystemExit("delayq ledger: give a UNIQ_KEY or --summary")
         checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_path
         where = lookup.find(spark, args.uniq_key, settings.ledger_path,
-                            settings.dead_letter_path, checkpoint, settings.cold_path)
+                            settings.dead_letter_path, checkpoint, settings.cold_path,
+                            ready=lambda key: lookup.in_ready_topic(settings, key))
         print(f"{args.uniq_key}: {where.status}")
         for key, value in where.detail.items():
             print(f"  {key:12} {value}")

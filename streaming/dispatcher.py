@@ -17,7 +17,7 @@ from collections import deque
 
 from conf.settings import Settings
 from sinks.dispatch import READY_STOP, DispatchConfig, run_partition
-from streaming.kafka_config import librdkafka_config
+from streaming.kafka_config import dispatch_producer_config, librdkafka_config
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +27,8 @@ JOB_GROUP = "delayq-dispatch-{topic}-{partition}"
 
 
 def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int) -> DispatchConfig:
-    from sinks.driver_hold import producer_config
-
     security = librdkafka_config(settings)
-    producer = {**producer_config(settings.bootstrap, security, max_request_bytes),
-                "topic.metadata.propagation.max.ms": settings.dispatch_topic_wait_ms}
+    producer = dispatch_producer_config(settings, max_request_bytes)
     consumer = {"bootstrap.servers": settings.bootstrap, **security,
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
                 "fetch.wait.max.ms": 10, "enable.partition.eof": False}

@@ -47,7 +47,8 @@ def spark_options(settings: Settings) -> dict[str, str]:
 
 
 def librdkafka_config(settings: Settings) -> dict[str, object]:
-    """The same connection for librdkafka (confluent-kafka): the driver's hold."""
+    """The same connection for librdkafka (confluent-kafka): the dispatch tasks, the cold
+    tier and the admin tools."""
     config: dict[str, object] = {"security.protocol": settings.security_protocol}
     if settings.security_protocol.startswith("SASL"):
         config.update({"sasl.mechanism": settings.sasl_mechanism,
@@ -56,3 +57,17 @@ def librdkafka_config(settings: Settings) -> dict[str, object]:
     if settings.ssl_cafile:
         config["ssl.ca.location"] = settings.ssl_cafile
     return config
+
+
+def dispatch_producer_config(settings: Settings, max_request_bytes: int) -> dict[str, object]:
+    """librdkafka's settings for a dispatch task's producer: send each row as soon as it is
+    due, wait for every in-sync replica, keep one partition's order across retries
+    (idempotence), take the largest record the service writes, place keyed rows without
+    REAL_QID as Kafka's Java client does (murmur2), and wait `dispatch_topic_wait_ms` for an
+    unknown REAL_TOPIC before the row is dead-lettered."""
+    return {"bootstrap.servers": settings.bootstrap, "linger.ms": 1, "acks": "all",
+            "message.max.bytes": max_request_bytes, "enable.idempotence": True,
+            "partitioner": "murmur2_random",
+            "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_097_151,
+            "topic.metadata.propagation.max.ms": settings.dispatch_topic_wait_ms,
+            **librdkafka_config(settings)}

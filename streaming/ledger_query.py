@@ -35,10 +35,12 @@ def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     raw = (spark.readStream.format("kafka").options(**spark_options(settings))
            .option("subscribe", settings.ledger_topic).option("startingOffsets", "earliest")
            .option("failOnDataLoss", "true").load())
-    rows = (raw.select(F.from_json(F.col("value").cast("string"), ROW).alias("r"),
-                       F.col("timestamp").alias("ledger_time"))
+    # A record holds the rows one dispatch task had acknowledged together (a JSON array); a
+    # probe (an object) parses to null and goes.
+    rows = (raw.select(F.explode(F.from_json(F.col("value").cast("string"), f"array<struct<{ROW}>>"))
+                       .alias("r"), F.col("timestamp").alias("ledger_time"))
             .select("r.*", "ledger_time")
-            .filter(F.col("uniq_key").isNotNull() & (F.col("status") != "probe")))
+            .filter(F.col("uniq_key").isNotNull()))
     return (rows.withWatermark("ledger_time", f"{settings.ledger_dedup_window_ms} milliseconds")
             .dropDuplicatesWithinWatermark(["uniq_key"]))
 

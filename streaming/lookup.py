@@ -1,10 +1,11 @@
 """`delayq ledger`: where is a message? Delivered (ledger), dead-lettered (dead-letter table),
-still pending (the driver's hold's spool, or the wheel's state, read with Spark's state data
-source), or unknown.
+cancelled, still pending (fired into the ready topic and not yet sent, or in the wheel's state,
+read with Spark's state data source), or unknown.
 And `--summary`: counts and lateness percentiles per level over a time range."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,8 +14,6 @@ from pyspark.sql import functions as F
 
 from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
-from sinks.driver_hold import SPOOL_FOLDER as HOLD_FOLDER, held
-from sinks.ledger import SPOOL_FOLDER, delivered_row
 from state.wheel import decode
 from streaming.job import wheel_state
 
@@ -40,7 +39,11 @@ def _delivered(r) -> Whereabouts:
 
 
 def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
-         checkpoint: Path, cold: Path | None = None) -> Whereabouts:
+         checkpoint: Path, cold: Path | None = None,
+         ready: Callable[[str], dict | None] | None = None) -> Whereabouts:
+    """Where `uniq_key` is: delivered (the ledger), dead-lettered, cancelled (the cold tier's
+    tombstones), pending in the dispatch stage (`ready`, e.g. `in_ready_topic`) or in the
+    wheel's state, else unknown."""
     def in_table(key: str) -> dict | None:
         if not table_exists(ledger):
             return None
@@ -48,8 +51,7 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
             F.col("uniq_key") == key).collect()
         return rows[0].asDict() if rows else None
 
-    # Delivered moments ago, its ledger row still waits in the spool (sinks/ledger.py).
-    row = delivered_row(checkpoint / SPOOL_FOLDER, uniq_key, in_table)
+    row = in_table(uniq_key)
     if row is not None:
         return _delivered(row)
     if table_exists(dead):
@@ -63,17 +65,10 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
         where = _in_cold_tier(spark, uniq_key, cold)
         if where is not None:
             return where
-    # Fired ahead and waiting in the driver's hold (hold = "driver", sinks/driver_hold.py), or
-    # sent by its batch's tasks and reported with the batch's last delivery.
-    hit = held(checkpoint / HOLD_FOLDER, uniq_key)
-    if hit is not None and hit["sent_ms"] is not None:   # sent by its batch's tasks
-        return _delivered({**hit, "lateness_ms": hit["sent_ms"] - hit["due_ms"],
-                           "intake_partition": hit["ipart"], "intake_offset": hit["ioff"]})
-    if hit is not None:
-        return Whereabouts("pending", {"topic": hit["topic"], "level": hit["level"],
-                                       "due": _iso(hit["due_ms"]),
-                                       "intake": f"{hit['ipart']}-{hit['ioff']}",
-                                       "where": "the driver's hold"})
+    if ready is not None:
+        hit = ready(uniq_key)
+        if hit is not None:
+            return Whereabouts("pending", hit)
     pending = _pending(spark, uniq_key, checkpoint)
     if pending:
         return Whereabouts("pending", pending)
@@ -123,3 +118,45 @@ def summary(spark: SparkSession, ledger: Path, since_ms: int | None, until_ms: i
         F.max("lateness_ms").alias("max_ms"),
         F.sum(F.when(F.col("lateness_ms") < 0, 1).otherwise(0)).alias("early"),
     ).orderBy("level").collect())
+
+
+def in_ready_topic(settings, uniq_key: str) -> dict | None:
+    """A message fired into the ready topic that its dispatch task has not committed past: the
+    rows from each ready partition's committed offset (the dispatch group's) to its end."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from sinks.dispatch import ready_row
+    from state import headers as H
+    from streaming.kafka_config import librdkafka_config
+
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
+                         "group.id": f"delayq.{settings.intake_topic}.dispatch",
+                         "enable.auto.commit": False})
+    try:
+        topic = consumer.list_topics(settings.ready_topic, timeout=30).topics.get(settings.ready_topic)
+        if topic is None or topic.error is not None:
+            return None
+        wanted = uniq_key.encode()
+        for tp in consumer.committed([TopicPartition(settings.ready_topic, p)
+                                      for p in topic.partitions], timeout=30):
+            low, high = consumer.get_watermark_offsets(tp, timeout=30)
+            start = tp.offset if tp.offset >= 0 else low
+            if start >= high:
+                continue
+            consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
+            position = start
+            while position < high:
+                batch = consumer.consume(1000, timeout=5.0)
+                if not batch:
+                    break
+                for msg in batch:
+                    position = msg.offset() + 1
+                    headers = msg.headers() or []
+                    if (H.UNIQ_KEY, wanted) in headers:
+                        row = ready_row(msg.offset(), msg.key(), msg.value(), headers)
+                        return {"topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
+                                "intake": f"{row.ipart}-{row.ioff}",
+                                "where": f"the ready topic, partition {tp.partition}"}
+        return None
+    finally:
+        consumer.close()

@@ -58,12 +58,22 @@ LOG4J_OPTION = f"-Dlog4j2.configurationFile=file:{CONF_DIR / 'log4j2.properties'
 DRIVER_STACK_OPTION = "-Xss16m"
 
 
+def spark_master(settings: Settings) -> str:
+    """The master Spark is given: `local[*]` becomes one task slot per core (at least the wheel's
+    state partitions and one more) plus one per dispatch task, which holds its slot for good
+    but waits on Kafka most of the time; any other master as set."""
+    if settings.spark_master != "local[*]":
+        return settings.spark_master
+    cores = max(os.cpu_count() or 1, settings.spark_shuffle_partitions + 1)
+    return f"local[{cores + settings.ready_partitions}]"
+
+
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     log4j = LOG4J_OPTION
     local_fs = str(local_fs_jar(settings))
     conf = {
         "spark.app.name": settings.spark_app_name,
-        "spark.master": settings.spark_master,
+        "spark.master": spark_master(settings),
         "spark.jars": ",".join(str(jar) for jar in spark_jars(settings)),
         "spark.driver.memory": settings.spark_driver_memory,
         # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).

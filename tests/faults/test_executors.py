@@ -1,4 +1,4 @@
-"""`hold = "executors"`: the wheel fires into the ready topic, dispatch tasks in the executors
+"""The wheel fires into the ready topic, dispatch tasks in the executors
 send each message at its due time, and the ledger query writes the ledger (DESIGN.md 4)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from streaming.admin import admin_client, create_topic
 from tests.faults.conftest import SteadyLoad, check_all_delivered
 from tests.support import assert_eventually
 
-EXECUTORS = dict(hold="executors", spark_master="local[5]", ledger_interval="2s")
+EXECUTORS = dict(ledger_interval="2s")
 
 
 def real_topic(settings, partitions: int = 2) -> str:

@@ -1,7 +1,6 @@
 import pytest
 
 from sinks.base import BatchSummary, reason_label
-from sinks.kafka import KafkaSink
 
 
 @pytest.mark.parametrize("reason, label", [
@@ -32,9 +31,25 @@ def test_summary_counts_by_kind_level_and_reason():
         (6, {2: 6}, {"missing_real_topic": 3})
 
 
-def test_refusal_rule():
-    sizes = {"a": 3, "gone": None}
-    assert KafkaSink.refusal("a", 2, sizes) is None
-    assert KafkaSink.refusal("a", None, sizes) is None
-    assert "out of range" in KafkaSink.refusal("a", 3, sizes)
-    assert "does not exist" in KafkaSink.refusal("gone", None, sizes)
+def test_send_failures_are_dead_lettered_only_when_permanent():
+    """The dispatch classifies a failed send by the client's error code (sinks/dispatch.py)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from sinks.dispatch import Row, refusal
+
+    row = Row(0, 0, 0, 0, "orders", 7, b"k", b"vv", [("h", b"x")], 1, 0, "u")
+    assert "does not exist" in refusal(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), row)
+    assert "does not exist" in refusal(KafkaError(KafkaError._UNKNOWN_TOPIC), row)
+    assert "REAL_QID 7 is out of range" in refusal(KafkaError(KafkaError._UNKNOWN_PARTITION), row)
+    assert "message of 5 bytes is too large" in refusal(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), row)
+    assert "not authorized" in refusal(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), row)
+    for transient in (KafkaError._MSG_TIMED_OUT, KafkaError.NOT_ENOUGH_REPLICAS,
+                      KafkaError._TRANSPORT, KafkaError.REQUEST_TIMED_OUT):
+        assert refusal(KafkaError(transient), row) is None
+    with pytest.raises(KafkaException):
+        refusal(KafkaError(KafkaError._FATAL, fatal=True), row)
+    for reason, label in (("REAL_TOPIC 'x' does not exist", "unknown_topic"),
+                          ("REAL_QID 7 is out of range for topic 'x'", "partition_out_of_range"),
+                          ("message of 5 bytes is too large for topic 'x'", "too_large"),
+                          ("not authorized to write to topic 'x'", "not_authorized")):
+        assert reason_label(reason) == label
