@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     dispatch_max_held: int
     dispatch_topic_wait_ms: int
     dispatch_max_failures: int
-    ledger_dedup_window: str
+    dispatch_replay_window: str
     wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
     fire_lead_per_message_us: int
     heartbeat_ms: int
@@ -112,7 +112,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("max_delay", "clock_tolerance", "late_tolerance", "near_horizon",
-                     "cold_bucket", "ledger_interval", "ledger_dedup_window")
+                     "cold_bucket", "ledger_interval", "dispatch_replay_window")
     @classmethod
     def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
         try:
@@ -177,8 +177,8 @@ class Settings(BaseSettings):
         return parse_duration(self.ledger_interval)
 
     @property
-    def ledger_dedup_window_ms(self) -> int:
-        return parse_duration(self.ledger_dedup_window)
+    def dispatch_replay_window_ms(self) -> int:
+        return parse_duration(self.dispatch_replay_window)
 
     @property
     def ready_topic(self) -> str:

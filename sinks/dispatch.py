@@ -7,9 +7,11 @@ and acknowledged). No Spark import: the loop runs in a plain Python worker and i
 real broker without Spark.
 
 A restart (a lost executor, a crash, a clean stop) reads the partition again from the committed
-offset. The rows at or above it whose ledger rows the ledger topic already holds are skipped:
-the commit's metadata names the ledger offset from which they can be found, so a crash sends
-again only what was delivered but not yet in the ledger, and a clean stop sends nothing twice.
+offset. A row whose message the ledger topic already holds is skipped: the commit's metadata
+names the ledger offset from which the task's last deliveries can be found, and the scan reaches
+`replay_window_s` further back, so neither the rows a crashed task sent after its last commit nor
+a wheel batch fired again after a crash go out twice. What is sent twice is what was delivered
+but not yet in the ledger when the task died.
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ class DispatchConfig:
     max_held: int = 500_000           # rows held before consumption pauses
     retry_backoff_s: float = 1.0      # a transient send failure is retried this much later
     probe_interval_s: float = 30.0    # an idle task measures its clock against the broker's
+    replay_window_s: float = 60.0     # what a restart skips reaches this far before its commit
 
 
 @dataclass(order=True)
@@ -65,6 +68,12 @@ class Row:
     level: int = field(compare=False)
     append_ms: int = field(compare=False)
     uniq_key: str = field(compare=False)
+
+
+def identity(uniq_key: str, due_ms: int) -> int:
+    """A delivered message as the restart's skip knows it: its UNIQ_KEY and due time (a
+    producer's resend of a message is due at another time and is sent again)."""
+    return hash((uniq_key, due_ms))
 
 
 def ready_row(offset: int, key, value, headers: list | None) -> Row:
@@ -166,6 +175,9 @@ def refusal(err, row: Row) -> str | None:
     return text.format(topic=row.topic, partition=row.partition, size=size)
 
 
+# How long a task keeps what its start found in the ledger: a wheel batch fired again after a
+# crash comes in the wheel's first batches.
+DONE_KEPT_S = 600.0
 # Ledger rows per ledger record at most: a task's rows acknowledged together travel as one
 # JSON array, so the ledger topic and query carry a record per send cycle, not per message.
 LEDGER_BATCH = 500
@@ -206,6 +218,34 @@ def run_partition(config: DispatchConfig, partition: int,
     yield {"partition": partition, "sent": task.sent, "dead": task.dead, "skipped": task.skipped}
 
 
+def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: float = 1.0):
+    """`call()`, again after a pause while it raises a transient Kafka error (a coordinator
+    still loading, a broker restarting) and `timeout_s` has not passed."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except KafkaException as e:
+            if not transient(e.args[0] if e.args else None) or time.monotonic() > deadline:
+                raise
+            log.info("dispatch: %s; retrying", e)
+            time.sleep(pause_s)
+
+
+def transient(err) -> bool:
+    """A Kafka error that passes by itself (retriable, or a cluster still starting)."""
+    from confluent_kafka import KafkaError as E
+
+    if err is None or not hasattr(err, "code"):
+        return False
+    return err.retriable() or err.code() in {
+        E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE,
+        E._TIMED_OUT, E._TRANSPORT, E._ALL_BROKERS_DOWN, E.LEADER_NOT_AVAILABLE,
+        E.NOT_LEADER_FOR_PARTITION, E.REQUEST_TIMED_OUT}
+
+
 class _Task:
     """One run of a dispatch task over its ready partition (see `run_partition`)."""
 
@@ -240,18 +280,21 @@ class _Task:
         mark = json.loads(got.metadata).get("ledger") if got.metadata else None
         return got.offset, mark
 
-    def _in_ledger(self, start: int, mark: int | None) -> set[int]:
-        """Ready offsets at or above `start` whose ledger rows are in the ledger partition
-        from `mark` on (from its beginning when nothing was committed yet: the partition holds
-        only this ready partition's rows); sets `ledger_end` to the partition's end."""
+    def _in_ledger(self, mark: int | None) -> set[int]:
+        """The messages (`identity`) this partition's ledger holds from `replay_window_s`
+        before the last commit's ledger mark to its end (from its beginning when nothing was
+        committed yet: the partition holds only this ready partition's rows): those a crashed
+        task delivered after its last commit, and those of a wheel batch that a crash makes
+        the wheel fire again (it ran within the window before the crash). Sets `ledger_end`
+        to the partition's end."""
         from confluent_kafka import TopicPartition
 
         low, high = self.consumer.get_watermark_offsets(self.ledger, timeout=60)
         self.ledger_end = high
-        position = low if mark is None else max(mark, low)
+        position = low if mark is None else self._before(max(low, min(mark, high) - 1), low)
+        done: set[int] = set()
         if position >= high:
-            return set()
-        done = set()
+            return done
         self.consumer.assign([TopicPartition(self.ledger.topic, self.partition, position)])
         deadline = time.monotonic() + 120
         while position < high and time.monotonic() < deadline:
@@ -261,31 +304,49 @@ class _Task:
                 position = msg.offset() + 1
                 rows = json.loads(msg.value())
                 for row in rows if isinstance(rows, list) else ():   # not a probe
-                    if row["ready_offset"] >= start:
-                        done.add(row["ready_offset"])
+                    done.add(identity(row["uniq_key"], row["due_ms"]))
         self.consumer.unassign()
         return done
+
+    def _before(self, offset: int, low: int) -> int:
+        """The ledger offset `replay_window_s` before the record at `offset`."""
+        from confluent_kafka import TopicPartition
+
+        self.consumer.assign([TopicPartition(self.ledger.topic, self.partition, offset)])
+        msgs = self.consumer.consume(1, timeout=10.0)
+        self.consumer.unassign()
+        if not msgs or msgs[0].error():
+            return low
+        stamp = msgs[0].timestamp()[1] - int(self.config.replay_window_s * 1000)
+        [found] = self.consumer.offsets_for_times(
+            [TopicPartition(self.ledger.topic, self.partition, stamp)], timeout=30)
+        return found.offset if found.offset >= 0 else offset
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
         from confluent_kafka import TopicPartition
 
-        start, mark = self._committed()
-        done = self._in_ledger(start, mark)
+        start, mark = retrying(self._committed)
+        done = retrying(lambda: self._in_ledger(mark))
         self.offsets = Offsets(start)
         self._probe(wait=True)
         self.consumer.assign([TopicPartition(self.ready.topic, self.partition, start)])
-        last_commit = time.monotonic()
+        last_commit = began = time.monotonic()
         while not self.stopping:
+            if done and time.monotonic() - began > DONE_KEPT_S:
+                done = set()
             self._release()
             self._send_due()
             self.producer.poll(0)
             self._ledger()
             self._pace()
             for msg in self.consumer.consume(5000, timeout=self._wait_s()):
-                if msg.error():
-                    from confluent_kafka import KafkaException
-                    raise KafkaException(msg.error())
+                if msg.error():   # the client's own report; it reconnects and goes on
+                    if msg.error().fatal():
+                        from confluent_kafka import KafkaException
+                        raise KafkaException(msg.error())
+                    log.warning("dispatch %d: %s", self.partition, msg.error())
+                    continue
                 self._take(msg, done)
             if time.monotonic() - last_commit >= self.config.commit_interval_s:
                 self._commit()
@@ -327,17 +388,19 @@ class _Task:
             self.paused = False
 
     def _take(self, msg, done: set[int]) -> None:
+        """One ready record: the run's stop, a message the ledger holds already (skipped), or
+        a row to hold until due."""
         offset, headers = msg.offset(), msg.headers() or []
         if headers and headers[-1][0] == READY_STOP:
             self.offsets.skip(offset)
             if (msg.value() or b"").decode() == self.config.run_id:
                 self.stopping = True
             return
-        if offset in done:
+        row = ready_row(offset, msg.key(), msg.value(), headers)
+        if done and identity(row.uniq_key, row.due_ms) in done:
             self.offsets.skip(offset)
             self.skipped += 1
             return
-        row = ready_row(offset, msg.key(), msg.value(), headers)
         self.offsets.read(offset, self.ledger_end)
         heapq.heappush(self.heap, row)
 
@@ -458,9 +521,16 @@ class _Task:
                 self._later(send, 0.05)
 
     def _commit(self) -> None:
-        from confluent_kafka import TopicPartition
+        """Commit the commit point; a transient failure waits for the next commit."""
+        from confluent_kafka import KafkaException, TopicPartition
 
         point, mark = self.offsets.commit_point(self.ledger_end)
-        self.consumer.commit(offsets=[TopicPartition(
-            self.ready.topic, self.partition, point, metadata=json.dumps({"ledger": mark}))],
-            asynchronous=False)
+        try:
+            self.consumer.commit(offsets=[TopicPartition(
+                self.ready.topic, self.partition, point, metadata=json.dumps({"ledger": mark}))],
+                asynchronous=False)
+        except KafkaException as e:
+            if not transient(e.args[0] if e.args else None):
+                raise
+            log.warning("dispatch %d: commit failed (%s); the next one retries it",
+                        self.partition, e)

@@ -36,7 +36,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int) -> 
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
                           dlq_topic=settings.dlq_topic, run_id=run_id,
                           commit_interval_s=settings.dispatch_commit_interval_ms / 1000,
-                          max_held=settings.dispatch_max_held)
+                          max_held=settings.dispatch_max_held,
+                          replay_window_s=settings.dispatch_replay_window_ms / 1000)
 
 
 class Dispatcher:

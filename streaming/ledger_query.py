@@ -1,9 +1,9 @@
-"""The ledger query (`hold = "executors"`): the dispatch tasks' ledger topic → the Delta ledger
-and dead-letter tables, on a trigger of `ledger_interval`, and the delivery metrics (delivered
-per level, the lateness histogram, dead letters per reason) from its batches. A dispatch task
-that sends a row again after a crash writes its ledger row again: a watermarked
-`dropDuplicatesWithinWatermark` on UNIQ_KEY keeps the first, so the ledger holds one row per
-delivered message; each append is idempotent on (query id, batch id) across restarts.
+"""The ledger query: the dispatch tasks' ledger topic → the Delta ledger and dead-letter tables,
+on a trigger of `ledger_interval`, and the delivery metrics (delivered per level, the lateness
+histogram, dead letters per reason) from its batches. Each append is idempotent on (query id,
+batch id) across restarts. A message is in the ledger topic once: a starting dispatch task
+skips what its ledger partition already holds (sinks/dispatch.py), so no state is kept here to
+drop second copies; a batch drops any it holds itself.
 """
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
                        .alias("r"), F.col("timestamp").alias("ledger_time"))
             .select("r.*", "ledger_time")
             .filter(F.col("uniq_key").isNotNull()))
-    return (rows.withWatermark("ledger_time", f"{settings.ledger_dedup_window_ms} milliseconds")
-            .dropDuplicatesWithinWatermark(["uniq_key"]))
+    return rows
 
 
 class LedgerWriter:
@@ -57,16 +56,23 @@ class LedgerWriter:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         if self._app_id is None:
             self._app_id = query_id(self.checkpoint)
-        batch = batch.localCheckpoint(eager=True)
+        batch = batch.dropDuplicates(["uniq_key", "due_ms"]).persist()
+        try:
+            self._write(batch, batch_id)
+        finally:
+            batch.unpersist()
+
+    def _write(self, batch: DataFrame, batch_id: int) -> None:
         now_ms = int(time.time() * 1000)
         summary = BatchSummary(batch_id, now_ms)
         delivered = batch.filter(F.col("status") == "delivered")
         lateness = F.col("sent_ms") - F.col("due_ms")
-        stats = delivered.groupBy("level").agg(
+        counted = batch.groupBy("status", "level", "reason").agg(
             F.count("*").alias("n"), F.sum(lateness).alias("total_ms"),
             *[F.sum(F.when(lateness <= b * 1000, 1).otherwise(0)).alias(f"le{i}")
               for i, b in enumerate(LATENESS_BUCKETS)]).collect()
-        dead = batch.filter(F.col("status") == "dead").groupBy("reason").count().collect()
+        stats = [row for row in counted if row["status"] == "delivered"]
+        dead = [row for row in counted if row["status"] == "dead"]
         if stats:
             append_once(delivered.select(
                 "uniq_key", "topic", "partition", "level",
@@ -81,7 +87,7 @@ class LedgerWriter:
         for row in stats:
             summary.add("deliver", row["level"], None, row["n"])
         for row in dead:
-            summary.add("dead", None, row["reason"], row["count"])
+            summary.add("dead", None, row["reason"], row["n"])
         if stats:
             counts = [sum(row[f"le{i}"] for row in stats) for i in range(len(LATENESS_BUCKETS))]
             summary.lateness = (counts, sum(row["n"] for row in stats),
