@@ -15,7 +15,6 @@ but not yet in the ledger when the task died.
 """
 from __future__ import annotations
 
-import base64
 import heapq
 import json
 import logging
@@ -179,23 +178,54 @@ def refusal(err, row: Row) -> str | None:
 # crash comes in the wheel's first batches.
 DONE_KEPT_S = 600.0
 # Ledger rows per ledger record at most: a task's rows acknowledged together travel as one
-# JSON array, so the ledger topic and query carry a record per send cycle, not per message.
-LEDGER_BATCH = 500
+# Arrow IPC stream (LEDGER), so the ledger topic and query carry a record per send cycle, not per
+# message, and the query decodes them a column at a time (JSON parsed in Spark cost the 2-core
+# host about 60 µs of JVM CPU per row and put p99 lateness at 8.2 s at 5,000 msg/s).
+LEDGER_BATCH = 2000
+# A probe record's header (`_probe`): not ledger rows.
+PROBE = "DELAYQ_PROBE"
+
+
+def ledger_schema():
+    import pyarrow as pa
+    return pa.schema([
+        ("uniq_key", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
+        ("level", pa.int32()), ("ipart", pa.int32()), ("ioff", pa.int64()),
+        ("append_ms", pa.int64()), ("due_ms", pa.int64()), ("sent_ms", pa.int64()),
+        ("ready_offset", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
+        ("key", pa.binary()), ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))])
 
 
 def ledger_row(row: Row, sent_ms: int, status: str = "delivered",
                reason: str | None = None) -> dict:
-    """The ledger row of a sent row (streaming/ledger_query.py ROW); a dead letter's carries
-    the message (base64) for the dead-letter table."""
+    """The ledger row of a sent row (`ledger_schema`); a dead letter's carries the message for
+    the dead-letter table."""
     record = {"uniq_key": row.uniq_key, "topic": row.topic, "partition": row.partition,
               "level": row.level, "ipart": row.ipart, "ioff": row.ioff,
               "append_ms": row.append_ms, "due_ms": row.due_ms, "sent_ms": sent_ms,
               "ready_offset": row.offset, "status": status, "reason": reason}
     if status == "dead":
-        b64 = lambda raw: None if raw is None else base64.b64encode(raw).decode()
-        record.update(key=b64(row.key), value=b64(row.value),
-                      headers=[[k, b64(v)] for k, v in row.headers])
+        record.update(key=row.key, value=row.value,
+                      headers=[{"key": k, "value": v} for k, v in row.headers])
     return record
+
+
+def ledger_record(rows: list[dict]) -> bytes:
+    """Ledger rows as one Arrow IPC stream."""
+    import pyarrow as pa
+
+    schema = ledger_schema()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+    return sink.getvalue().to_pybytes()
+
+
+def ledger_rows(record: bytes):
+    """The rows of a ledger record, as an Arrow table."""
+    import pyarrow as pa
+    return pa.ipc.open_stream(pa.py_buffer(record)).read_all()
 
 
 def dead_letter_headers(row: Row, reason: str) -> list:
@@ -302,9 +332,12 @@ class _Task:
                 if msg.error():
                     continue
                 position = msg.offset() + 1
-                rows = json.loads(msg.value())
-                for row in rows if isinstance(rows, list) else ():   # not a probe
-                    done.add(identity(row["uniq_key"], row["due_ms"]))
+                if msg.headers():   # a probe
+                    continue
+                rows = ledger_rows(msg.value())
+                for key, due in zip(rows.column("uniq_key").to_pylist(),
+                                    rows.column("due_ms").to_pylist()):
+                    done.add(identity(key, due))
         self.consumer.unassign()
         return done
 
@@ -464,7 +497,7 @@ class _Task:
             chunk, self._unledgered = (self._unledgered[:LEDGER_BATCH],
                                        self._unledgered[LEDGER_BATCH:])
             rows = [row for row, _ in chunk]
-            record = json.dumps([entry for _, entry in chunk], separators=(",", ":")).encode()
+            record = ledger_record([entry for _, entry in chunk])
 
             def send(record=record, rows=rows) -> bool:
                 try:
@@ -495,7 +528,7 @@ class _Task:
         self._last_ack = time.monotonic()
 
         def send():
-            self.producer.produce(self.ledger.topic, value=b'{"status":"probe"}',
+            self.producer.produce(self.ledger.topic, value=b"", headers=[(PROBE, b"1")],
                                   partition=self.partition,
                                   on_delivery=lambda err, msg: self._ledgered(err, msg, [], send))
         send()

@@ -4,7 +4,6 @@ killed and started again sends again only what the ledger lacks, and a clean sto
 row its real topic refuses is dead-lettered with its reason and the partition goes on."""
 from __future__ import annotations
 
-import json
 import multiprocessing
 import threading
 import time
@@ -14,7 +13,7 @@ import pytest
 from kafka import KafkaProducer
 
 from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
-                            DispatchConfig, run_partition)
+                            DispatchConfig, ledger_rows, run_partition)
 from state import headers as H
 from tests.support import consume_all, header_map
 
@@ -69,11 +68,11 @@ def in_thread(config: DispatchConfig, clock=time.time) -> tuple[threading.Thread
     return thread, result
 
 
-def ledger_rows(bootstrap: str, topic: str, expected: int) -> list[dict]:
-    """The ledger rows on `topic` (each record an array of them; probes left out), once
+def ledger_of(bootstrap: str, topic: str, expected: int) -> list[dict]:
+    """The ledger rows on `topic` (each record a batch of them; probes left out), once
     `expected` are there."""
-    flat = lambda records: [row for r in records for row in
-                            (json.loads(r.value) if r.value.startswith(b"[") else [])]
+    flat = lambda records: [row for r in records if not r.headers
+                            for row in ledger_rows(r.value).to_pylist()]
     return flat(consume_all(bootstrap, topic, expected=10**9, timeout_s=60,
                             done=lambda records: len(flat(records)) >= expected))
 
@@ -120,7 +119,7 @@ def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing
     task = multiprocessing.get_context("spawn").Process(target=_run, args=(config,))
     task.start()
     consume_all(kafka_bootstrap, config.real, expected=300, timeout_s=60)
-    assert len(ledger_rows(kafka_bootstrap, config.ledger_topic, 300)) == 300
+    assert len(ledger_of(kafka_bootstrap, config.ledger_topic, 300)) == 300
     time.sleep(1.0)            # its commits (every 0.2 s) go on: still below the held rows
     task.kill()
     task.join(30)
@@ -161,7 +160,7 @@ def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on
     assert "too large" in reasons["large"]
     assert all(header_map(r)["REAL_TOPIC"] for r in dead)
     statuses = {row["uniq_key"]: row["status"]
-                for row in ledger_rows(kafka_bootstrap, config.ledger_topic, 8)}
+                for row in ledger_of(kafka_bootstrap, config.ledger_topic, 8)}
     assert statuses == {"missing": "dead", "beyond": "dead", "large": "dead",
                         **{f"ok{i}": "delivered" for i in range(5)}}
     assert result == [{"partition": 0, "sent": 5, "dead": 3, "skipped": 0}]
