@@ -19,7 +19,7 @@ import heapq
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from state import headers as H
@@ -53,20 +53,21 @@ class DispatchConfig:
     replay_window_s: float = 60.0     # what a restart skips reaches this far before its commit
 
 
-@dataclass(order=True)
 class Row:
-    due_ms: int
-    ipart: int
-    ioff: int
-    offset: int                        # in the ready partition
-    topic: str = field(compare=False)
-    partition: int | None = field(compare=False)
-    key: bytes | None = field(compare=False)
-    value: bytes | None = field(compare=False)
-    headers: list = field(compare=False)
-    level: int = field(compare=False)
-    append_ms: int = field(compare=False)
-    uniq_key: str = field(compare=False)
+    """A fired message held by a dispatch task; `offset` is its ready partition's."""
+
+    __slots__ = ("due_ms", "ipart", "ioff", "offset", "topic", "partition", "key", "value",
+                 "headers", "level", "append_ms", "uniq_key")
+
+    def __init__(self, due_ms, ipart, ioff, offset, topic, partition, key, value, headers,
+                 level, append_ms, uniq_key):
+        self.due_ms, self.ipart, self.ioff, self.offset = due_ms, ipart, ioff, offset
+        self.topic, self.partition, self.key, self.value = topic, partition, key, value
+        self.headers, self.level, self.append_ms, self.uniq_key = headers, level, append_ms, uniq_key
+
+    def order(self) -> tuple:
+        """Its place in the heap: due time, then intake position (one key's order)."""
+        return (self.due_ms, self.ipart, self.ioff, self.offset, self)
 
 
 def identity(uniq_key: str, due_ms: int) -> int:
@@ -82,13 +83,20 @@ def ready_row(offset: int, key, value, headers: list | None) -> Row:
     extra = {}
     while headers and headers[-1][0] in READY_HEADERS:
         name, raw = headers.pop()
-        extra[name] = raw.decode()
-    own = dict(headers)
-    ipart, ioff, append_ms = (int(x) for x in extra[READY_FROM].split("-"))
+        extra[name] = raw
+    uniq = due = None
+    for name, raw in reversed(headers):   # the wheel writes UNIQ_KEY and DELIVER_MS last
+        if name == H.DELIVER_MS and due is None:
+            due = int(raw)
+        elif name == H.UNIQ_KEY and uniq is None:
+            uniq = raw.decode()
+        if uniq is not None and due is not None:
+            break
+    ipart, ioff, append_ms = (int(x) for x in extra[READY_FROM].split(b"-"))
     qid = extra.get(READY_QID)
-    return Row(int(own[H.DELIVER_MS]), ipart, ioff, offset, extra[READY_TOPIC],
+    return Row(due, ipart, ioff, offset, extra[READY_TOPIC].decode(),
                int(qid) if qid else None, key, value, headers, int(extra[READY_LEVEL]),
-               append_ms, own[H.UNIQ_KEY].decode())
+               append_ms, uniq)
 
 
 class Offsets:
@@ -289,7 +297,7 @@ class _Task:
                                   "auto.offset.reset": "error"})
         self.producer = Producer(config.producer)
         self.skew = Skew(clock=clock)
-        self.heap: list[Row] = []
+        self.heap: list[tuple] = []     # Row.order() of each held row
         self.retry: list[tuple[float, Callable[[], bool]]] = []   # (monotonic time, send)
         self.ledger_end = 0
         self.sent = self.dead = self.skipped = 0
@@ -408,7 +416,7 @@ class _Task:
     def _wait_s(self) -> float:
         if not self.heap:
             return 0.02
-        return min(0.02, max(0.0, (self.heap[0].due_ms - self._now_ms()) / 1000))
+        return min(0.02, max(0.0, (self.heap[0][0] - self._now_ms()) / 1000))
 
     def _pace(self) -> None:
         """Bounded memory: stop reading while too many rows are held."""
@@ -435,14 +443,14 @@ class _Task:
             self.skipped += 1
             return
         self.offsets.read(offset, self.ledger_end)
-        heapq.heappush(self.heap, row)
+        heapq.heappush(self.heap, row.order())
 
     def _send_due(self) -> None:
         now = self._now_ms()
-        while self.heap and self.heap[0].due_ms <= now:
-            row = heapq.heappop(self.heap)
+        while self.heap and self.heap[0][0] <= now:
+            row = heapq.heappop(self.heap)[-1]
             if not self._produce(row.topic, row.partition, row, row.headers, self._delivered):
-                heapq.heappush(self.heap, row)   # the producer's queue is full: later
+                heapq.heappush(self.heap, row.order())   # the producer's queue is full: later
                 return
 
     def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
