@@ -44,6 +44,7 @@ from streaming.kafka_config import spark_options
 from streaming import checkpoint as ckpt
 from streaming.listener import OffsetMirror, ProgressListener
 from streaming.offsets import last_committed_batch
+from streaming.session import use_pool
 from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
 log = logging.getLogger(__name__)
@@ -169,6 +170,7 @@ class BatchWriter:
             return self.begun
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        use_pool(batch.sparkSession, "wheel")
         with self._lock:
             closed = self.closed
             if not closed:

@@ -68,6 +68,12 @@ def spark_master(settings: Settings) -> str:
     return f"local[{cores + settings.ready_partitions}]"
 
 
+def use_pool(spark, pool: str) -> None:
+    """The Spark jobs this thread starts from now on run in scheduler pool `pool`
+    (conf/fairscheduler.xml: "wheel", "ledger" or "dispatch")."""
+    spark.sparkContext.setLocalProperty("spark.scheduler.pool", pool)
+
+
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     log4j = LOG4J_OPTION
     local_fs = str(local_fs_jar(settings))
@@ -89,6 +95,9 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.driver.extraClassPath": local_fs,
         "spark.executor.extraClassPath": local_fs,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
+        # Pools (conf/fairscheduler.xml): the wheel's stages before the ledger query's.
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(CONF_DIR / "fairscheduler.xml"),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # Spark writes each checkpoint file (offset and commit logs, the state's changelog) to
