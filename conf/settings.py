@@ -55,6 +55,7 @@ class Settings(BaseSettings):
 
     slot_ms: int
     fire_lead_ms: int
+    hold: Literal["tasks", "driver", "executors"]
     ready_partitions: int
     dispatch_commit_interval_ms: int
     dispatch_max_held: int

@@ -53,6 +53,13 @@ class BatchSummary:
     lateness: tuple[list[int], int, float] | None = None
     # seconds spent per step of the batch, for profiling (step -> seconds)
     timings: dict[str, float] = field(default_factory=dict)
+    # the deliveries as the hold tasks released them (a pyarrow Table of sinks/kafka.py's
+    # RELEASED columns), and in the ledger's columns (sinks/ledger.py), on the driver
+    released: object = None
+    delivered: object = None
+    # True when the driver's hold sends this batch's rows after the batch (sinks/driver_hold.py):
+    # its deliveries are counted, and their ledger rows and lateness recorded, as they are sent.
+    deferred: bool = False
 
     def add(self, kind: str, level: int | None, reason: str | None, count: int,
             received: int = 0, pending_delta: int = 0, delivered: bool = True) -> None:

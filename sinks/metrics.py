@@ -62,6 +62,7 @@ class Metrics:
         self.delay_offset = Gauge("delayq_delay_offset", "Next intake offset of each level's partition (RocketMQ's delayOffset).", ["level"], **r)
         self.build = Gauge("delayq_build_info", "Build information.", ["version", "spark_version"], **r)
         self.build.labels(version=version, spark_version=spark_version).set(1)
+        self.ledger_behind = Gauge("delayq_ledger_batches_behind", "Delivery batches whose ledger rows are spooled but not yet in the Delta ledger.", **r)
         self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds", "When the last micro-batch finished.", **r)
 
     def add_pending(self, by_level: dict[int, int]) -> None:
@@ -83,8 +84,8 @@ class Metrics:
 
     def observe_sent(self, delivered_by_level: dict[int, int],
                      lateness: tuple[list[int], int, float] | None) -> None:
-        """Deliveries the dispatch tasks sent, counted by the ledger query from their ledger
-        rows (streaming/ledger_query.py)."""
+        """Deliveries sent: a batch's (`observe_batch`), or those the driver's hold sent
+        after their batch (sinks/driver_hold.py)."""
         for level, n in delivered_by_level.items():
             self.delivered.labels(level=str(level)).inc(n)
         if lateness is not None:

@@ -1,4 +1,4 @@
-"""The wheel's Kafka sink: every fired message goes to the ready topic
+"""The wheel's Kafka sink with `hold = "executors"`: every fired message goes to the ready topic
 (`<intake>.READY`) with its restore information in trailing headers, for the dispatch tasks
 (sinks/dispatch.py) to send at its due time; dead letters go straight to the dead-letter
 topic. Nothing waits here: a batch ends when Kafka has its rows.
@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary, Sent
 from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
-from sinks.kafka import KAFKA_COLUMNS, PRODUCER_OPTIONS, Counts, count_rows, header_struct
+from sinks.kafka import KAFKA_COLUMNS, PRODUCER_OPTIONS, HoldReports, header_struct
 from state.columns import OUTPUT
 from state.worker import settle
 
@@ -49,6 +49,8 @@ def ready_headers() -> F.Column:
 def counting(reports):
     """The Arrow function of the write: counts every row of the batch by the Kafka sink's
     COUNTED_BY into the accumulator `reports`, and yields the rows to send, as Kafka takes them."""
+    from sinks.kafka import count_rows
+
     def count(batches):
         settle()
         counts = []
@@ -60,7 +62,7 @@ def counting(reports):
             if out.num_rows:
                 yield out.select(list(_OUT)).rename_columns(list(KAFKA_COLUMNS))
         if counts:
-            reports.add(counts)
+            reports.add({**HoldReports.zero(None), "counts": counts})
     return count
 
 
@@ -72,7 +74,7 @@ class ReadySink:
                  max_request_bytes: int = 1_048_576):
         self._options = {**PRODUCER_OPTIONS, "kafka.max.request.size": str(max_request_bytes),
                          **options}
-        self._reports = spark.sparkContext.accumulator([], Counts())
+        self._reports = spark.sparkContext.accumulator(HoldReports.zero(None), HoldReports())
         deliver = F.col("kind") == "deliver"
         self._columns = [
             *[F.col(name) for name in OUTPUT.names],
@@ -93,12 +95,13 @@ class ReadySink:
         """Fired rows to the ready topic and dead letters to theirs, in the batch's one Spark
         job, every row counted into `summary` on the way. Deliveries are counted as fired, not
         delivered: the ledger query counts them once the dispatch has sent them."""
-        self._reports.value = []
+        self._reports.value = HoldReports.zero(None)
         (batch.select(*self._columns).mapInArrow(counting(self._reports), self._schema)
          .write.format("kafka").options(**self._options).save())
-        for row in self._reports.value:
+        for row in HoldReports.counts(self._reports.value):
             summary.add(row["kind"], row["level"], row["reason"], row["count"],
                         row["received"] or 0, row["pending_delta"] or 0, delivered=False)
+        summary.deferred = True
         now_ms = int(time.time() * 1000)
         return Sent(lambda: batch.filter(F.col("kind").isin("deliver", "dead"))
                     .withColumn("sent_ms", F.lit(now_ms).cast("long")), batch.sparkSession)

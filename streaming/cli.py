@@ -235,7 +235,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_path
         where = lookup.find(spark, args.uniq_key, settings.ledger_path,
                             settings.dead_letter_path, checkpoint, settings.cold_path,
-                            ready=lambda key: lookup.in_ready_topic(settings, key))
+                            ready=(lambda key: lookup.in_ready_topic(settings, key))
+                            if settings.hold == "executors" else None)
         print(f"{args.uniq_key}: {where.status}")
         for key, value in where.detail.items():
             print(f"  {key:12} {value}")

@@ -65,7 +65,6 @@ class Dispatcher:
         context = self.spark.sparkContext
         config = self.config
         failures: deque[float] = deque()
-        context.setLocalProperty("spark.scheduler.pool", "dispatch")
         while not self._stopping.is_set():
             context.setJobGroup(self._group(partition),
                                 f"delayq: dispatch of {self.settings.ready_topic} partition "

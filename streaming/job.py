@@ -1,6 +1,5 @@
 """The streaming job: intake → parse → wheel (transformWithStateInPandas; applyInPandasWithState
-for a checkpoint started with it) → ready topic → dispatch tasks → real topics, and the ledger
-query (DESIGN.md section 4).
+for a checkpoint started with it) → hold → sinks.
 
     spark-submit --jars "$(ls .lib/spark/*.jar | paste -sd,)" streaming/cli.py run
 
@@ -17,19 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
-from pyspark.sql.types import LongType, StructField, StructType
 
 from conf.settings import Settings
-from sinks.base import BatchSink, BatchSummary
+from sinks.base import BatchSink, BatchSummary, Sent
 from sinks.cold import ColdTier
 from sinks.ready import ReadySink
-from sinks.kafka import header_struct
-from sinks.ledger import DeadLetterTable
-from sinks.metrics import Metrics
+from sinks import driver_hold
+from sinks.kafka import KafkaSink, header_struct, record_size
+from sinks.ledger import (DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER,
+                          collected_rows, delivered_rows)
+from sinks.metrics import Metrics, lateness_of
 from state import headers as H
 from state.envelope import Rules
 from state.errors import JobError
@@ -40,11 +41,10 @@ from streaming import admin as kadmin
 from streaming.dispatcher import Dispatcher
 from streaming.heartbeat import Heartbeat
 from streaming.ledger_query import start_ledger_query
-from streaming.kafka_config import spark_options
+from streaming.kafka_config import librdkafka_config, spark_options
 from streaming import checkpoint as ckpt
 from streaming.listener import OffsetMirror, ProgressListener
 from streaming.offsets import last_committed_batch
-from streaming.session import use_pool
 from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
 log = logging.getLogger(__name__)
@@ -143,13 +143,37 @@ def with_kafka_headers(fired: DataFrame) -> DataFrame:
                           for name in OUTPUT_SPARK.fieldNames()))
 
 
+# A batch waits, before its work, while the driver's hold has more than this many rows overdue
+# (due, not yet handed to its producer), for at most HOLD_WAIT_S: the hold sends from one Python
+# thread, and the next batches' Spark work and Python workers take the cores it needs. A burst
+# of 500,000 due together left at 37,000 rows a second with the batches running on, 54,000
+# with them waiting (docs/benchmarks.md, "A burst handed over in files"). In a run at 10,000
+# msg/s no batch waited: the rows fired ahead are a few thousand a batch.
+HOLD_BEHIND_ROWS = 20_000
+HOLD_WAIT_S = 15.0
+
+
+def wait_for_the_hold(hold, closed: Callable[[], bool], limit_rows: int | None = None,
+                      timeout_s: float | None = None,
+                      sleep: Callable[[float], None] = time.sleep,
+                      clock: Callable[[], float] = time.monotonic) -> float:
+    """Wait while `hold` (sinks/driver_hold.py DriverHold) has more than `limit_rows`
+    (HOLD_BEHIND_ROWS) overdue, at most `timeout_s` (HOLD_WAIT_S), and not once `closed()`: the
+    seconds waited."""
+    limit_rows = HOLD_BEHIND_ROWS if limit_rows is None else limit_rows
+    timeout_s = HOLD_WAIT_S if timeout_s is None else timeout_s
+    began = clock()
+    while (hold.overdue() > limit_rows and clock() - began < timeout_s and not closed()):
+        sleep(0.05)
+    return clock() - began
+
+
 @dataclass
 class BatchWriter:
-    """foreachBatch: the batch kept (`kept`), written to the ready and dead-letter topics and
-    counted by the Kafka sink in one Spark job, then handed to the cold tier and every other
-    sink."""
+    """foreachBatch: the batch kept (`kept`), sent and counted by the Kafka sink in one
+    Spark job, then handed to every other sink."""
 
-    kafka: ReadySink
+    kafka: KafkaSink
     sinks: list[BatchSink] = field(default_factory=list)
     on_batch: Callable[[BatchSummary], None] | None = None
     cold: "ColdTier | None" = None
@@ -170,16 +194,21 @@ class BatchWriter:
             return self.begun
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        use_pool(batch.sparkSession, "wheel")
         with self._lock:
             closed = self.closed
             if not closed:
                 self.begun = batch_id
         if closed:
             wait_for_the_stop(batch.sparkSession, batch_id, lambda: self.stopping)
+        waited = 0.0
+        if self.kafka.hold is not None:
+            waited = wait_for_the_hold(self.kafka.hold, lambda: self.closed)
+            if waited >= 1.0:
+                log.info("batch %d waited %.1f s for the driver's hold to send what is due",
+                         batch_id, waited)
         batch, release = kept(batch)
         clock = time.monotonic()
-        timings: dict[str, float] = {}
+        timings = {"hold_wait": round(waited, 3)} if waited >= 0.05 else {}
         if self.first is None:
             self.first = (clock, timings)
 
@@ -190,8 +219,8 @@ class BatchWriter:
             clock = now
         try:
             summary = BatchSummary(batch_id, int(time.time() * 1000), timings=timings)
-            # The batch's one Spark job: it computes the batch, writes what fired and counts
-            # every row for the sinks and the metrics (sinks/ready.py).
+            # The batch's one Spark job: it computes the batch, sends what is due and counts
+            # every row for the sinks and the metrics (sinks/kafka.py).
             sent = self.kafka.write_batch(batch, summary)
             lap("kafka")
             if self.cold is not None:
@@ -199,6 +228,13 @@ class BatchWriter:
                 self.cold.advance(summary)
                 lap("cold")
             if summary.sends:
+                if summary.count("deliver") and not summary.deferred:
+                    # The lateness histogram and the ledger's rows, from what the hold tasks
+                    # reported: no Spark job.
+                    summary.delivered = _ledger_rows(sent, summary)
+                    summary.lateness = lateness_of(
+                        summary.delivered.column("lateness_ms").to_numpy())
+                    lap("lateness")
                 for sink in self.sinks:
                     sink.write_batch(sent, summary)
                     lap(sink.name)
@@ -283,6 +319,19 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
     return kept, release
 
 
+def _ledger_rows(sent: Sent, summary: BatchSummary):
+    """The batch's deliveries in the ledger's columns: from the hold tasks' reports, or, should
+    those not account for every delivery the batch counted, by a Spark job over `sent`."""
+    released = summary.released
+    expected = summary.count("deliver")
+    if released is not None and released.num_rows == expected:
+        return delivered_rows(released, summary)
+    log.warning("batch %d: the hold reported %s of %d deliveries; collecting the ledger rows "
+                "with Spark", summary.batch_id,
+                0 if released is None else released.num_rows, expected)
+    return collected_rows(sent.frame(), summary)
+
+
 def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None,
                      default_operator: str = "applyInPandasWithState") -> dict[int, int]:
     """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
@@ -340,7 +389,7 @@ def lost_kept_rows(failure) -> bool:
     return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in _failure_text(failure)
 
 
-# How long a start waits for a cluster's executors to offer the task slots it needs.
+# How long a start waits for a cluster's executors to offer the task slots the dispatch needs.
 SLOTS_WAIT_S = 120.0
 
 
@@ -363,8 +412,10 @@ class DelayJob:
         self.spark = spark
         self.checkpoint = checkpoint or str(settings.checkpoint_path)
         if sinks is None:
-            # The ledger itself is the ledger query's (streaming/ledger_query.py).
-            sinks = [DeadLetterTable(settings.dead_letter_path, self.checkpoint)] \
+            # With hold = "executors" the ledger query writes the ledger (streaming/ledger_query.py).
+            sinks = ([DeliveryLedger(settings.ledger_path, self.checkpoint)]
+                     if settings.hold != "executors" else []) + \
+                [DeadLetterTable(settings.dead_letter_path, self.checkpoint)] \
                 if settings.ledger else []
         self._extra_sinks = sinks
         self._on_batch = on_batch
@@ -374,9 +425,11 @@ class DelayJob:
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}   # the first batch's steps
         self._seeder: threading.Thread | None = None
+        self._spool: LedgerSpool | None = None
+        self._hold: driver_hold.DriverHold | None = None
         self._writer: BatchWriter | None = None
         self._warm_up: threading.Thread | None = None   # the Python workers' warm-up
-        self._dispatcher: Dispatcher | None = None
+        self._dispatcher: Dispatcher | None = None        # hold = "executors"
         self._ledger_query = None
 
     def _step(self, name: str) -> None:
@@ -410,12 +463,27 @@ class DelayJob:
         balance_timers = ckpt.balance_timers(self.checkpoint, verdict)
         ckpt.write_stamp(self.settings, self.checkpoint, started_ms, balance_timers)
         self._step("checkpoint")
-        largest = max(largest, 1_048_576)
-        partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin, largest)
-        self._check_slots(partitions)
-        kafka = ReadySink(self.spark, spark_options(self.settings), self.settings.ready_topic,
-                          partitions, max_request_bytes=largest)
-        self._step("dispatch_topics")
+        executors = self.settings.hold == "executors"
+        self._hold = None if executors else self._driver_hold(max(largest, 1_048_576))
+        # The real topics this checkpoint's runs delivered to, and the allow-list, looked up
+        # now: the first batch, a restart's re-run or a backlog's first, then needs no
+        # aggregate job of its own to find them (streaming/admin.py TopicCatalog).
+        catalog = kadmin.TopicCatalog(self._admin, memory=(
+            ckpt.local_path(self.checkpoint) / ckpt.TOPICS_FILE if ckpt.is_local(self.checkpoint)
+            else None))
+        catalog.seed(self.settings.allowed_topic_set)
+        self._step("real_topics")
+        if executors:
+            partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin,
+                                                       max(largest, 1_048_576))
+            self._check_slots(partitions)
+            kafka = ReadySink(self.spark, spark_options(self.settings), self.settings.ready_topic,
+                              partitions, max_request_bytes=max(largest, 1_048_576))
+        else:
+            kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic, catalog,
+                              self.spark.sparkContext.defaultParallelism,
+                              max_request_bytes=max(largest, 1_048_576),
+                              hold=self._hold if self.settings.hold == "driver" else None)
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint,
                         self.settings.intake_topic,
                         kadmin.TopicCatalog(self._admin).partitions(
@@ -427,20 +495,27 @@ class DelayJob:
         self._step("cold_tier")
         # First-batch costs paid here, not by the first deliveries: Delta tables, and on a new
         # checkpoint the executors' Kafka producer (below).
-        sent_schema = StructType(OUTPUT_SPARK.fields + [StructField("sent_ms", LongType())])
+        sent_schema = KafkaSink.sent_schema(OUTPUT_SPARK)
         for sink in self._extra_sinks:
             if hasattr(sink, "ensure_table"):
                 sink.ensure_table(self.spark, sent_schema)
         self._step("tables")
-        # A new checkpoint's first fired rows do not pay for the executors' Kafka producer: it
-        # is made here, before there is anything to write. On a restart the first batch makes
-        # it: there the warm-up, a young JVM's first job, would stand in front of the backlog.
+        # A new checkpoint's first deliveries do not pay for the executors' Kafka producer:
+        # it is made here, before there is anything to deliver. On a restart there is (the
+        # driver's hold sends its spool from its start, just below, and the intake waits):
+        # there the warm-up was a young JVM's first job, 5.0-6.7 s in front of both; without
+        # it the spool's rows left 9.1 s after a kill instead of 15.7 s, and the first new
+        # delivery came 33.0-33.3 s after it against 32.0-42.1 s (docs/benchmarks.md, "A
+        # restart's first deliveries"), so the first batch makes the producer.
         # The pending gauge starts from the state as of the last committed batch; the batches
         # of this run add their deltas on top.
         seed_batch = last_committed_batch(Path(self.checkpoint))
         if seed_batch is None:
             kafka.warm_up(self.spark, self.settings.intake_topic)
         self._step("kafka_writer")
+        self._start_spool(seed_batch)
+        if self._hold is not None:
+            self._hold.start(seed_batch)
         if self.metrics is not None:
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
@@ -454,11 +529,13 @@ class DelayJob:
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
         self._step("listeners")
-        self._dispatcher = Dispatcher(self.spark, self.settings, partitions, largest).start()
-        if self.settings.ledger:
-            self._ledger_query = start_ledger_query(self.spark, self.settings, self.checkpoint,
-                                                    self.metrics)
-        self._step("dispatch")
+        if executors:
+            self._dispatcher = Dispatcher(self.spark, self.settings, partitions,
+                                          max(largest, 1_048_576)).start()
+            if self.settings.ledger:
+                self._ledger_query = start_ledger_query(self.spark, self.settings,
+                                                        self.checkpoint, self.metrics)
+            self._step("dispatch")
         self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
                                    first_watermark_ms=now_ms,
                                    balance_timers=balance_timers).writeStream
@@ -492,14 +569,14 @@ class DelayJob:
             slots = self.spark.sparkContext.defaultParallelism
         if slots < need:
             raise JobError(
-                f"delayq needs {need} task slots ({partitions} dispatch tasks, "
+                f"hold = \"executors\" needs {need} task slots ({partitions} dispatch tasks, "
                 f"{self.settings.spark_shuffle_partitions} wheel state partitions and one more "
                 f"for the intake and the ledger query) and Spark has {slots}: give it more "
                 f"(spark_master = \"local[{need}]\", or more executor cores)")
         conf = self.spark.sparkContext.getConf()
         for key, bad in (("spark.speculation", "true"), ("spark.dynamicAllocation.enabled", "true")):
             if conf.get(key, "false").lower() == bad:
-                raise JobError(f"delayq runs dispatch tasks that never end: "
+                raise JobError(f"hold = \"executors\" runs dispatch tasks that never end: "
                                f"{key} must be off")
 
     def failure(self) -> str | None:
@@ -577,6 +654,57 @@ class DelayJob:
             if self._mirror_admin is not None:
                 raise   # the listener logs it; closed by the stop meanwhile, it is no error
 
+    def _start_spool(self, last_committed: int | None) -> None:
+        """The delivery ledger off the delivery path (sinks/ledger.py), when the checkpoint is
+        a local (or mounted) folder to spool into; otherwise each batch writes it itself."""
+        ledger = next((s for s in self._extra_sinks if isinstance(s, DeliveryLedger)), None)
+        if ledger is None or not ckpt.is_local(self.checkpoint):
+            return
+        gauge = self.metrics.ledger_behind.set if self.metrics is not None else None
+        self._spool = LedgerSpool(
+            self.spark, ledger, ckpt.local_path(self.checkpoint) / SPOOL_FOLDER,
+            single_until=last_committed + 1 if last_committed is not None else 0,
+            interval_s=self.settings.ledger_interval_ms / 1000, on_behind=gauge).start()
+        ledger.spool = self._spool
+
+    def _driver_hold(self, max_request_bytes: int) -> driver_hold.DriverHold | None:
+        """The driver's hold (sinks/driver_hold.py) when the settings ask for it and the
+        checkpoint is a folder to spool into; None: the batch's tasks hold. With the tasks'
+        hold, a spool an earlier run with the driver's left behind is still sent, by a driver's
+        hold that takes no new batches."""
+        if not ckpt.is_local(self.checkpoint):
+            if self.settings.hold == "driver":
+                log.warning("hold = driver needs a checkpoint on a local or mounted folder; %s "
+                            "is not one, so the batch's tasks hold (set hold = \"tasks\" and "
+                            "fire_lead_ms = 2000 for them: a longer lead lengthens every batch)",
+                            self.checkpoint)
+            return None
+        folder = ckpt.local_path(self.checkpoint) / driver_hold.SPOOL_FOLDER
+        if self.settings.hold != "driver" and not any(folder.glob("*.arrow")):
+            return None
+        return driver_hold.DriverHold(
+            folder,
+            driver_hold.producer_config(self.settings.bootstrap,
+                                        librdkafka_config(self.settings), max_request_bytes),
+            on_sent=self._sent)
+
+    def _sent(self, batch_id: int, batch_time_ms: int, released) -> None:
+        """A batch's deliveries, all acknowledged by Kafka (called by the driver's hold, in
+        batch order): their ledger rows and lateness, and the delivered counts."""
+        if not released.num_rows:
+            return
+        summary = BatchSummary(batch_id, batch_time_ms)
+        rows = delivered_rows(released, summary)
+        ledger = next((s for s in self._extra_sinks if isinstance(s, DeliveryLedger)), None)
+        if ledger is not None and ledger.spool is not None:
+            ledger.spool.put(batch_id, rows)
+        if self.metrics is not None:
+            levels = rows.column("level").to_numpy(zero_copy_only=False)
+            values, counts = np.unique(levels, return_counts=True)
+            self.metrics.observe_sent(
+                {int(v): int(n) for v, n in zip(values, counts)},
+                lateness_of(rows.column("lateness_ms").to_numpy()))
+
     def _seed_pending(self, batch_id: int) -> None:
         def seed():
             # Read once the batch after the first is done too: after a restart the first batch
@@ -650,6 +778,10 @@ class DelayJob:
             self._listener = self._mirror = None
             if self._seeder is not None:
                 self._seeder.join(timeout=30)
+            if self._hold is not None:   # before the ledger's spool: it puts the last rows there
+                self._hold.stop()
+            if self._spool is not None:
+                self._spool.stop()
         finally:
             if self._mirror_admin is not None:
                 self._mirror_admin.close()

@@ -20,7 +20,6 @@ from sinks.delta import append_once, query_id
 from sinks.kafka import Counts
 from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.kafka_config import spark_options
-from streaming.session import use_pool
 
 log = logging.getLogger(__name__)
 _GROUP = ("status", "level", "reason")
@@ -85,7 +84,6 @@ class LedgerWriter:
         self._app_id: str | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        use_pool(batch.sparkSession, "ledger")
         if self._app_id is None:
             self._app_id = query_id(self.checkpoint)
         now_ms = int(time.time() * 1000)

@@ -1,6 +1,6 @@
 """`delayq ledger`: where is a message? Delivered (ledger), dead-lettered (dead-letter table),
-cancelled, still pending (fired into the ready topic and not yet sent, or in the wheel's state,
-read with Spark's state data source), or unknown.
+still pending (the driver's hold's spool, or the wheel's state, read with Spark's state data
+source), or unknown.
 And `--summary`: counts and lateness percentiles per level over a time range."""
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from pyspark.sql import functions as F
 
 from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
+from sinks.driver_hold import SPOOL_FOLDER as HOLD_FOLDER, held
+from sinks.ledger import SPOOL_FOLDER, delivered_row
 from state.wheel import decode
 from streaming.job import wheel_state
 
@@ -41,9 +43,9 @@ def _delivered(r) -> Whereabouts:
 def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
          checkpoint: Path, cold: Path | None = None,
          ready: Callable[[str], dict | None] | None = None) -> Whereabouts:
-    """Where `uniq_key` is: delivered (the ledger), dead-lettered, cancelled (the cold tier's
-    tombstones), pending in the dispatch stage (`ready`, e.g. `in_ready_topic`) or in the
-    wheel's state, else unknown."""
+    """Where `uniq_key` is: delivered, dead-lettered, cancelled, pending (the driver's hold,
+    the ready topic through `ready` with `hold = "executors"`, or the wheel's state), or
+    unknown."""
     def in_table(key: str) -> dict | None:
         if not table_exists(ledger):
             return None
@@ -51,7 +53,8 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
             F.col("uniq_key") == key).collect()
         return rows[0].asDict() if rows else None
 
-    row = in_table(uniq_key)
+    # Delivered moments ago, its ledger row still waits in the spool (sinks/ledger.py).
+    row = delivered_row(checkpoint / SPOOL_FOLDER, uniq_key, in_table)
     if row is not None:
         return _delivered(row)
     if table_exists(dead):
@@ -65,10 +68,20 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
         where = _in_cold_tier(spark, uniq_key, cold)
         if where is not None:
             return where
-    if ready is not None:
-        hit = ready(uniq_key)
-        if hit is not None:
-            return Whereabouts("pending", hit)
+    # Fired ahead and waiting in the driver's hold (hold = "driver", sinks/driver_hold.py), or
+    # sent by its batch's tasks and reported with the batch's last delivery.
+    hit = held(checkpoint / HOLD_FOLDER, uniq_key)
+    if hit is not None and hit["sent_ms"] is not None:   # sent by its batch's tasks
+        return _delivered({**hit, "lateness_ms": hit["sent_ms"] - hit["due_ms"],
+                           "intake_partition": hit["ipart"], "intake_offset": hit["ioff"]})
+    if hit is not None:
+        return Whereabouts("pending", {"topic": hit["topic"], "level": hit["level"],
+                                       "due": _iso(hit["due_ms"]),
+                                       "intake": f"{hit['ipart']}-{hit['ioff']}",
+                                       "where": "the driver's hold"})
+    hit = ready(uniq_key) if ready is not None else None
+    if hit is not None:
+        return Whereabouts("pending", hit)
     pending = _pending(spark, uniq_key, checkpoint)
     if pending:
         return Whereabouts("pending", pending)

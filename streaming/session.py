@@ -59,19 +59,13 @@ DRIVER_STACK_OPTION = "-Xss16m"
 
 
 def spark_master(settings: Settings) -> str:
-    """The master Spark is given: `local[*]` becomes one task slot per core (at least the wheel's
-    state partitions and one more) plus one per dispatch task, which holds its slot for good
-    but waits on Kafka most of the time; any other master as set."""
-    if settings.spark_master != "local[*]":
+    """The master Spark is given: with `hold = "executors"`, `local[*]` becomes one task slot
+    per core (at least the wheel's state partitions and one more) plus one per dispatch task,
+    which holds its slot for good but waits on Kafka most of the time; otherwise as set."""
+    if settings.spark_master != "local[*]" or settings.hold != "executors":
         return settings.spark_master
     cores = max(os.cpu_count() or 1, settings.spark_shuffle_partitions + 1)
     return f"local[{cores + settings.ready_partitions}]"
-
-
-def use_pool(spark, pool: str) -> None:
-    """The Spark jobs this thread starts from now on run in scheduler pool `pool`
-    (conf/fairscheduler.xml: "wheel", "ledger" or "dispatch")."""
-    spark.sparkContext.setLocalProperty("spark.scheduler.pool", pool)
 
 
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -95,9 +89,6 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.driver.extraClassPath": local_fs,
         "spark.executor.extraClassPath": local_fs,
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
-        # Pools (conf/fairscheduler.xml): the wheel's stages before the ledger query's.
-        "spark.scheduler.mode": "FAIR",
-        "spark.scheduler.allocation.file": str(CONF_DIR / "fairscheduler.xml"),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # Spark writes each checkpoint file (offset and commit logs, the state's changelog) to

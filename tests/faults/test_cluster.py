@@ -1,5 +1,5 @@
-"""The cluster path: a real Spark standalone cluster (one Master, two Workers of three task
-slots each, on loopback: the dispatch tasks hold two for good), the job submitted with `delayq submit` (code shipped as a zip, jars with
+"""The cluster path: a real Spark standalone cluster (one Master, two Workers of one core
+each, on loopback), the job submitted with `delayq submit` (code shipped as a zip, jars with
 --jars), a mixed load delivered on time and completely, and one Worker killed (with its
 executor, like a lost host) while messages are pending: nothing lost, nothing early."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ def local_cluster(work_dir):
     port, webui_port = free_ports(2)
     spec = cluster.ClusterSpec(home=work_dir / f"spark-cluster-{uuid.uuid4().hex[:6]}",
                                port=port, webui_port=webui_port, workers=2,
-                               worker_cores=3, worker_memory="1g")
+                               worker_cores=1, worker_memory="1g")
     cluster.start(spec)
     yield spec
     cluster.stop(spec)
@@ -33,7 +33,7 @@ def test_submitted_job_delivers_everything_and_survives_a_lost_worker(
         local_cluster, job_process, capsys):
     spec = local_cluster
     job, settings = job_process(
-        command=["submit", "--master", spec.master_url, "--total-executor-cores", "6"],
+        command=["submit", "--master", spec.master_url, "--total-executor-cores", "2"],
         spark_master=spec.master_url, spark_executor_memory="768m")
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
@@ -43,7 +43,7 @@ def test_submitted_job_delivers_everything_and_survives_a_lost_worker(
 
     def executors_on_both():
         apps = (cluster.master_state(spec) or {}).get("activeapps", [])
-        return apps if apps and apps[0].get("cores") == 6 else None
+        return apps if apps and apps[0].get("cores") == 2 else None
     apps = assert_eventually(executors_on_both, timeout_s=60, message="the job on both workers")
     assert apps[0]["name"] == settings.spark_app_name
 
@@ -69,7 +69,7 @@ def test_submitted_job_delivers_everything_and_survives_a_lost_worker(
     # checkpoint (streaming/runner.py wait) and that batch runs again.
     restarts = job.log.read_text().count("starting the job again from its checkpoint")
     with capsys.disabled():
-        print(f"\nstandalone cluster (2 workers x 3 slots): {len(sent)} messages, worker-2 killed "
+        print(f"\nstandalone cluster (2 workers x 1 core): {len(sent)} messages, worker-2 killed "
               f"{killed_after:.0f} s into the load, lost 0, early 0, "
               f"duplicates {outcome.duplicates}, lateness max {max(outcome.lateness_ms)} ms, "
               f"job started again {restarts} times")

@@ -1,17 +1,18 @@
-"""The wheel fires into the ready topic, dispatch tasks in the executors
+"""`hold = "executors"`: the wheel fires into the ready topic, dispatch tasks in the executors
 send each message at its due time, and the ledger query writes the ledger (DESIGN.md 4)."""
 from __future__ import annotations
 
-import time
 
 from pyspark.sql import functions as F
 
 from sinks.delta import table_exists
+from streaming import lookup
 from streaming.admin import admin_client, create_topic
+from streaming.producer import DelayProducer
 from tests.faults.conftest import SteadyLoad, check_all_delivered
 from tests.support import assert_eventually
 
-EXECUTORS = dict(ledger_interval="2s")
+EXECUTORS = dict(hold="executors", spark_master="local[5]", ledger_interval="2s")
 
 
 def real_topic(settings, partitions: int = 2) -> str:
@@ -37,8 +38,15 @@ def test_the_dispatch_tasks_deliver_on_time_and_the_ledger_holds_each_once(
     job.start()
     load = SteadyLoad(settings, real)
     load.start()
-    time.sleep(10)
+    with DelayProducer(settings) as producer:
+        later = producer.send(real, b"later", delay_ms=30_000)
+    # Fired into the ready topic 12 s (the fire lead) before it is due, and held there by its
+    # dispatch task: `delayq ledger` finds it pending in the ready topic.
+    held = assert_eventually(lambda: lookup.in_ready_topic(settings, later.uniq_key),
+                             timeout_s=60, message="the timer pending in the ready topic")
+    assert held["topic"] == real and "ready topic" in held["where"]
     load.stop()
+    load.sent[later.uniq_key] = later.due_ms
     outcome = check_all_delivered(settings, real, load.sent)
     assert outcome.duplicates == 0, "no crash, no duplicate"
     assert_eventually(lambda: set(ledger_counts(spark, settings)) >= set(load.sent),

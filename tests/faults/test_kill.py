@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
 from pyspark.sql import functions as F
 
 from streaming.admin import admin_client, create_topic
@@ -15,8 +16,12 @@ from tests.support import assert_eventually
 KILLS = 2
 
 
-def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, capsys):
-    job, settings = job_process(ledger_interval="2s")
+@pytest.mark.parametrize("hold", ["tasks", "driver", "executors"])
+def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, capsys, hold):
+    """Every hold (`hold` setting): the tasks', the driver's with its spool, or the executors'
+    dispatch tasks with the ledger query."""
+    slots = {"spark_master": "local[5]", "ledger_interval": "2s"} if hold == "executors" else {}
+    job, settings = job_process(hold=hold, **slots)
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
     create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
@@ -42,11 +47,13 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     assert_eventually(lambda: ledger_keys() >= set(sent), timeout_s=60,
                       message="ledger rows for every delivered message")
     job.stop()
+    # The run used the hold asked for: the driver's leaves its (emptied) spool folder.
+    assert (settings.checkpoint_path / "hold-spool").is_dir() == (hold == "driver")
 
     ledger = spark.read.format("delta").load(str(settings.ledger_path))
     per_key = {r["uniq_key"]: r["n"] for r in ledger.groupBy("uniq_key").agg(F.count("*").alias("n")).collect()}
     assert set(per_key) == set(sent), f"ledger misses {len(set(sent) - set(per_key))}"
     assert all(n == 1 for n in per_key.values()), "ledger rows must be exactly once"
     with capsys.disabled():
-        print(f"\nkill test: {KILLS} kills, {len(sent)} messages, lost 0, early 0, "
+        print(f"\nkill test ({hold} hold): {KILLS} kills, {len(sent)} messages, lost 0, early 0, "
               f"duplicates in Kafka {outcome.duplicates}, ledger rows {len(per_key)} (exactly once)")

@@ -42,8 +42,6 @@ def job_settings(test_settings, work_dir):
             spark_shuffle_partitions=test_settings.spark_shuffle_partitions,
             intake_topic=f"intake-{tag}",
             dlq_topic=f"intake-{tag}.DLQ",
-            ledger_interval="2s",
-            dispatch_topic_wait_ms=3000,
         )
         base.update(overrides)
         return load_settings(**base)

@@ -28,9 +28,12 @@ def send(producer: DelayProducer, sent: dict, topic: str, value: bytes, *, key=N
     return handle
 
 
+@pytest.mark.parametrize("hold", ["driver", "tasks"])
 def test_every_level_on_time_and_exactly_as_sent(job_settings, start_job, new_topic,
-                                                 kafka_bootstrap, lateness_log, spark):
-    settings = job_settings()
+                                                 kafka_bootstrap, lateness_log, spark, hold):
+    settings = job_settings() if hold == "driver" else job_settings(hold="tasks",
+                                                                    fire_lead_ms=2000)
+    assert settings.hold == hold
     real = new_topic(partitions=3, **LOG_APPEND)
     job = start_job(settings)
     sent: dict = {}
@@ -65,7 +68,7 @@ def kept_batches(spark) -> list[int]:
 def test_a_level_shorter_than_the_fire_lead_skips_the_wheels_state(
         job_settings, start_job, new_topic, kafka_bootstrap, lateness_log):
     """At the default fire lead (12 s) a message due within the lead of the watermark when it
-    is read fires in the batch that reads it: a 6 s level's messages wait in the dispatch tasks,
+    is read fires in the batch that reads it: a 6 s level's messages wait in the driver's hold,
     on time and never early, without a trip through the wheel's state (no batch adds them to
     its pending count). With a lead of 4 s each one would wait in the state for a batch or more
     (docs/benchmarks.md, "A fire lead longer than the short levels")."""
@@ -141,15 +144,16 @@ def test_a_new_job_delivers_what_is_overdue_at_its_start_in_its_first_batch(
     new checkpoint) sends them in its first batch, in due order per level, not a batch later
     through the state. A timer due 12 s after it was sent is never early, whichever batch
     fires it (a first batch fires what is due up to the job's start plus the fire lead, and
-    the dispatch holds it until due)."""
+    the hold keeps it until due)."""
     settings = job_settings()
     summaries = _job_on_overdue_backlog(settings, new_topic(partitions=1, **LOG_APPEND),
                                         start_job, kafka_bootstrap)
     first = summaries[0]
     assert first.batch_id == 0
-    # Fired by the first batch (they are overdue), not left in the state for later.
-    assert first.count("deliver") >= 30, f"batch 0 fired {first.count('deliver')}"
-    assert not any(first.pending_delta_by_level.get(lv, 0) > 0 for lv in (1, 2, 3))
+    # Sent by the batch's own tasks (with either hold: they are overdue), not left for later.
+    levels = [] if first.released is None else first.released.column("level").to_pylist()
+    assert {level: levels.count(level) for level in (1, 2, 3)} == {1: 10, 2: 10, 3: 10}, \
+        f"batch 0 sent levels {levels}"
 
 
 def test_a_backlog_read_over_many_batches_never_enters_the_state(
@@ -184,7 +188,7 @@ def test_a_backlog_keeps_passing_through_after_a_restart_on_its_checkpoint(
 
 def test_an_overdue_backlog_leaves_in_due_order_per_key_and_per_named_partition(
         job_settings, start_job, new_topic, kafka_bootstrap):
-    """Fired rows reach the dispatch tasks by lane, not by level (sinks/ready.py `ready_lane`):
+    """The hold's tasks take a batch's rows by lane, not by level (sinks/kafka.py `hold_lane`):
     on a topic of two partitions, a backlog overdue at the job's start (levels 1-3 mixed, so
     due order is not send order) leaves each key's messages and each named partition's in due
     order, all of them, none early."""
@@ -451,14 +455,14 @@ def test_restart_keeps_pending_messages_and_offsets_agree(
     checkpoint's operator even when the setting now names the other one. Only the new
     checkpoint's start writes the Kafka warm-up; the restart's first batches make the
     executors' producer themselves and still deliver everything."""
-    from sinks.ready import ReadySink
+    from sinks.kafka import KafkaSink
 
     warm_ups = []
-    real_warm_up = ReadySink.warm_up
-    monkeypatch.setattr(ReadySink, "warm_up",
+    real_warm_up = KafkaSink.warm_up
+    monkeypatch.setattr(KafkaSink, "warm_up",
                         lambda sink, *a: (warm_ups.append(a), real_warm_up(sink, *a)))
     # In the wheel's state when the job stops: at the default lead (12 s) these 12 s messages
-    # would fire in the next batch, into the ready topic, instead of waiting in the state.
+    # would fire in the next batch, into the driver's hold, instead of waiting in the state.
     settings = job_settings(delay_levels="1s 2s 12s", wheel_operator=operator, fire_lead_ms=4000)
     real = new_topic(partitions=2, **LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-restart-{settings.intake_topic}")

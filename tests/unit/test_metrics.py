@@ -27,11 +27,11 @@ def test_batch_counts_become_counters_and_gauges():
     assert r.get_sample_value("delayq_build_info", {"version": "1.2.3", "spark_version": "4.1.1"}) == 1
 
 
-def test_deliveries_count_when_the_dispatch_sent_them_not_when_the_wheel_fired_them():
-    """The wheel's batch counts what it fired without calling it delivered (`delivered=False`);
-    the ledger query reports deliveries from the dispatch tasks' ledger rows (`observe_sent`)."""
+def test_with_the_drivers_hold_deliveries_count_when_sent_not_with_their_batch():
+    """`hold = "driver"`: the batch counts its deliveries without calling them delivered
+    (`delivered=False`); the hold reports them once Kafka has them (`observe_sent`)."""
     m = fresh()
-    s = BatchSummary(4)
+    s = BatchSummary(4, deferred=True)
     s.add("deliver", 2, None, 3, delivered=False)
     m.observe_batch(s)
     r = m.registry
