@@ -1,5 +1,5 @@
 """The dispatch stage's supervisor, in the driver: each ready partition runs as its own one-task
-Spark job (sinks/dispatch.py run_partition) under a job group of its own, started again with a
+Spark job (sinks/dispatch_task.py run_partition) under a job group of its own, started again with a
 back-off when it fails, as Spark does not retry tasks in `local[N]` and, on a cluster, a task
 that never ends would add its failures up to `spark.task.maxFailures` and abort the job. Past
 `max_failures` in FAILURE_WINDOW_S the stage gives up and says so (`failure`).
@@ -16,7 +16,8 @@ import uuid
 from collections import deque
 
 from conf.settings import Settings
-from sinks.dispatch import READY_STOP, DispatchConfig, run_partition
+from sinks.dispatch import READY_STOP, DispatchConfig
+from sinks.dispatch_task import run_partition
 from streaming.kafka_config import dispatch_producer_config, librdkafka_config
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The dispatch task (sinks/dispatch.py) on the real broker, without Spark: rows leave at their
+"""The dispatch task (sinks/dispatch_task.py) on the real broker, without Spark: rows leave at their
 due time and never before, also from a host whose clock runs ahead of the broker's; a task
 killed and started again sends again only what the ledger lacks, and a clean stop nothing; a
 row its real topic refuses is dead-lettered with its reason and the partition goes on."""
@@ -13,7 +13,8 @@ import pytest
 from kafka import KafkaProducer
 
 from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
-                            DispatchConfig, ledger_rows, run_partition)
+                            DispatchConfig, ledger_rows)
+from sinks.dispatch_task import run_partition
 from state import headers as H
 from tests.support import consume_all, header_map
 
@@ -164,3 +165,22 @@ def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on
     assert statuses == {"missing": "dead", "beyond": "dead", "large": "dead",
                         **{f"ok{i}": "delivered" for i in range(5)}}
     assert result == [{"partition": 0, "sent": 5, "dead": 3, "skipped": 0}]
+
+
+def test_a_wheel_batch_fired_again_after_a_restart_is_sent_once(dispatch, kafka_bootstrap):
+    """After a crash the wheel fires its last batch again: copies of rows that are still in the
+    ready partition, not yet due, above the commit point. The restarted task reads both the
+    originals and, later, the copies; it sends each message once."""
+    config, write = dispatch
+    due = int(time.time() * 1000) + 8000
+    rows = [{"uniq": f"r{i}", "due": due} for i in range(20)]
+    write(rows)                         # fired before the crash, not yet sent
+    thread, result = in_thread(config)  # the restarted task
+    time.sleep(4)
+    write(rows)                         # the same batch fired again after the restart
+    records = consume_all(kafka_bootstrap, config.real, expected=40, timeout_s=30, idle_s=2)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    keys = sorted(header_map(r)["UNIQ_KEY"].decode() for r in records)
+    assert keys == sorted(r["uniq"] for r in rows), f"{len(keys)} sent for 20 messages"
+    assert result and result[0]["skipped"] == 20

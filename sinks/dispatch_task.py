@@ -1,0 +1,366 @@
+"""The dispatch task's loop (sinks/dispatch.py has its rules and records): consume the ready
+partition, hold rows until due, send them and their ledger rows, commit, and on a restart skip
+what the ledger already holds. No Spark import: it runs in a plain Python worker, and is tested
+on a real broker without Spark (tests/integration/test_dispatch.py).
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import time
+from typing import Callable, Iterator
+
+from sinks.dispatch import (LEDGER_BATCH, PROBE, READY_STOP, DispatchConfig, Offsets, Row, Skew,
+                            dead_letter_headers, identity, ledger_record, ledger_row,
+                            ledger_rows, ready_row, refusal)
+
+log = logging.getLogger(__name__)
+
+# How long a task keeps what its start found in the ledger: a wheel batch fired again after a
+# crash comes in the wheel's first batches.
+DONE_KEPT_S = 600.0
+
+
+def run_partition(config: DispatchConfig, partition: int,
+                  clock: Callable[[], float] = time.time) -> Iterator[dict]:
+    """The task's whole life: dispatch `partition` until its stop record for this run, then
+    yield what it did ({"partition", "sent", "dead", "skipped"}). Raises on a failure that a
+    new task must take over (the supervisor starts it again from the committed offset)."""
+    task = _Task(config, partition, clock)
+    try:
+        task.run()
+    finally:
+        task.close()
+    yield {"partition": partition, "sent": task.sent, "dead": task.dead, "skipped": task.skipped}
+
+
+def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: float = 1.0):
+    """`call()`, again after a pause while it raises a transient Kafka error (a coordinator
+    still loading, a broker restarting) and `timeout_s` has not passed."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except KafkaException as e:
+            if not transient(e.args[0] if e.args else None) or time.monotonic() > deadline:
+                raise
+            log.info("dispatch: %s; retrying", e)
+            time.sleep(pause_s)
+
+
+def transient(err) -> bool:
+    """A Kafka error that passes by itself (retriable, or a cluster still starting)."""
+    from confluent_kafka import KafkaError as E
+
+    if err is None or not hasattr(err, "code"):
+        return False
+    return err.retriable() or err.code() in {
+        E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE,
+        E._TIMED_OUT, E._TRANSPORT, E._ALL_BROKERS_DOWN, E.LEADER_NOT_AVAILABLE,
+        E.NOT_LEADER_FOR_PARTITION, E.REQUEST_TIMED_OUT}
+
+
+class _Task:
+    """One run of a dispatch task over its ready partition (see `run_partition`)."""
+
+    def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float]):
+        from confluent_kafka import Consumer, Producer, TopicPartition
+
+        self.config, self.partition, self.clock = config, partition, clock
+        self.ready = TopicPartition(config.ready_topic, partition)
+        self.ledger = TopicPartition(config.ledger_topic, partition)
+        self.consumer = Consumer({**config.consumer, "enable.auto.commit": False,
+                                  "auto.offset.reset": "error"})
+        self.producer = Producer(config.producer)
+        self.skew = Skew(clock=clock)
+        self.heap: list[tuple] = []     # Row.order() of each held row
+        self.retry: list[tuple[float, Callable[[], bool]]] = []   # (monotonic time, send)
+        self.ledger_end = 0
+        self.sent = self.dead = self.skipped = 0
+        self.stopping = self.paused = False
+        self.offsets = Offsets(0)
+        self._last_ack = 0.0
+        self._old_end = 0   # the ready partition's end at the start
+        self._unledgered: list[tuple[Row, dict]] = []   # acknowledged, ledger row not yet sent
+
+    # ---- start: where to read from, and what the ledger already holds ----------------------
+    def _committed(self) -> tuple[int, int | None]:
+        from confluent_kafka import TopicPartition
+
+        [got] = self.consumer.committed([TopicPartition(self.ready.topic, self.partition)],
+                                        timeout=60)
+        if got.offset < 0:
+            low, _ = self.consumer.get_watermark_offsets(self.ready, timeout=60)
+            return low, None
+        mark = json.loads(got.metadata).get("ledger") if got.metadata else None
+        return got.offset, mark
+
+    def _in_ledger(self, mark: int | None) -> set[int]:
+        """The messages (`identity`) this partition's ledger holds from `replay_window_s`
+        before the last commit's ledger mark to its end (from its beginning when nothing was
+        committed yet: the partition holds only this ready partition's rows): those a crashed
+        task delivered after its last commit, and those of a wheel batch that a crash makes
+        the wheel fire again (it ran within the window before the crash). Sets `ledger_end`
+        to the partition's end."""
+        from confluent_kafka import TopicPartition
+
+        low, high = self.consumer.get_watermark_offsets(self.ledger, timeout=60)
+        self.ledger_end = high
+        position = low if mark is None else self._before(max(low, min(mark, high) - 1), low)
+        done: set[int] = set()
+        if position >= high:
+            return done
+        self.consumer.assign([TopicPartition(self.ledger.topic, self.partition, position)])
+        deadline = time.monotonic() + 120
+        while position < high and time.monotonic() < deadline:
+            for msg in self.consumer.consume(1000, timeout=1.0):
+                if msg.error():
+                    continue
+                position = msg.offset() + 1
+                if msg.headers():   # a probe
+                    continue
+                rows = ledger_rows(msg.value())
+                for key, due in zip(rows.column("uniq_key").to_pylist(),
+                                    rows.column("due_ms").to_pylist()):
+                    done.add(identity(key, due))
+        self.consumer.unassign()
+        return done
+
+    def _before(self, offset: int, low: int) -> int:
+        """The ledger offset `replay_window_s` before the record at `offset`."""
+        from confluent_kafka import TopicPartition
+
+        self.consumer.assign([TopicPartition(self.ledger.topic, self.partition, offset)])
+        msgs = self.consumer.consume(1, timeout=10.0)
+        self.consumer.unassign()
+        if not msgs or msgs[0].error():
+            return low
+        stamp = msgs[0].timestamp()[1] - int(self.config.replay_window_s * 1000)
+        [found] = self.consumer.offsets_for_times(
+            [TopicPartition(self.ledger.topic, self.partition, stamp)], timeout=30)
+        return found.offset if found.offset >= 0 else offset
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def run(self) -> None:
+        from confluent_kafka import TopicPartition
+
+        start, mark = retrying(self._committed)
+        done = retrying(lambda: self._in_ledger(mark))
+        # The rows already in the ready partition at the start: read again from the commit
+        # point, they are remembered too, for a wheel batch fired again after a crash writes
+        # copies of them after this end.
+        self._old_end = retrying(lambda: self.consumer.get_watermark_offsets(
+            self.ready, timeout=60))[1]
+        self.offsets = Offsets(start)
+        self._probe(wait=True)
+        self.consumer.assign([TopicPartition(self.ready.topic, self.partition, start)])
+        last_commit = began = time.monotonic()
+        while not self.stopping:
+            if done is not None and time.monotonic() - began > DONE_KEPT_S:
+                done = None
+            self._release()
+            self._send_due()
+            self.producer.poll(0)
+            self._ledger()
+            self._pace()
+            for msg in self.consumer.consume(5000, timeout=self._wait_s()):
+                if msg.error():   # the client's own report; it reconnects and goes on
+                    if msg.error().fatal():
+                        from confluent_kafka import KafkaException
+                        raise KafkaException(msg.error())
+                    log.warning("dispatch %d: %s", self.partition, msg.error())
+                    continue
+                self._take(msg, done)
+            if time.monotonic() - last_commit >= self.config.commit_interval_s:
+                self._commit()
+                last_commit = time.monotonic()
+            if time.monotonic() - self._last_ack > self.config.probe_interval_s:
+                self._probe()
+        # A clean stop: what was handed to the producer is acknowledged (and its ledger row
+        # with it) before the commit, so the next run skips it; rows not yet due stay above
+        # the commit point and are read again.
+        for _ in range(3):
+            self.producer.flush(30)
+            self._ledger()
+            self._release(force=True)
+        self._commit()
+
+    def close(self) -> None:
+        try:
+            self.consumer.close()
+        finally:
+            self.producer.flush(10)
+
+    def _now_ms(self) -> int:
+        """This host's clock held back by how far it may run ahead of the broker's."""
+        return int(self.clock() * 1000 - self.skew.ahead_ms())
+
+    def _wait_s(self) -> float:
+        if not self.heap:
+            return 0.02
+        return min(0.02, max(0.0, (self.heap[0][0] - self._now_ms()) / 1000))
+
+    def _pace(self) -> None:
+        """Bounded memory: stop reading while too many rows are held."""
+        held = len(self.heap)
+        if not self.paused and held >= self.config.max_held:
+            self.consumer.pause([self.ready])
+            self.paused = True
+        elif self.paused and held < self.config.max_held // 2:
+            self.consumer.resume([self.ready])
+            self.paused = False
+
+    def _take(self, msg, done: set[int] | None) -> None:
+        """One ready record: the run's stop, a message the ledger holds already (skipped), or
+        a row to hold until due."""
+        offset, headers = msg.offset(), msg.headers() or []
+        if headers and headers[-1][0] == READY_STOP:
+            self.offsets.skip(offset)
+            if (msg.value() or b"").decode() == self.config.run_id:
+                self.stopping = True
+            return
+        row = ready_row(offset, msg.key(), msg.value(), headers)
+        if done is not None:
+            known = identity(row.uniq_key, row.due_ms)
+            if known in done:
+                self.offsets.skip(offset)
+                self.skipped += 1
+                return
+            if offset < self._old_end:
+                done.add(known)
+        self.offsets.read(offset, self.ledger_end)
+        heapq.heappush(self.heap, row.order())
+
+    def _send_due(self) -> None:
+        now = self._now_ms()
+        while self.heap and self.heap[0][0] <= now:
+            row = heapq.heappop(self.heap)[-1]
+            if not self._produce(row.topic, row.partition, row, row.headers, self._delivered):
+                heapq.heappush(self.heap, row.order())   # the producer's queue is full: later
+                return
+
+    def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
+        from confluent_kafka import KafkaException
+
+        sent_ms = self._now_ms()
+        kwargs = {} if partition is None else {"partition": partition}
+        try:
+            self.producer.produce(topic, value=row.value, key=row.key, headers=headers,
+                                  on_delivery=lambda err, msg: callback(err, msg, row, sent_ms),
+                                  **kwargs)
+        except BufferError:
+            self.producer.poll(0.05)
+            return False
+        except KafkaException as e:   # refused before it was queued (e.g. no such partition)
+            callback(e.args[0], None, row, sent_ms)
+        return True
+
+    # ---- acknowledgements (called from producer.poll) ---------------------------------------
+    def _delivered(self, err, msg, row: Row, sent_ms: int) -> None:
+        if err is None:
+            self.sent += 1
+            self._unledgered.append((row, ledger_row(row, sent_ms)))
+            return
+        reason = refusal(err, row)
+        if reason is None:
+            log.warning("dispatch %d: sending %s to %s failed (%s); retrying", self.partition,
+                        row.uniq_key, row.topic, err)
+            self._later(lambda: self._produce(row.topic, row.partition, row, row.headers,
+                                              self._delivered))
+            return
+        self._dead_letter(row, reason)
+
+    def _dead_letter(self, row: Row, reason: str) -> bool:
+        sent = self._produce(self.config.dlq_topic, None, row, dead_letter_headers(row, reason),
+                             lambda e, m, r, s: self._dead_lettered(e, r, s, reason))
+        if not sent:
+            self._later(lambda: self._dead_letter(row, reason), 0.05)
+        return True
+
+    def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
+        if err is not None:
+            self._later(lambda: self._dead_letter(row, reason))
+            return
+        self.dead += 1
+        self._unledgered.append((row, ledger_row(row, sent_ms, "dead", reason)))
+
+    def _ledger(self) -> None:
+        """The ledger rows of what was acknowledged since the last call, as records of up to
+        LEDGER_BATCH rows; their rows are done once the ledger has them."""
+        while self._unledgered:
+            chunk, self._unledgered = (self._unledgered[:LEDGER_BATCH],
+                                       self._unledgered[LEDGER_BATCH:])
+            rows = [row for row, _ in chunk]
+            record = ledger_record([entry for _, entry in chunk])
+
+            def send(record=record, rows=rows) -> bool:
+                try:
+                    self.producer.produce(
+                        self.ledger.topic, value=record, partition=self.partition,
+                        on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
+                except BufferError:
+                    return False
+                return True
+            if not send():
+                self._later(send, 0.05)
+
+    def _ledgered(self, err, msg, rows: list[Row], send) -> None:
+        if err is not None:
+            self._later(send)
+            return
+        self.ledger_end = max(self.ledger_end, msg.offset() + 1)
+        kind, stamp = msg.timestamp()
+        if kind == 2:   # TIMESTAMP_LOG_APPEND_TIME: the broker's clock
+            self.skew.observe(stamp)
+        self._last_ack = time.monotonic()
+        for row in rows:
+            self.offsets.done(row.offset)
+
+    def _probe(self, wait: bool = False) -> None:
+        """A record on the ledger partition whose acknowledgement measures the clock (Skew);
+        the ledger query ignores it. At the start, nothing is sent before it is measured."""
+        self._last_ack = time.monotonic()
+
+        def send():
+            self.producer.produce(self.ledger.topic, value=b"", headers=[(PROBE, b"1")],
+                                  partition=self.partition,
+                                  on_delivery=lambda err, msg: self._ledgered(err, msg, [], send))
+        send()
+        deadline = time.monotonic() + 60
+        while wait and not self.skew.measured and time.monotonic() < deadline:
+            self.producer.poll(0.05)
+            self._release()
+
+    def _later(self, send: Callable[[], bool], delay_s: float | None = None) -> None:
+        """Call `send` again after a back-off (the retry's, or `delay_s`); a send that returns
+        False (the producer's queue was full) is put back the same way."""
+        self.retry.append((time.monotonic() + (delay_s if delay_s is not None
+                                               else self.config.retry_backoff_s), send))
+
+    def _release(self, force: bool = False) -> None:
+        if not self.retry:
+            return
+        now = time.monotonic()
+        due = [send for at, send in self.retry if force or at <= now]
+        self.retry = [(at, send) for at, send in self.retry if not (force or at <= now)]
+        for send in due:
+            if send() is False:
+                self._later(send, 0.05)
+
+    def _commit(self) -> None:
+        """Commit the commit point; a transient failure waits for the next commit."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        point, mark = self.offsets.commit_point(self.ledger_end)
+        try:
+            self.consumer.commit(offsets=[TopicPartition(
+                self.ready.topic, self.partition, point, metadata=json.dumps({"ledger": mark}))],
+                asynchronous=False)
+        except KafkaException as e:
+            if not transient(e.args[0] if e.args else None):
+                raise
+            log.warning("dispatch %d: commit failed (%s); the next one retries it",
+                        self.partition, e)
