@@ -1,0 +1,60 @@
+"""The dispatch stage's driver side over stand-ins of Spark (no JVM): the start refuses too few
+task slots or speculation, and the supervisor gives up, saying why, once a partition's task
+has failed more than `dispatch_max_failures` times."""
+import pytest
+
+from conf import load_settings
+from state.errors import JobError
+from streaming import job as job_module
+from streaming.dispatcher import Dispatcher
+
+
+class Context:
+    def __init__(self, slots=5, conf=None, fail=None):
+        self.defaultParallelism, self._conf, self._fail = slots, conf or {}, fail
+        self.groups = []
+
+    def getConf(self):
+        return self._conf
+
+    def setJobGroup(self, group, description, interruptOnCancel=False):
+        self.groups.append(group)
+
+    def parallelize(self, items, slices):
+        return self
+
+    def mapPartitions(self, function):
+        return self
+
+    def collect(self):
+        raise self._fail
+
+
+class Spark:
+    def __init__(self, context):
+        self.sparkContext = context
+
+
+def job_with(context):
+    job = job_module.DelayJob.__new__(job_module.DelayJob)
+    job.settings, job.spark = load_settings(spark_shuffle_partitions=2), Spark(context)
+    return job
+
+
+def test_a_start_refuses_too_few_slots_and_speculation(monkeypatch):
+    monkeypatch.setattr(job_module, "SLOTS_WAIT_S", 0.0)
+    job_with(Context(slots=5))._check_slots(2)
+    with pytest.raises(JobError, match=r"needs 5 task slots .* Spark has 4"):
+        job_with(Context(slots=4))._check_slots(2)
+    with pytest.raises(JobError, match="spark.speculation must be off"):
+        job_with(Context(conf={"spark.speculation": "true"}))._check_slots(2)
+
+
+def test_the_supervisor_gives_up_after_too_many_failures():
+    context = Context(fail=RuntimeError("executor lost\nstack"))
+    dispatcher = Dispatcher(Spark(context), load_settings(dispatch_max_failures=1), 1, 1_048_576)
+    dispatcher._supervise(0)   # fails, waits its first back-off (1 s), fails again: gives up
+    assert dispatcher.restarts == 1
+    assert dispatcher.failure == ("dispatch of ready partition 0 failed 2 times in 600 s; "
+                                  "last: executor lost")
+    assert len(context.groups) == 2 and context.groups[0].endswith(".READY-0")
