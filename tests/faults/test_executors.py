@@ -40,6 +40,7 @@ def test_the_dispatch_tasks_deliver_on_time_and_the_ledger_holds_each_once(
     load.start()
     with DelayProducer(settings) as producer:
         later = producer.send(real, b"later", delay_ms=30_000)
+        lost = producer.send(f"missing-{settings.intake_topic}", b"nowhere", level=1)
     # Fired into the ready topic 12 s (the fire lead) before it is due, and held there by its
     # dispatch task: `delayq ledger` finds it pending in the ready topic.
     held = assert_eventually(lambda: lookup.in_ready_topic(settings, later.uniq_key),
@@ -51,6 +52,14 @@ def test_the_dispatch_tasks_deliver_on_time_and_the_ledger_holds_each_once(
     assert outcome.duplicates == 0, "no crash, no duplicate"
     assert_eventually(lambda: set(ledger_counts(spark, settings)) >= set(load.sent),
                       timeout_s=60, message="ledger rows for every delivered message")
+    # A real topic that does not exist: the dispatch task dead-letters the message, and the
+    # ledger query writes it to the dead-letter table with its reason.
+    dead_rows = lambda: (table_exists(settings.dead_letter_path) and spark.read.format("delta")
+                         .load(str(settings.dead_letter_path))
+                         .filter(F.col("uniq_key") == lost.uniq_key).collect()) or None
+    dead = assert_eventually(dead_rows, timeout_s=60, message="the dead-letter table's row")
+    assert len(dead) == 1 and "does not exist" in dead[0]["reason"], dead
+    assert bytes(dead[0]["value"]) == b"nowhere"
     job.stop()
     counts = ledger_counts(spark, settings)
     assert set(counts) == set(load.sent) and all(n == 1 for n in counts.values())
