@@ -8,7 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -76,6 +76,7 @@ class Settings(BaseSettings):
 
     data_dir: Path
     jars_dir: str
+    store: str
 
     spark_master: str
     spark_app_name: str
@@ -101,6 +102,16 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hold_beside_the_store(cls, data: dict) -> dict:
+        """The driver's hold spools beside a checkpoint on the driver's disk: with the
+        checkpoint on a store, the executors hold instead (the design for a cluster)."""
+        store = str(data.get("store") or "").strip()
+        if data.get("hold") == "driver" and store and not store.startswith("file:"):
+            return {**data, "hold": "executors"}
+        return data
 
     @field_validator("delay_levels")
     @classmethod
@@ -162,16 +173,16 @@ class Settings(BaseSettings):
         return parse_duration(self.cold_bucket)
 
     @property
-    def cold_path(self) -> Path:
-        return self.data_path / "tables" / "cold"
+    def cold_path(self) -> str:
+        return f"{self.store_root}/tables/cold"
 
     @property
     def late_tolerance_ms(self) -> int:
         return parse_duration(self.late_tolerance)
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.data_path / "checkpoints" / "delivery"
+    def checkpoint_path(self) -> str:
+        return f"{self.store_root}/checkpoints/delivery"
 
     @property
     def ledger_interval_ms(self) -> int:
@@ -190,12 +201,12 @@ class Settings(BaseSettings):
         return f"{self.intake_topic}.LEDGER"
 
     @property
-    def ledger_path(self) -> Path:
-        return self.data_path / "tables" / "ledger"
+    def ledger_path(self) -> str:
+        return f"{self.store_root}/tables/ledger"
 
     @property
-    def dead_letter_path(self) -> Path:
-        return self.data_path / "tables" / "dead_letters"
+    def dead_letter_path(self) -> str:
+        return f"{self.store_root}/tables/dead_letters"
 
     @property
     def embedded(self) -> bool:
@@ -207,6 +218,11 @@ class Settings(BaseSettings):
         if self.embedded:
             return f"{self.kafka_host}:{self.kafka_port}"
         return self.bootstrap_servers.strip()
+
+    @property
+    def store_root(self) -> str:
+        """Where checkpoints and tables live: the store's URI, or data_dir on this machine."""
+        return self.store.strip().rstrip("/") or str(self.data_path)
 
     @property
     def data_path(self) -> Path:

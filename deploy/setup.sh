@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh machine (Python 3.11, Java 17 and Maven installed):
 #   - .venv with delayq and its pinned Python dependencies (from PyPI),
-#   - .lib/spark and .lib/kafka with the JVM jars, resolved by Maven (from Maven Central),
+#   - .lib/spark, .lib/kafka and .lib/hdfs with the JVM jars, resolved by Maven (from Maven
+#     Central); .lib/hdfs runs a local HDFS for a store on hdfs:// (`delayq hdfs start`),
 #   - Prometheus (Debian package) for the metrics tests.
 # Safe to run again: each step is skipped when its inputs did not change.
 # Nothing is downloaded after this: the job and the broker start from these folders.
@@ -35,7 +36,7 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   fi
 fi
 
-for part in spark kafka; do
+for part in spark kafka hdfs; do
   pom=deploy/maven/$part/pom.xml
   out=.lib/$part
   if [ ! -f "$out/.resolved" ] || [ "$pom" -nt "$out/.resolved" ]; then
@@ -67,4 +68,4 @@ sys.exit(0 if archive_path(load_settings()).is_file() else 1)' 2>/dev/null; then
   .venv/bin/python -m streaming.cds >.lib/cds-build.log 2>&1 || {
     echo "setup: the class data archive was not built (see .lib/cds-build.log); Spark starts without it" >&2; }
 fi
-echo "setup: ready (.venv, .lib/spark, .lib/kafka, .lib/localfs, .lib/cds)"
+echo "setup: ready (.venv, .lib/spark, .lib/kafka, .lib/hdfs, .lib/localfs, .lib/cds)"

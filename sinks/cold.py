@@ -19,13 +19,13 @@ tombstone in a bucket already loaded: a record for `delayq ledger`, never read b
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sinks import store
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id, table_exists
 from sinks.kafka import header_struct
@@ -51,7 +51,7 @@ class ColdTier:
         self.intake, self.partitions = intake_topic, max(1, intake_partitions)
         self.options, self.bucket_ms, self.horizon_ms = kafka_options, bucket_ms, horizon_ms
         self.clock = clock
-        self.marker = Path(checkpoint) / "cold" / "loaded_until"
+        self.marker = store.path(checkpoint) / "cold" / "loaded_until"
 
     # ---- the marker: every bucket up to and including it is in the wheel ----------------
     def loaded_until(self) -> int:
@@ -67,10 +67,7 @@ class ColdTier:
         return edge - edge % self.bucket_ms
 
     def _set_loaded(self, bucket: int) -> None:
-        self.marker.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"loaded_until": bucket}))
-        os.replace(tmp, self.marker)
+        store.write_atomic(self.marker, json.dumps({"loaded_until": bucket}))
 
     # ---- per batch ------------------------------------------------------------------------
     def park(self, batch: DataFrame, summary: BatchSummary) -> None:

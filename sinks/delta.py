@@ -12,18 +12,20 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
+from sinks import store
 from sinks.base import BatchSink, BatchSummary, Sent
+
 
 
 def table_exists(path: str | Path) -> bool:
     """A Delta table with at least one commit (its log folder appears before the first)."""
-    log = Path(path) / "_delta_log"
-    return log.is_dir() and any(p.suffix == ".json" for p in log.iterdir())
+    log = store.path(path) / "_delta_log"
+    return log.is_dir() and any(p.name.endswith(".json") for p in log.iterdir())
 
 
 def query_id(checkpoint: str | Path) -> str:
     """The streaming query's id, kept in the checkpoint's metadata file."""
-    return json.loads((Path(checkpoint) / "metadata").read_text())["id"]
+    return json.loads((store.path(checkpoint) / "metadata").read_text())["id"]
 
 
 def append_once(rows: DataFrame, path: str, app_id: str, txn_version: int,
@@ -37,12 +39,6 @@ def append_once(rows: DataFrame, path: str, app_id: str, txn_version: int,
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     writer.save(path)
-
-
-def is_local(path: str | Path) -> bool:
-    """A table on this machine's file system (a plain path or file: URI), not on a store."""
-    text = str(path)
-    return "://" not in text or text.startswith("file:")
 
 
 def append_arrow_once(rows: pa.Table, path: str | Path, app_id: str, txn_version: int,

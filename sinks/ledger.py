@@ -25,7 +25,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary, Sent
-from sinks.delta import DeltaBatchTable, append_arrow_once, is_local
+from sinks.delta import DeltaBatchTable, append_arrow_once
+from sinks.store import is_local
 from sinks.durable import write_durably
 
 log = logging.getLogger(__name__)

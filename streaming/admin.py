@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPart
 
 from conf.settings import Settings
 from state.errors import JobError
+from sinks import store
 from streaming.kafka_config import python_client_config
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class TopicCatalog:
     job's start")."""
 
     def __init__(self, admin: KafkaAdminClient, recheck_s: float = 5.0, limit_ttl_s: float = 60.0,
-                 memory: Path | None = None):
+                 memory: Path | store.HadoopPath | None = None):
         self._admin = admin
         self._known: dict[str, int] = {}
         self._missing: dict[str, float] = {}
@@ -224,24 +224,21 @@ class TopicCatalog:
         return any(topic in self._known for topic in topics)
 
     def _remembered(self) -> list[str]:
-        if self._memory is None or not self._memory.is_file():
+        if self._memory is None:
             return []
         try:
             names = json.loads(self._memory.read_text())
-        except (OSError, ValueError):
-            return []   # a damaged memory costs a first batch its second job, nothing more
+        except Exception:   # missing, damaged or unreachable (a store's client error)
+            return []   # costs a first batch its second job, nothing more
         return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
 
     def _remember(self) -> None:
         """The topics known now, written whole (a new file renamed into place)."""
         if self._memory is None:
             return
-        part = self._memory.with_name(self._memory.name + ".tmp")
         try:
-            self._memory.parent.mkdir(parents=True, exist_ok=True)
-            part.write_text(json.dumps(sorted(self._known)))
-            os.replace(part, self._memory)
-        except OSError as exc:
+            store.write_atomic(self._memory, json.dumps(sorted(self._known)))
+        except Exception as exc:   # a local OSError or a store's client error: only a cache
             log.warning("could not keep the real topics found in %s: %s", self._memory, exc)
 
     def _describe_one(self, topic: str):

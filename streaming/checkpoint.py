@@ -20,6 +20,8 @@ from pathlib import Path
 from conf.settings import Settings
 from state.columns import READS_FORMATS, STATE_FORMAT
 from state.errors import JobError
+from sinks import store
+from sinks.store import HadoopPath
 
 log = logging.getLogger(__name__)
 
@@ -53,31 +55,24 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def is_local(checkpoint: str) -> bool:
-    return "://" not in checkpoint or checkpoint.startswith("file:")
-
-
-def local_path(checkpoint: str) -> Path:
-    return Path(checkpoint.removeprefix("file://").removeprefix("file:"))
-
-
-def has_progress(path: Path) -> bool:
+def has_progress(path: Path | HadoopPath) -> bool:
     """True once a batch has been planned into this checkpoint."""
     offsets = path / "offsets"
     return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
 
 
-def _latest(folder: Path) -> Path | None:
+def _latest(folder: Path | HadoopPath) -> Path | HadoopPath | None:
     ids = sorted((int(p.name), p) for p in folder.iterdir() if p.name.isdigit()) \
         if folder.is_dir() else []
     return ids[-1][1] if ids else None
 
 
-def check_readable(path: Path) -> None:
+def check_readable(path: Path | HadoopPath) -> None:
     """Refuse a checkpoint this process cannot read and write, or whose Spark files are torn."""
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} is unreadable: it is not a folder")
-    targets = [path, *(path / name for name in ("offsets", "commits", "state", "sources"))]
+    targets = [path, *(path / name for name in ("offsets", "commits", "state", "sources"))] \
+        if isinstance(path, Path) else []   # a store answers for its own permissions
     for target in (t for t in targets if t.exists()):
         if not os.access(target, os.R_OK | os.W_OK | os.X_OK):
             raise CheckpointError(
@@ -134,10 +129,7 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
           allow_fresh: bool = False, allow_config_change: bool = False) -> str:
     """Decide whether the job may start on `checkpoint`. Returns "fresh" or "resume";
     raises CheckpointError with the reason and the way out otherwise."""
-    if not is_local(checkpoint):
-        log.info("checkpoint %s is not a local path; its guard checks are skipped", checkpoint)
-        return "resume"
-    path = local_path(checkpoint)
+    path = store.path(checkpoint)
     if path.exists() and not path.is_dir():
         check_readable(path)
     if not path.exists() or not has_progress(path):
@@ -177,23 +169,17 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
 def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0,
                 balance_timers: bool = True) -> None:
     """The stamp, with `started_ms` and `balance_timers`: see those functions."""
-    if not is_local(checkpoint):
-        return
-    path = local_path(checkpoint)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / STAMP).write_text(json.dumps({"settings": fingerprint(settings),
-                                          "state_format": STATE_FORMAT,
-                                          "wheel_operator": settings.wheel_operator,
-                                          "started_ms": started_ms,
-                                          "timer_groups": TIMER_GROUPS[balance_timers]},
-                                         indent=1) + "\n")
+    store.write_atomic(store.path(checkpoint) / STAMP, json.dumps(
+        {"settings": fingerprint(settings), "state_format": STATE_FORMAT,
+         "wheel_operator": settings.wheel_operator, "started_ms": started_ms,
+         "timer_groups": TIMER_GROUPS[balance_timers]}, indent=1) + "\n")
 
 
 def wheel_operator_of(checkpoint: str, default: str) -> str:
     """The Spark operator that keeps the checkpoint's wheel state, from its stamp (a stamp
     older than the setting: the only operator then); `default` where there is no stamp."""
-    stamp_file = local_path(checkpoint) / STAMP if is_local(checkpoint) else None
-    if stamp_file is None or not stamp_file.exists():
+    stamp_file = store.path(checkpoint) / STAMP
+    if not stamp_file.exists():
         return default
     try:
         return json.loads(stamp_file.read_text()).get("wheel_operator", FIRST_OPERATOR)
@@ -222,11 +208,11 @@ def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
     without state (`state.parse`). That keeps due order only if it held from the checkpoint's
     first batch: then the state never held a level message due before it. So it is `now_ms`
     for a fresh checkpoint and the stamp's value for a resumed one; 0 (nothing passes) for a
-    checkpoint stamped before it was kept, or one that is not a local path (no stamp)."""
+    checkpoint stamped before it was kept."""
     if verdict == "fresh":
-        return now_ms if is_local(checkpoint) else 0
-    stamp_file = local_path(checkpoint) / STAMP if is_local(checkpoint) else None
-    if stamp_file is None or not stamp_file.exists():
+        return now_ms
+    stamp_file = store.path(checkpoint) / STAMP
+    if not stamp_file.exists():
         return 0
     try:
         return int(json.loads(stamp_file.read_text()).get("started_ms", 0))
@@ -238,14 +224,11 @@ def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
 def balance_timers(checkpoint: str, verdict: str) -> bool:
     """Whether this run numbers a timer's wheel group by `state.placement.balanced_slot`
     (`state.wheel.group_of`). A cancel finds the timer it names by the rule that timer was
-    held under, so a checkpoint keeps the rule it started with: balanced for a fresh local
-    checkpoint, the stamp's rule for a resumed one (stamped before there was a choice: hashed),
-    and hashed off a local path, which has no stamp to keep the choice in."""
-    if not is_local(checkpoint):
-        return False
+    held under, so a checkpoint keeps the rule it started with: balanced for a fresh
+    checkpoint, the stamp's rule for a resumed one (stamped before there was a choice: hashed)."""
     if verdict == "fresh":
         return True
-    stamp_file = local_path(checkpoint) / STAMP
+    stamp_file = store.path(checkpoint) / STAMP
     if not stamp_file.exists():
         return False
     try:

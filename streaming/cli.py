@@ -1,4 +1,4 @@
-"""`delayq`: the one entry point. Subcommands: run, demo, produce, offsets, kafka.
+"""`delayq`: the one entry point. Subcommands: run, demo, produce, offsets, kafka, hdfs.
 
 Every option can also be set from the environment as DELAYQ_<NAME> (named in --help);
 the defaults shown come from conf/defaults.toml.
@@ -143,6 +143,25 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_hdfs(args: argparse.Namespace) -> int:
+    from streaming import hdfs
+
+    spec = hdfs.spec_from_settings(_settings(args))
+    if args.action == "start":
+        pids = hdfs.start(spec)
+        print(f"hdfs running: {spec.uri} (NameNode pid {pids['namenode']}, DataNode pid "
+              f"{pids['datanode']}), web UI http://{spec.host}:{spec.http_port}, data {spec.home}")
+    elif args.action == "stop":
+        stopped = hdfs.stop(spec)
+        print(f"hdfs stopped ({', '.join(stopped)})" if stopped else "hdfs was not running")
+    else:
+        info = hdfs.status(spec)
+        for key, value in info.items():
+            print(f"{key:15} {value}")
+        return 0 if info["state"] == "Operational" else 3
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from streaming.demo import run_demo
 
@@ -188,13 +207,18 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_offsets(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from sinks import store
     from streaming.offsets import delay_offset_table, format_delay_offsets
 
     settings = _settings(args)
-    checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_path
-    print(format_delay_offsets(delay_offset_table(checkpoint, settings.intake_topic)))
+    checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
+    # A checkpoint on a store is read through Spark's Hadoop client.
+    spark = None if store.is_local(str(checkpoint)) else _reader_session(settings)
+    try:
+        print(format_delay_offsets(delay_offset_table(checkpoint, settings.intake_topic)))
+    finally:
+        if spark is not None:
+            spark.stop()
     return 0
 
 
@@ -216,8 +240,7 @@ def _reader_session(settings):
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from sinks import store
     from streaming import lookup
 
     settings = _settings(args)
@@ -232,7 +255,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
             return 0
         if not args.uniq_key:
             raise SystemExit("delayq ledger: give a UNIQ_KEY or --summary")
-        checkpoint = Path(args.checkpoint) if args.checkpoint else settings.checkpoint_path
+        checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
         where = lookup.find(spark, args.uniq_key, settings.ledger_path,
                             settings.dead_letter_path, checkpoint, settings.cold_path,
                             ready=(lambda key: lookup.in_ready_topic(settings, key))
@@ -430,6 +453,12 @@ def build_parser() -> argparse.ArgumentParser:
     kafka.add_argument("action", choices=("start", "stop", "status"))
     _common(kafka)
     kafka.set_defaults(func=cmd_kafka)
+
+    hdfs = sub.add_parser("hdfs", help="start, stop or inspect a local HDFS (NameNode + DataNode) "
+                                       "for a store on hdfs://")
+    hdfs.add_argument("action", choices=("start", "stop", "status"))
+    _common(hdfs)
+    hdfs.set_defaults(func=cmd_hdfs)
     return parser
 
 

@@ -13,7 +13,6 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -27,7 +26,7 @@ from sinks.base import BatchSink, BatchSummary, Sent
 from sinks.cold import ColdTier
 from sinks.ready import ReadySink
 from sinks import driver_hold
-from sinks.kafka import KafkaSink, header_struct, record_size
+from sinks.kafka import KafkaSink, header_struct
 from sinks.ledger import (DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER,
                           collected_rows, delivered_rows)
 from sinks.metrics import Metrics, lateness_of
@@ -43,6 +42,7 @@ from streaming.heartbeat import Heartbeat
 from streaming.ledger_query import start_ledger_query
 from streaming.kafka_config import librdkafka_config, spark_options
 from streaming import checkpoint as ckpt
+from sinks import store
 from streaming.listener import OffsetMirror, ProgressListener
 from streaming.offsets import last_committed_batch
 from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
@@ -337,9 +337,10 @@ def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None 
     """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
     `batch_id` (the last one when None), read with Spark's state data source; {} for a
     checkpoint without state."""
-    from pathlib import Path
+    from streaming import store
 
-    if not (Path(checkpoint) / "state" / "0").is_dir() or not (Path(checkpoint) / "commits").is_dir():
+    root = store.path(checkpoint)
+    if not (root / "state" / "0").is_dir() or not (root / "commits").is_dir():
         return {}
     groups = wheel_state(spark, checkpoint, "count", batch_id, default_operator)
     rows = groups.groupBy("bucket").agg(F.sum("count").alias("n")).collect()
@@ -468,9 +469,8 @@ class DelayJob:
         # The real topics this checkpoint's runs delivered to, and the allow-list, looked up
         # now: the first batch, a restart's re-run or a backlog's first, then needs no
         # aggregate job of its own to find them (streaming/admin.py TopicCatalog).
-        catalog = kadmin.TopicCatalog(self._admin, memory=(
-            ckpt.local_path(self.checkpoint) / ckpt.TOPICS_FILE if ckpt.is_local(self.checkpoint)
-            else None))
+        catalog = kadmin.TopicCatalog(self._admin,
+                                      memory=store.path(self.checkpoint) / ckpt.TOPICS_FILE)
         catalog.seed(self.settings.allowed_topic_set)
         self._step("real_topics")
         if executors:
@@ -509,7 +509,7 @@ class DelayJob:
         # restart's first deliveries"), so the first batch makes the producer.
         # The pending gauge starts from the state as of the last committed batch; the batches
         # of this run add their deltas on top.
-        seed_batch = last_committed_batch(Path(self.checkpoint))
+        seed_batch = last_committed_batch(store.path(self.checkpoint))
         if seed_batch is None:
             kafka.warm_up(self.spark, self.settings.intake_topic)
         self._step("kafka_writer")
@@ -632,9 +632,7 @@ class DelayJob:
         in the state for them). Left in place, the next start would first run a batch over
         just those offsets, planned before the stop; without them, Spark plans that batch anew
         from the last commit, as after a stop between batches, over all that came since."""
-        if not ckpt.is_local(self.checkpoint):
-            return
-        root = ckpt.local_path(self.checkpoint)
+        root = store.path(self.checkpoint)
         if last_committed_batch(root) != committed:
             return
         for entry in (root / "offsets").iterdir():
@@ -658,11 +656,11 @@ class DelayJob:
         """The delivery ledger off the delivery path (sinks/ledger.py), when the checkpoint is
         a local (or mounted) folder to spool into; otherwise each batch writes it itself."""
         ledger = next((s for s in self._extra_sinks if isinstance(s, DeliveryLedger)), None)
-        if ledger is None or not ckpt.is_local(self.checkpoint):
+        if ledger is None or not store.is_local(self.checkpoint):
             return
         gauge = self.metrics.ledger_behind.set if self.metrics is not None else None
         self._spool = LedgerSpool(
-            self.spark, ledger, ckpt.local_path(self.checkpoint) / SPOOL_FOLDER,
+            self.spark, ledger, store.path(self.checkpoint) / SPOOL_FOLDER,
             single_until=last_committed + 1 if last_committed is not None else 0,
             interval_s=self.settings.ledger_interval_ms / 1000, on_behind=gauge).start()
         ledger.spool = self._spool
@@ -672,14 +670,14 @@ class DelayJob:
         checkpoint is a folder to spool into; None: the batch's tasks hold. With the tasks'
         hold, a spool an earlier run with the driver's left behind is still sent, by a driver's
         hold that takes no new batches."""
-        if not ckpt.is_local(self.checkpoint):
+        if not store.is_local(self.checkpoint):
             if self.settings.hold == "driver":
                 log.warning("hold = driver needs a checkpoint on a local or mounted folder; %s "
                             "is not one, so the batch's tasks hold (set hold = \"tasks\" and "
                             "fire_lead_ms = 2000 for them: a longer lead lengthens every batch)",
                             self.checkpoint)
             return None
-        folder = ckpt.local_path(self.checkpoint) / driver_hold.SPOOL_FOLDER
+        folder = store.path(self.checkpoint) / driver_hold.SPOOL_FOLDER
         if self.settings.hold != "driver" and not any(folder.glob("*.arrow")):
             return None
         return driver_hold.DriverHold(

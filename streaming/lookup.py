@@ -16,6 +16,7 @@ from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
 from sinks.driver_hold import SPOOL_FOLDER as HOLD_FOLDER, held
 from sinks.ledger import SPOOL_FOLDER, delivered_row
+from sinks.store import HadoopPath
 from state.wheel import decode
 from streaming.job import wheel_state
 
@@ -40,8 +41,8 @@ def _delivered(r) -> Whereabouts:
         "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
 
 
-def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
-         checkpoint: Path, cold: Path | None = None,
+def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
+         checkpoint: Path | HadoopPath, cold: str | None = None,
          ready: Callable[[str], dict | None] | None = None) -> Whereabouts:
     """Where `uniq_key` is: delivered, dead-lettered, cancelled, pending (the driver's hold,
     the ready topic through `ready` with `hold = "executors"`, or the wheel's state), or
@@ -53,8 +54,11 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
             F.col("uniq_key") == key).collect()
         return rows[0].asDict() if rows else None
 
+    # The driver's hold and the ledger's spool are folders beside a checkpoint on this machine.
+    local = isinstance(checkpoint, Path)
     # Delivered moments ago, its ledger row still waits in the spool (sinks/ledger.py).
-    row = delivered_row(checkpoint / SPOOL_FOLDER, uniq_key, in_table)
+    row = delivered_row(checkpoint / SPOOL_FOLDER, uniq_key, in_table) if local \
+        else in_table(uniq_key)
     if row is not None:
         return _delivered(row)
     if table_exists(dead):
@@ -70,7 +74,7 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
             return where
     # Fired ahead and waiting in the driver's hold (hold = "driver", sinks/driver_hold.py), or
     # sent by its batch's tasks and reported with the batch's last delivery.
-    hit = held(checkpoint / HOLD_FOLDER, uniq_key)
+    hit = held(checkpoint / HOLD_FOLDER, uniq_key) if local else None
     if hit is not None and hit["sent_ms"] is not None:   # sent by its batch's tasks
         return _delivered({**hit, "lateness_ms": hit["sent_ms"] - hit["due_ms"],
                            "intake_partition": hit["ipart"], "intake_offset": hit["ioff"]})
@@ -88,7 +92,7 @@ def find(spark: SparkSession, uniq_key: str, ledger: Path, dead: Path,
     return Whereabouts("unknown", {})
 
 
-def _in_cold_tier(spark: SparkSession, uniq_key: str, cold: Path) -> Whereabouts | None:
+def _in_cold_tier(spark: SparkSession, uniq_key: str, cold: str) -> Whereabouts | None:
     """Cancelled when a cancel's tombstone in the cold tier names it (sinks/cold.py: every
     cancel that found its message, or waits for it there), else None."""
     rows = [r.asDict() for r in spark.read.format("delta").load(str(cold))
@@ -100,7 +104,7 @@ def _in_cold_tier(spark: SparkSession, uniq_key: str, cold: Path) -> Whereabouts
     return None
 
 
-def _pending(spark: SparkSession, uniq_key: str, checkpoint: Path) -> dict | None:
+def _pending(spark: SparkSession, uniq_key: str, checkpoint: Path | HadoopPath) -> dict | None:
     if not (checkpoint / "state").is_dir():
         return None
     for row in wheel_state(spark, str(checkpoint), "chunk").toLocalIterator():

@@ -91,13 +91,6 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        # Spark writes each checkpoint file (offset and commit logs, the state's changelog) to
-        # a temporary file and renames it into place. Its default manager renames through
-        # Hadoop's FileContext, which on the local file system checks each path by running
-        # `readlink` in a child process of the JVM: 2,054-2,715 of them in a 2-minute bench
-        # run (16-17 with this manager). The FileSystem manager renames with rename(2), atomic on the local or mounted
-        # file system the checkpoint lives on (under data_dir); docs/benchmarks.md.
-        "spark.sql.streaming.checkpointFileManagerClass": FILE_SYSTEM_CHECKPOINTS,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Delta rebuilds the ledger's snapshot after every commit with this many tasks
@@ -137,6 +130,14 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.pyspark.driver.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
     }
+    if not settings.store.strip():
+        # Spark writes each checkpoint file (offset and commit logs, the state's changelog)
+        # to a temporary file and renames it into place. Its default manager renames through
+        # Hadoop's FileContext, which on the local file system checks each path by running
+        # `readlink` in a child process of the JVM: 2,054-2,715 of them in a 2-minute bench
+        # run (16-17 with this manager). The FileSystem manager renames with rename(2),
+        # atomic on the local or mounted folder under data_dir. A store keeps Spark's default.
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINTS
     conf.update(extra or {})
     return conf
 

@@ -9,7 +9,8 @@ import pytest
 
 deltalake = pytest.importorskip("deltalake")
 
-from sinks.delta import append_arrow_once, is_local  # noqa: E402
+from sinks.delta import append_arrow_once  # noqa: E402
+from sinks.store import is_local  # noqa: E402
 from sinks.ledger import LedgerSpool  # noqa: E402
 
 SCHEMA = pa.schema([("uniq_key", pa.string()), ("partition", pa.int32()),
