@@ -712,7 +712,7 @@ class Bench:
         taken_s = time.time() - t0
         after = self._constant("backlog-after", self.plan.backlog_rate, self.plan.backlog_seconds)
         cold_rows = self.spark.read.format("delta").load(str(self.settings.cold_path)).count()
-        cold_bytes = du(self.settings.cold_path)
+        cold_bytes = du(Path(self.settings.cold_path))
         figures = dict(after)
         figures.update(
             lost=before["lost"] + after["lost"], early=before["early"] + after["early"],

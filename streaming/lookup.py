@@ -16,6 +16,7 @@ from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
 from sinks.driver_hold import SPOOL_FOLDER as HOLD_FOLDER, held
 from sinks.ledger import SPOOL_FOLDER, delivered_row
+from sinks import store
 from sinks.store import HadoopPath
 from state.wheel import decode
 from streaming.job import wheel_state
@@ -42,7 +43,7 @@ def _delivered(r) -> Whereabouts:
 
 
 def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
-         checkpoint: Path | HadoopPath, cold: str | None = None,
+         checkpoint: str | Path | HadoopPath, cold: str | None = None,
          ready: Callable[[str], dict | None] | None = None) -> Whereabouts:
     """Where `uniq_key` is: delivered, dead-lettered, cancelled, pending (the driver's hold,
     the ready topic through `ready` with `hold = "executors"`, or the wheel's state), or
@@ -55,6 +56,7 @@ def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
         return rows[0].asDict() if rows else None
 
     # The driver's hold and the ledger's spool are folders beside a checkpoint on this machine.
+    checkpoint = store.path(checkpoint)
     local = isinstance(checkpoint, Path)
     # Delivered moments ago, its ledger row still waits in the spool (sinks/ledger.py).
     row = delivered_row(checkpoint / SPOOL_FOLDER, uniq_key, in_table) if local \

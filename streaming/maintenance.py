@@ -5,14 +5,15 @@ Run it while the job runs or not; Delta's optimistic concurrency keeps both cons
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from sinks.delta import table_exists
 
-def maintain(spark: SparkSession, table: Path, date_column: str, retain_days: int | None,
+
+def maintain(spark: SparkSession, table: str, date_column: str, retain_days: int | None,
              vacuum_hours: int) -> dict:
-    if not (table / "_delta_log").is_dir():
+    if not table_exists(table):
         return {"table": str(table), "skipped": "no table yet"}
     result = {"table": str(table)}
     if retain_days is not None:

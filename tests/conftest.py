@@ -86,6 +86,22 @@ def new_topic(admin, request):
 
 
 @pytest.fixture(scope="session")
+def hdfs_uri(work_dir):
+    """A real HDFS (NameNode + DataNode, from .lib/hdfs) for the tests of a store, started at
+    the first test that asks for it."""
+    from streaming import hdfs
+
+    rpc, http, data, data_http, ipc = free_ports(5)
+    spec = hdfs.HdfsSpec(home=work_dir / "hdfs", jars=PROJECT / ".lib" / "hdfs", port=rpc,
+                         http_port=http, datanode_ports=(data, data_http, ipc))
+    hdfs.start(spec)
+    try:
+        yield spec.uri
+    finally:
+        hdfs.stop(spec)
+
+
+@pytest.fixture(scope="session")
 def test_settings(work_dir, kafka_bootstrap):
     """Settings for tests: the session broker, short levels, small Spark."""
     from conf import load_settings

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from pyspark.sql import functions as F
 
@@ -46,7 +47,7 @@ def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstra
     restarted_ms = int(time.time() * 1000)
     with DelayProducer(settings) as producer:
         producer.cancel(waiting)          # sent again after the restart: harmless
-    marker = settings.checkpoint_path / "cold" / "loaded_until"
+    marker = Path(settings.checkpoint_path) / "cold" / "loaded_until"
     assert_eventually(lambda: json.loads(marker.read_text())["loaded_until"] >= due - due % 2000,
                       timeout_s=90, message="the timers' bucket rolled into the wheel")
     assert int(time.time() * 1000) < due - 4_000, \

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 
 import pytest
 from pyspark.sql import functions as F
 
+from sinks import store
 from streaming.admin import admin_client, create_topic
 from tests.faults.conftest import SteadyLoad, check_all_delivered
 from tests.support import assert_eventually
@@ -16,12 +18,16 @@ from tests.support import assert_eventually
 KILLS = 2
 
 
-@pytest.mark.parametrize("hold", ["tasks", "driver", "executors"])
-def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, capsys, hold):
+@pytest.mark.parametrize("hold", ["tasks", "driver", "executors", "executors-hdfs"])
+def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, capsys, hold,
+                                                            request):
     """Every hold (`hold` setting): the tasks', the driver's with its spool, or the executors'
-    dispatch tasks with the ledger query."""
-    slots = {"spark_master": "local[5]", "ledger_interval": "2s"} if hold == "executors" else {}
-    job, settings = job_process(hold=hold, **slots)
+    dispatch tasks with the ledger query; and the executors' with the checkpoints and tables
+    on a real HDFS (`store`)."""
+    slots = {"spark_master": "local[5]", "ledger_interval": "2s"} if "executors" in hold else {}
+    if hold == "executors-hdfs":
+        slots["store"] = f"{request.getfixturevalue('hdfs_uri')}/kill-{uuid.uuid4().hex[:8]}"
+    job, settings = job_process(hold=hold.removesuffix("-hdfs"), **slots)
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
     create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
@@ -48,7 +54,9 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
                       message="ledger rows for every delivered message")
     job.stop()
     # The run used the hold asked for: the driver's leaves its (emptied) spool folder.
-    assert (settings.checkpoint_path / "hold-spool").is_dir() == (hold == "driver")
+    checkpoint = store.path(settings.checkpoint_path)
+    assert (checkpoint / "hold-spool").is_dir() == (hold == "driver")
+    assert (checkpoint / "commits").is_dir() and str(checkpoint).startswith(settings.store_root)
 
     ledger = spark.read.format("delta").load(str(settings.ledger_path))
     per_key = {r["uniq_key"]: r["n"] for r in ledger.groupBy("uniq_key").agg(F.count("*").alias("n")).collect()}

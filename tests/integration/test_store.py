@@ -1,0 +1,69 @@
+"""The store on a real HDFS (NameNode and DataNode from .lib/hdfs): delayq's own files beside
+Spark's, and the checkpoint's guards, read and written through Spark's Hadoop client.
+The whole job on HDFS, killed under load: tests/faults/test_kill.py[executors-hdfs]."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from conf import load_settings
+from sinks import store
+from sinks.cold import ColdTier
+from streaming import checkpoint as ckpt
+
+
+@pytest.fixture
+def location(hdfs_uri, spark):
+    return f"{hdfs_uri}/store-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_file_on_hdfs_is_replaced_whole_and_listed(location):
+    folder = store.path(location)
+    target = folder / "cold" / "loaded_until"
+    assert not target.exists() and not folder.is_dir()
+    with pytest.raises(FileNotFoundError):
+        target.read_text()
+    store.write_atomic(target, '{"loaded_until": 1}')
+    store.write_atomic(target, '{"loaded_until": 2}')
+    assert target.read_text() == '{"loaded_until": 2}'
+    assert [p.name for p in target.parent.iterdir()] == ["loaded_until"], "no temporary left"
+    assert folder.is_dir() and not target.is_dir()
+    target.unlink()
+    assert not target.exists()
+
+
+def test_the_cold_tier_keeps_its_marker_on_hdfs(location, spark, test_settings):
+    now = [7_200.0]
+    cold = ColdTier(spark, f"{location}/tables/cold", f"{location}/ckpt", "intake", 2, {},
+                    bucket_ms=3_600_000, horizon_ms=600_000, clock=lambda: now[0])
+    first = cold.loaded_until()
+    assert first == 7_200_000, "the bucket holding the horizon's edge"
+    cold._set_loaded(first + 3_600_000)
+    again = ColdTier(spark, f"{location}/tables/cold", f"{location}/ckpt", "intake", 2, {},
+                     bucket_ms=3_600_000, horizon_ms=600_000, clock=lambda: now[0])
+    assert again.loaded_until() == 10_800_000, "a restart reads the marker back from HDFS"
+
+
+def test_the_checkpoint_guards_work_on_hdfs(location, test_settings):
+    settings = load_settings(**{**test_settings.model_dump(), "store": location})
+    checkpoint = settings.checkpoint_path
+    assert checkpoint.startswith("hdfs://")
+    assert ckpt.check(settings, checkpoint, {}) == "fresh"
+    with pytest.raises(ckpt.CheckpointError, match="missing or empty"):
+        ckpt.check(settings, checkpoint, {0: 42})
+    ckpt.write_stamp(settings, checkpoint, started_ms=1_000)
+    # A checkpoint Spark has planned a batch into.
+    root = store.path(checkpoint)
+    store.write_atomic(root / "metadata", json.dumps({"id": "q"}) + "\n")
+    store.write_atomic(root / "offsets" / "0", 'v1\n{"batchWatermarkMs":0}\n{"intake":{"0":1}}\n')
+    assert ckpt.check(settings, checkpoint, {0: 1}) == "resume"
+    assert ckpt.started_ms(checkpoint, "resume", now_ms=9_000) == 1_000
+    assert ckpt.balance_timers(checkpoint, "resume") is True
+    moved = load_settings(**{**settings.model_dump(), "slot_ms": 500})
+    with pytest.raises(ckpt.CheckpointError, match="slot_ms: 1000 in the checkpoint, 500 now"):
+        ckpt.check(moved, checkpoint, {0: 1})
+    store.write_atomic(root / "offsets" / "0", "torn")
+    with pytest.raises(ckpt.CheckpointError, match="torn"):
+        ckpt.check(settings, checkpoint, {0: 1})
