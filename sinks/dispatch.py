@@ -183,8 +183,20 @@ def refusal(err, row: Row) -> str | None:
 # message, and the query decodes them a column at a time (JSON parsed in Spark cost the 2-core
 # host about 60 µs of JVM CPU per row and put p99 lateness at 8.2 s at 5,000 msg/s).
 LEDGER_BATCH = 2000
-# A probe record's header (`_probe`): not ledger rows.
+# A probe record's header (`_probe`): an empty record, not ledger rows.
 PROBE = "DELAYQ_PROBE"
+# A ledger record's header: the process that sent its rows (`sender`).
+SENDER = "DELAYQ_SENDER"
+
+
+def sender() -> bytes:
+    """Who sends: host, pid and working folder of this Python worker. On a standalone cluster
+    the folder is the executor's (`<work>/app-…/<executor id>`), on Kubernetes the host is
+    the executor's pod; in local mode, the driver's."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}:{os.getcwd()}".encode()
 
 
 def ledger_schema():

@@ -11,9 +11,9 @@ import logging
 import time
 from typing import Callable, Iterator
 
-from sinks.dispatch import (LEDGER_BATCH, PROBE, READY_STOP, DispatchConfig, Offsets, Row, Skew,
-                            dead_letter_headers, identity, ledger_record, ledger_row,
-                            ledger_rows, ready_row, refusal)
+from sinks.dispatch import (LEDGER_BATCH, PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
+                            Skew, dead_letter_headers, identity, ledger_record, ledger_row,
+                            ledger_rows, ready_row, refusal, sender)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,7 @@ class _Task:
         self._last_ack = 0.0
         self._old_end = 0   # the ready partition's end at the start
         self._unledgered: list[tuple[Row, dict]] = []   # acknowledged, ledger row not yet sent
+        self._sender = [(SENDER, sender())]
 
     # ---- start: where to read from, and what the ledger already holds ----------------------
     def _committed(self) -> tuple[int, int | None]:
@@ -120,7 +121,7 @@ class _Task:
                 if msg.error():
                     continue
                 position = msg.offset() + 1
-                if msg.headers():   # a probe
+                if not msg.value():   # a probe
                     continue
                 rows = ledger_rows(msg.value())
                 for key, due in zip(rows.column("uniq_key").to_pylist(),
@@ -300,7 +301,7 @@ class _Task:
                 try:
                     self.producer.produce(
                         self.ledger.topic, value=record, partition=self.partition,
-                        on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
+                        headers=self._sender, on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
                 except BufferError:
                     return False
                 return True

@@ -31,11 +31,11 @@ def ledger_checkpoint(checkpoint: str) -> str:
 
 
 def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
-    """The ledger topic's records that hold rows (a probe carries a header and no rows)."""
+    """The ledger topic's records that hold rows (a probe is empty)."""
     raw = (spark.readStream.format("kafka").options(**spark_options(settings))
            .option("subscribe", settings.ledger_topic).option("startingOffsets", "earliest")
-           .option("includeHeaders", "true").option("failOnDataLoss", "true").load())
-    return raw.filter(F.col("headers").isNull() | (F.size("headers") == 0)).select("value")
+           .option("failOnDataLoss", "true").load())
+    return raw.filter(F.length("value") > 0).select("value")
 
 
 def decoding(counts=None):

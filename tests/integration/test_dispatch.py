@@ -13,7 +13,7 @@ import pytest
 from kafka import KafkaProducer
 
 from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
-                            DispatchConfig, ledger_rows)
+                            SENDER, DispatchConfig, ledger_rows)
 from sinks.dispatch_task import run_partition
 from state import headers as H
 from tests.support import consume_all, header_map
@@ -72,7 +72,7 @@ def in_thread(config: DispatchConfig, clock=time.time) -> tuple[threading.Thread
 def ledger_of(bootstrap: str, topic: str, expected: int) -> list[dict]:
     """The ledger rows on `topic` (each record a batch of them; probes left out), once
     `expected` are there."""
-    flat = lambda records: [row for r in records if not r.headers
+    flat = lambda records: [row for r in records if r.value
                             for row in ledger_rows(r.value).to_pylist()]
     return flat(consume_all(bootstrap, topic, expected=10**9, timeout_s=60,
                             done=lambda records: len(flat(records)) >= expected))
@@ -121,6 +121,11 @@ def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing
     task.start()
     consume_all(kafka_bootstrap, config.real, expected=300, timeout_s=60)
     assert len(ledger_of(kafka_bootstrap, config.ledger_topic, 300)) == 300
+    # Each ledger record names the process that sent its rows: this task's.
+    ledger = consume_all(kafka_bootstrap, config.ledger_topic, expected=10**9, timeout_s=30,
+                         done=lambda records: any(r.value for r in records))
+    senders = {header_map(r)[SENDER].decode().split(":")[1] for r in ledger if r.value}
+    assert senders == {str(task.pid)}
     time.sleep(1.0)            # its commits (every 0.2 s) go on: still below the held rows
     task.kill()
     task.join(30)
