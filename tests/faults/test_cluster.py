@@ -8,6 +8,7 @@ import os
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -19,11 +20,12 @@ from tests.support import assert_eventually, free_ports
 
 
 @pytest.fixture
-def local_cluster(work_dir):
+def local_cluster(work_dir, request):
+    """Two Workers of one core each (`indirect` parameter: another core count)."""
     port, webui_port = free_ports(2)
     spec = cluster.ClusterSpec(home=work_dir / f"spark-cluster-{uuid.uuid4().hex[:6]}",
                                port=port, webui_port=webui_port, workers=2,
-                               worker_cores=1, worker_memory="1g")
+                               worker_cores=getattr(request, "param", 1), worker_memory="1g")
     cluster.start(spec)
     yield spec
     cluster.stop(spec)
@@ -80,3 +82,66 @@ def why_it_died(log: str) -> str:
     errors = [line for line in log.splitlines()
               if "Exception" in line or "Error" in line or "Caused by" in line]
     return "\n".join(errors[:40]) + "\n...\n" + log[-1500:]
+
+
+@pytest.mark.parametrize("local_cluster", [4], indirect=True)
+def test_on_a_cluster_every_delivery_leaves_from_an_executor_and_a_lost_worker_loses_nothing(
+        local_cluster, hdfs_uri, job_process, capsys):
+    """`hold = "executors"` on two Workers of four task slots each, the checkpoints and tables
+    on HDFS: the ledger topic's records name the process that sent each delivery, every one an
+    executor's (its working folder is in a Worker's), none the driver's. One Worker killed
+    with its executor under load: its dispatch tasks start again on the other, 0 lost, 0 early."""
+    spec = local_cluster
+    job, settings = job_process(
+        command=["submit", "--master", spec.master_url, "--total-executor-cores", "8"],
+        spark_master=spec.master_url, spark_executor_memory="768m", hold="executors",
+        ledger_interval="2s", store=f"{hdfs_uri}/cluster-{uuid.uuid4().hex[:8]}")
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
+    admin.close()
+    job.start(timeout_s=300)
+    load = SteadyLoad(settings, real, levels=(0, 1, 2, 3), interval_s=0.05)
+    load.start()
+    time.sleep(15)
+    os.killpg(process.read_pid(spec.pid_file("worker-2")), signal.SIGKILL)
+    time.sleep(15)
+    load.stop()
+    assert job.proc.poll() is None, f"the job died with a worker:\n{why_it_died(job.log.read_text())}"
+    outcome = check_all_delivered(settings, real, load.sent, timeout_s=240)
+    senders = assert_eventually(lambda: delivered_by_sender(settings, len(load.sent)),
+                                timeout_s=120, message="a ledger row for every delivery")
+    job.stop()
+    per_executor: dict[str, int] = {}
+    for (host, pid, folder), n in senders.items():
+        where = Path(folder)
+        assert spec.home in where.parents, f"{n} deliveries sent by {host}:{pid} from {folder}"
+        # <home>/worker-N/app-…/<executor id>: the Worker and the executor it launched.
+        name = f"{where.parent.parent.name} executor {where.name}"
+        per_executor[name] = per_executor.get(name, 0) + n
+    with capsys.disabled():
+        print(f"\nexecutors hold on a standalone cluster (2 workers x 4 slots, store on HDFS): "
+              f"{len(load.sent)} messages, worker-2 killed 15 s into the load, lost 0, early 0, "
+              f"duplicates {outcome.duplicates}, lateness max {max(outcome.lateness_ms)} ms; "
+              f"deliveries per executor {per_executor}, from the driver 0")
+
+
+def delivered_by_sender(settings, expected: int) -> dict[tuple[str, str, str], int] | None:
+    """Delivered rows on the ledger topic per sending process (host, pid, working folder),
+    once there are `expected` distinct messages."""
+    from sinks.dispatch import SENDER, ledger_rows
+    from tests.support import consume_all, header_map
+
+    counts: dict[tuple[str, str, str], int] = {}
+    keys = set()
+    for record in consume_all(settings.bootstrap, settings.ledger_topic, expected=10**9,
+                              timeout_s=10):
+        if not record.value:
+            continue
+        rows = ledger_rows(record.value)
+        delivered = [k for k, s in zip(rows.column("uniq_key").to_pylist(),
+                                       rows.column("status").to_pylist()) if s == "delivered"]
+        host, pid, folder = header_map(record)[SENDER].decode().split(":", 2)
+        counts[(host, pid, folder)] = counts.get((host, pid, folder), 0) + len(delivered)
+        keys.update(delivered)
+    return counts if len(keys) >= expected else None
