@@ -86,6 +86,7 @@ class _Task:
         self._old_end = 0   # the ready partition's end at the start
         self._unledgered: list[tuple[Row, dict]] = []   # acknowledged, ledger row not yet sent
         self._sender = [(SENDER, sender())]
+        self.held: dict[int, int] = {}   # rows read and not yet in the ledger, by level
 
     # ---- start: where to read from, and what the ledger already holds ----------------------
     def _committed(self) -> tuple[int, int | None]:
@@ -234,6 +235,7 @@ class _Task:
                 done.add(known)
         self.offsets.read(offset, self.ledger_end)
         heapq.heappush(self.heap, row.order())
+        self.held[row.level] = self.held.get(row.level, 0) + 1
 
     def _send_due(self) -> None:
         now = self._now_ms()
@@ -319,6 +321,7 @@ class _Task:
         self._last_ack = time.monotonic()
         for row in rows:
             self.offsets.done(row.offset)
+            self.held[row.level] -= 1
 
     def _probe(self, wait: bool = False) -> None:
         """A record on the ledger partition whose acknowledgement measures the clock (Skew);
@@ -358,7 +361,8 @@ class _Task:
         point, mark = self.offsets.commit_point(self.ledger_end)
         try:
             self.consumer.commit(offsets=[TopicPartition(
-                self.ready.topic, self.partition, point, metadata=json.dumps({"ledger": mark}))],
+                self.ready.topic, self.partition, point, metadata=json.dumps(
+                    {"ledger": mark, "held": {str(k): n for k, n in self.held.items() if n}}))],
                 asynchronous=False)
         except KafkaException as e:
             if not transient(e.args[0] if e.args else None):

@@ -53,7 +53,9 @@ class Metrics:
         self.dead = Counter("delayq_messages_dead_lettered", "Messages sent to the dead-letter topic, by reason.", ["reason"], **r)
         self.cancelled = Counter("delayq_messages_cancelled", "Pending messages dropped by a cancel.", **r)
         self.cancel_misses = Counter("delayq_cancel_misses", "Cancels of messages not pending (already delivered or unknown).", **r)
-        self.pending = Gauge("delayq_pending_messages", "Messages held in the wheel, by level.", ["level"], **r)
+        self.pending = Gauge("delayq_pending_messages", "Messages not yet delivered, by level: in the wheel, and with hold = executors read by a dispatch task and not yet sent.", ["level"], **r)
+        self._in_wheel: dict[str, float] = {}      # level → held in the wheel's state
+        self._in_dispatch: dict[str, float] = {}   # level → read by a dispatch task, not done
         self.lateness = LatenessHistogram("delayq_delivery_lateness_seconds", "Delivery time minus due time.", LATENESS_BUCKETS)
         registry.register(self.lateness)
         self.watermark_lag = Gauge("delayq_watermark_lag_seconds", "Wall clock minus the job's event-time watermark.", **r)
@@ -69,7 +71,19 @@ class Metrics:
         """Messages pending before this run (the state as of the last committed batch), added
         to the deltas of the batches this run has already observed."""
         for level, n in by_level.items():
-            self.pending.labels(level=str(level)).inc(n)
+            self._add_in_wheel(str(level), n)
+
+    def _add_in_wheel(self, level: str, n: float) -> None:
+        self._in_wheel[level] = self._in_wheel.get(level, 0) + n
+        self.pending.labels(level=level).set(self._in_wheel[level] + self._in_dispatch.get(level, 0))
+
+    def set_dispatch_held(self, by_level: dict[int, int]) -> None:
+        """The dispatch tasks' held messages by level, as their last commits report them."""
+        shown = set(self._in_dispatch) | {str(level) for level in by_level}
+        self._in_dispatch = {str(level): n for level, n in by_level.items()}
+        for level in shown:
+            self.pending.labels(level=level).set(
+                self._in_wheel.get(level, 0) + self._in_dispatch.get(level, 0))
 
     def observe_batch(self, summary: BatchSummary) -> None:
         for level, n in summary.received_by_level.items():
@@ -79,7 +93,7 @@ class Metrics:
         self.cancelled.inc(summary.count("cancelled"))
         self.cancel_misses.inc(summary.count("cancel_unknown"))
         for level, delta in summary.pending_delta_by_level.items():
-            self.pending.labels(level=str(level)).inc(delta)
+            self._add_in_wheel(str(level), delta)
         self.observe_sent(summary.delivered_by_level, summary.lateness)
 
     def observe_sent(self, delivered_by_level: dict[int, int],

@@ -9,6 +9,7 @@ stopped: each task then sends what is in flight, commits and ends its job.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -50,6 +51,7 @@ class Dispatcher:
         self.restarts = 0
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._reader = None   # the held counts' consumer (never subscribed)
 
     def start(self) -> "Dispatcher":
         for partition in range(self.partitions):
@@ -58,6 +60,22 @@ class Dispatcher:
             thread.start()
             self._threads.append(thread)
         return self
+
+    def held_by_level(self) -> dict[int, int]:
+        """Messages the dispatch tasks have read and not yet finished, by level, as of their
+        last commits (each commit's metadata carries its task's count): the part of the pending
+        messages that has left the wheel. One request, whatever the message rate."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        if self._reader is None:
+            self._reader = Consumer(self.config.consumer)
+        held: dict[int, int] = {}
+        for got in self._reader.committed([TopicPartition(self.settings.ready_topic, p)
+                                           for p in range(self.partitions)], timeout=10):
+            counts = json.loads(got.metadata).get("held", {}) if got.metadata else {}
+            for level, n in counts.items():
+                held[int(level)] = held.get(int(level), 0) + n
+        return held
 
     def _group(self, partition: int) -> str:
         return JOB_GROUP.format(topic=self.settings.ready_topic, partition=partition)
@@ -120,3 +138,5 @@ class Dispatcher:
                 self.spark.sparkContext.cancelJobGroup(self._group(partition))
         for thread in self._threads:
             thread.join(10)
+        if self._reader is not None:
+            self._reader.close()

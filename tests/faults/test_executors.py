@@ -2,6 +2,7 @@
 send each message at its due time, and the ledger query writes the ledger (DESIGN.md 4)."""
 from __future__ import annotations
 
+import time
 
 from pyspark.sql import functions as F
 
@@ -10,7 +11,8 @@ from streaming import lookup
 from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.faults.conftest import SteadyLoad, check_all_delivered
-from tests.support import assert_eventually
+from streaming.status import fetch
+from tests.support import assert_eventually, free_ports
 
 EXECUTORS = dict(hold="executors", spark_master="local[5]", ledger_interval="2s")
 
@@ -33,20 +35,28 @@ def ledger_counts(spark, settings) -> dict[str, int]:
 
 def test_the_dispatch_tasks_deliver_on_time_and_the_ledger_holds_each_once(
         job_process, spark, capsys):
-    job, settings = job_process(**EXECUTORS)
+    [metrics_port] = free_ports(1)
+    job, settings = job_process(**EXECUTORS, metrics_port=metrics_port)
     real = real_topic(settings)
     job.start()
     load = SteadyLoad(settings, real)
     load.start()
     with DelayProducer(settings) as producer:
-        later = producer.send(real, b"later", delay_ms=30_000)
+        later = producer.send(real, b"later", delay_ms=40_000)
         lost = producer.send(f"missing-{settings.intake_topic}", b"nowhere", level=1)
+    time.sleep(10)
+    load.stop()
+    check_all_delivered(settings, real, load.sent)
     # Fired into the ready topic 12 s (the fire lead) before it is due, and held there by its
     # dispatch task: `delayq ledger` finds it pending in the ready topic.
     held = assert_eventually(lambda: lookup.in_ready_topic(settings, later.uniq_key),
                              timeout_s=60, message="the timer pending in the ready topic")
     assert held["topic"] == real and "ready topic" in held["where"]
-    load.stop()
+    # Everything else delivered: the pending gauge counts the timer its dispatch task holds.
+    pending = lambda: sum(v for _, v in fetch(f"http://127.0.0.1:{metrics_port}/metrics")
+                          .get("delayq_pending_messages", []))
+    assert_eventually(lambda: pending() == 1 or None, timeout_s=later.due_ms / 1000 - time.time(),
+                      message="the pending gauge at 1 (the held timer)")
     load.sent[later.uniq_key] = later.due_ms
     outcome = check_all_delivered(settings, real, load.sent)
     assert outcome.duplicates == 0, "no crash, no duplicate"
@@ -60,6 +70,8 @@ def test_the_dispatch_tasks_deliver_on_time_and_the_ledger_holds_each_once(
     dead = assert_eventually(dead_rows, timeout_s=60, message="the dead-letter table's row")
     assert len(dead) == 1 and "does not exist" in dead[0]["reason"], dead
     assert bytes(dead[0]["value"]) == b"nowhere"
+    assert_eventually(lambda: pending() == 0 or None, timeout_s=30,
+                      message="the pending gauge at 0 once all is delivered")
     job.stop()
     counts = ledger_counts(spark, settings)
     assert set(counts) == set(load.sent) and all(n == 1 for n in counts.values())

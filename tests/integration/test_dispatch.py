@@ -4,12 +4,14 @@ killed and started again sends again only what the ledger lacks, and a clean sto
 row its real topic refuses is dead-lettered with its reason and the partition goes on."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import threading
 import time
 import uuid
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from kafka import KafkaProducer
 
 from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
@@ -127,6 +129,11 @@ def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing
     senders = {header_map(r)[SENDER].decode().split(":")[1] for r in ledger if r.value}
     assert senders == {str(task.pid)}
     time.sleep(1.0)            # its commits (every 0.2 s) go on: still below the held rows
+    # Each commit says how many rows the task holds, by level (the pending gauge's part).
+    reader = Consumer(config.consumer)
+    [got] = reader.committed([TopicPartition(config.ready_topic, 0)], timeout=10)
+    reader.close()
+    assert json.loads(got.metadata)["held"] == {"1": 10}
     task.kill()
     task.join(30)
     thread, result = in_thread(config)

@@ -57,6 +57,21 @@ def test_pending_is_the_seed_plus_the_deltas_in_either_order():
         assert m.registry.get_sample_value("delayq_pending_messages", {"level": "3"}) == 6
 
 
+def test_pending_adds_what_the_dispatch_tasks_hold_to_the_wheel_s():
+    """With hold = executors a fired message leaves the wheel (its delta) but is pending until
+    a dispatch task has sent it: the tasks' last commits report how many they hold."""
+    m = fresh()
+    pending = lambda level: m.registry.get_sample_value("delayq_pending_messages", {"level": level})
+    m.add_pending({1: 5})
+    m.set_dispatch_held({1: 3, 2: 4})
+    assert (pending("1"), pending("2")) == (8, 4)
+    s = BatchSummary(1)
+    s.add("tally", 1, None, 1, received=0, pending_delta=-2)   # two fired into the ready topic
+    m.observe_batch(s)
+    m.set_dispatch_held({1: 5})
+    assert (pending("1"), pending("2")) == (8, 0), "level 2's were all sent"
+
+
 def test_lateness_histogram_accumulates_bucket_counts():
     m = fresh()
     s = BatchSummary(1)
