@@ -12,6 +12,7 @@ from conf import load_settings
 from sinks import store
 from sinks.cold import ColdTier
 from streaming import checkpoint as ckpt
+from streaming.offsets import delay_offset_table
 
 
 @pytest.fixture
@@ -59,6 +60,9 @@ def test_the_checkpoint_guards_work_on_hdfs(location, test_settings):
     store.write_atomic(root / "metadata", json.dumps({"id": "q"}) + "\n")
     store.write_atomic(root / "offsets" / "0", 'v1\n{"batchWatermarkMs":0}\n{"intake":{"0":1}}\n')
     assert ckpt.check(settings, checkpoint, {0: 1}) == "resume"
+    # The delayOffset view (`delayq offsets`) reads Spark's logs there too.
+    store.write_atomic(root / "commits" / "0", 'v1\n{"nextBatchWatermarkMs":0}\n')
+    assert delay_offset_table(root, "intake") == {"offsetTable": {"1": 1}}
     assert ckpt.started_ms(checkpoint, "resume", now_ms=9_000) == 1_000
     assert ckpt.balance_timers(checkpoint, "resume") is True
     moved = load_settings(**{**settings.model_dump(), "slot_ms": 500})
