@@ -133,9 +133,9 @@ class Settings(BaseSettings):
             raise ConfigError(f"setting {info.field_name}={value!r}: {exc}") from None
         return value
 
-    @field_validator("spark_shuffle_partitions", "kafka_port", "kafka_controller_port",
+    @field_validator("kafka_port", "kafka_controller_port",
                      "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
-                     "ready_partitions", "dispatch_commit_interval_ms", "dispatch_max_held",
+                     "dispatch_commit_interval_ms", "dispatch_max_held",
                      "dispatch_topic_wait_ms", "dispatch_max_failures",
                      "cluster_workers", "cluster_worker_cores")
     @classmethod
@@ -144,7 +144,8 @@ class Settings(BaseSettings):
             raise ValueError(f"must be positive, got {value}")
         return value
 
-    @field_validator("fire_lead_ms", "fire_lead_per_message_us")
+    @field_validator("fire_lead_ms", "fire_lead_per_message_us", "spark_shuffle_partitions",
+                     "ready_partitions")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:

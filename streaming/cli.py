@@ -121,6 +121,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0
     # The driver spark-submit starts reads its settings from the environment, like `run`.
     os.environ.update({_env(k): str(v) for k, v in _overrides(args).items()})
+    if not master.startswith("local"):
+        # Partitions not set: sized for the cluster at a new checkpoint's first start.
+        unset = [k for k in ("spark_shuffle_partitions", "ready_partitions") if _env(k) not in os.environ]
+        os.environ.update({_env(k): "0" for k in unset})
+        if unset:
+            print(f"delayq submit: {' and '.join(unset)} sized for the task slots the job gets "
+                  f"(at a new checkpoint's first start; set {_env(unset[0])} to choose)", flush=True)
     return submit(settings, master, **options)
 
 

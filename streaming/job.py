@@ -42,6 +42,7 @@ from streaming.heartbeat import Heartbeat
 from streaming.ledger_query import start_ledger_query
 from streaming.kafka_config import librdkafka_config, spark_options
 from streaming import checkpoint as ckpt
+from streaming import sizing
 from sinks import store
 from streaming.listener import OffsetMirror, ProgressListener
 from streaming.offsets import last_committed_batch
@@ -451,6 +452,7 @@ class DelayJob:
         largest = kadmin.ensure_topics(self.settings, self._admin)
         kadmin.check_intake(self.settings, self._admin)
         self._step("topics")
+        self._size_partitions()
         verdict = ckpt.check(self.settings, self.checkpoint,
                              ckpt.read_group_offsets(self._admin, self.settings),
                              allow_fresh=self._allow_fresh,
@@ -558,6 +560,16 @@ class DelayJob:
         if self.metrics is not None and seed_batch is not None:
             self._seed_pending(seed_batch)
         return self.query
+
+    def _size_partitions(self) -> None:
+        """Partitions set to 0: the checkpoint's own, or sized for the slots the job was
+        given (streaming/sizing.py), before the checkpoint's check compares them."""
+        context = self.spark.sparkContext
+        slots = sizing.task_slots(dict(context.getConf().getAll()), context.defaultParallelism)
+        self.settings = sizing.resolve(self.settings, store.path(self.checkpoint), slots)
+        partitions = str(self.settings.spark_shuffle_partitions)
+        if self.spark.conf.get("spark.sql.shuffle.partitions") != partitions:
+            self.spark.conf.set("spark.sql.shuffle.partitions", partitions)
 
     def _check_slots(self, partitions: int) -> None:
         """The dispatch tasks hold a task slot each for good: refuse to start where they would

@@ -65,7 +65,7 @@ def spark_master(settings: Settings) -> str:
     if settings.spark_master != "local[*]" or settings.hold != "executors":
         return settings.spark_master
     cores = max(os.cpu_count() or 1, settings.spark_shuffle_partitions + 1)
-    return f"local[{cores + settings.ready_partitions}]"
+    return f"local[{cores + (settings.ready_partitions or 2)}]"
 
 
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -88,7 +88,6 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.hadoop.fs.file.impl": LOCAL_FS_CLASS,
         "spark.driver.extraClassPath": local_fs,
         "spark.executor.extraClassPath": local_fs,
-        "spark.sql.shuffle.partitions": str(settings.spark_shuffle_partitions),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -130,6 +129,8 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.pyspark.driver.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
     }
+    if settings.spark_shuffle_partitions:   # 0: sized at the job's start (streaming/sizing.py)
+        conf["spark.sql.shuffle.partitions"] = str(settings.spark_shuffle_partitions)
     if not settings.store.strip():
         # Spark writes each checkpoint file (offset and commit logs, the state's changelog)
         # to a temporary file and renames it into place. Its default manager renames through

@@ -88,7 +88,7 @@ def why_it_died(log: str) -> str:
 def test_on_a_cluster_every_delivery_leaves_from_an_executor_and_a_lost_worker_loses_nothing(
         local_cluster, hdfs_uri, job_process, capsys):
     """`hold = "executors"` on two Workers of four task slots each, the checkpoints and tables
-    on HDFS: the ledger topic's records name the process that sent each delivery, every one an
+    on HDFS, the partitions sized for the cluster by `delayq submit`: the ledger topic's records name the process that sent each delivery, every one an
     executor's (its working folder is in a Worker's), none the driver's. One Worker killed
     with its executor under load: its dispatch tasks start again on the other, 0 lost, 0 early."""
     spec = local_cluster
@@ -101,6 +101,9 @@ def test_on_a_cluster_every_delivery_leaves_from_an_executor_and_a_lost_worker_l
     create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
     admin.close()
     job.start(timeout_s=300)
+    # Partitions left unset: `delayq submit` has the new checkpoint sized for the 8 slots.
+    assert "sized for 8 task slots: 5 wheel state partitions, 2 ready partitions" in \
+        job.log.read_text()
     load = SteadyLoad(settings, real, levels=(0, 1, 2, 3), interval_s=0.05)
     load.start()
     time.sleep(15)

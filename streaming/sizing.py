@@ -1,0 +1,73 @@
+"""Partitions sized for the cluster the job runs on.
+
+The wheel's state partitions (`spark_shuffle_partitions`) and the ready topic's partitions
+(`ready_partitions`) are frozen at a checkpoint's first start. Set to 0 (what `delayq submit`
+passes unless they are set), they are sized then from the task slots the job was given: with
+`hold = "executors"` a quarter of them (at least 2) run dispatch tasks, one is left for the
+intake and the ledger query, and the rest hold the wheel's state; with the other holds every
+slot holds a state partition. A resumed checkpoint keeps the partitions Spark recorded in it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from conf.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def task_slots(conf: dict[str, str], default_parallelism: int) -> int:
+    """The task slots the job was given: `spark.cores.max` (spark-submit's
+    --total-executor-cores), else executor instances × cores, else Spark's default parallelism
+    (the cores of the executors registered so far, or of `local[N]`)."""
+    if conf.get("spark.cores.max"):
+        return int(conf["spark.cores.max"])
+    if conf.get("spark.executor.instances"):
+        return int(conf["spark.executor.instances"]) * int(conf.get("spark.executor.cores", "1"))
+    return default_parallelism
+
+
+def sized(slots: int, hold: str) -> tuple[int, int]:
+    """(state partitions, ready partitions) for `slots` task slots."""
+    if hold != "executors":
+        return max(1, slots), 2
+    ready = max(2, slots // 4)
+    return max(1, slots - ready - 1), ready
+
+
+def recorded_partitions(checkpoint) -> int | None:
+    """The shuffle partitions Spark recorded in the checkpoint's latest offset log (it uses
+    them for the checkpoint's whole life), or None before its first batch."""
+    offsets = checkpoint / "offsets"
+    if not offsets.is_dir():
+        return None
+    batches = sorted(int(p.name) for p in offsets.iterdir() if p.name.isdigit())
+    if not batches:
+        return None
+    lines = (offsets / str(batches[-1])).read_text().splitlines()
+    conf = json.loads(lines[1]).get("conf", {}) if len(lines) > 1 else {}
+    value = conf.get("spark.sql.shuffle.partitions")
+    return int(value) if value else None
+
+
+def resolve(settings: Settings, checkpoint, slots: int) -> Settings:
+    """`settings` with 0 partitions replaced: the checkpoint's own, or sized for `slots`."""
+    if settings.spark_shuffle_partitions and settings.ready_partitions:
+        return settings
+    state, ready = sized(slots, settings.hold)
+    recorded = recorded_partitions(checkpoint)
+    update = {}
+    if not settings.ready_partitions:
+        update["ready_partitions"] = ready
+    if not settings.spark_shuffle_partitions:
+        update["spark_shuffle_partitions"] = recorded or state
+    if recorded:
+        log.info("the checkpoint keeps its %d wheel state partitions (frozen at its first "
+                 "start; to grow, start a new checkpoint: docs/operations.md)", recorded)
+    else:
+        log.info("sized for %d task slots: %d wheel state partitions%s, frozen into this new "
+                 "checkpoint", slots, update.get("spark_shuffle_partitions",
+                                                 settings.spark_shuffle_partitions),
+                 f", {ready} ready partitions" if settings.hold == "executors" else "")
+    return settings.model_copy(update=update)
