@@ -48,8 +48,9 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 # The order the scenarios run in: the raw pipe's queries first, then the drain, which needs a
 # new job on a backlog; the steady load, burst and backlog run on the job it leaves (or start
-# one); restart runs its own.
-SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "backlog", "restart")
+# one); restart runs its own, and cluster its own on a local standalone cluster (asked for by
+# name: streaming/bench_cluster.py).
+SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "backlog", "restart", "cluster")
 
 
 def scenarios_of(text: str) -> tuple[str, ...]:
@@ -65,7 +66,7 @@ def scenarios_of(text: str) -> tuple[str, ...]:
 
 @dataclass
 class Plan:
-    scenarios: tuple[str, ...] = SCENARIOS
+    scenarios: tuple[str, ...] = SCENARIOS[:-1]
     size: int = 1024
     drain: int = 200_000
     # drain: the preload's msg/s (0: as fast as the broker takes it). A backlog sent slowly
@@ -812,6 +813,14 @@ class Bench:
             for what in ("lost", "early", "duplicates"):
                 figures[what] += held[what]
         return figures
+
+    def cluster(self) -> dict:
+        from streaming import bench_cluster
+
+        if self.job is not None:   # the 2 cores are the cluster's now
+            self.job.stop()
+            self.job = None
+        return bench_cluster.run(self)
 
     def run(self) -> Result:
         machine = {"cores": os.cpu_count(), "spark_master": self.settings.spark_master,

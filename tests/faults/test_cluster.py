@@ -8,11 +8,11 @@ import os
 import signal
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from streaming import cluster, process
+from streaming import bench_cluster, cluster, process
+from streaming.bench_cluster import deliveries_by_sender
 from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.faults.conftest import SteadyLoad, check_all_delivered
@@ -112,39 +112,17 @@ def test_on_a_cluster_every_delivery_leaves_from_an_executor_and_a_lost_worker_l
     load.stop()
     assert job.proc.poll() is None, f"the job died with a worker:\n{why_it_died(job.log.read_text())}"
     outcome = check_all_delivered(settings, real, load.sent, timeout_s=240)
-    senders = assert_eventually(lambda: delivered_by_sender(settings, len(load.sent)),
-                                timeout_s=120, message="a ledger row for every delivery")
+    def all_ledgered():
+        got = deliveries_by_sender(settings, settings.ledger_topic)
+        return got if sum(got.values()) >= len(load.sent) else None
+    senders = assert_eventually(all_ledgered, timeout_s=120,
+                                message="a ledger row for every delivery")
     job.stop()
-    per_executor: dict[str, int] = {}
-    for (host, pid, folder), n in senders.items():
-        where = Path(folder)
-        assert spec.home in where.parents, f"{n} deliveries sent by {host}:{pid} from {folder}"
-        # <home>/worker-N/app-…/<executor id>: the Worker and the executor it launched.
-        name = f"{where.parent.parent.name} executor {where.name}"
-        per_executor[name] = per_executor.get(name, 0) + n
+    per_executor = bench_cluster.per_executor(senders, spec.home)
+    assert "driver" not in per_executor, f"deliveries sent from outside the executors: {senders}"
     with capsys.disabled():
         print(f"\nexecutors hold on a standalone cluster (2 workers x 4 slots, store on HDFS): "
               f"{len(load.sent)} messages, worker-2 killed 15 s into the load, lost 0, early 0, "
               f"duplicates {outcome.duplicates}, lateness max {max(outcome.lateness_ms)} ms; "
               f"deliveries per executor {per_executor}, from the driver 0")
 
-
-def delivered_by_sender(settings, expected: int) -> dict[tuple[str, str, str], int] | None:
-    """Delivered rows on the ledger topic per sending process (host, pid, working folder),
-    once there are `expected` distinct messages."""
-    from sinks.dispatch import SENDER, ledger_rows
-    from tests.support import consume_all, header_map
-
-    counts: dict[tuple[str, str, str], int] = {}
-    keys = set()
-    for record in consume_all(settings.bootstrap, settings.ledger_topic, expected=10**9,
-                              timeout_s=10):
-        if not record.value:
-            continue
-        rows = ledger_rows(record.value)
-        delivered = [k for k, s in zip(rows.column("uniq_key").to_pylist(),
-                                       rows.column("status").to_pylist()) if s == "delivered"]
-        host, pid, folder = header_map(record)[SENDER].decode().split(":", 2)
-        counts[(host, pid, folder)] = counts.get((host, pid, folder), 0) + len(delivered)
-        keys.update(delivered)
-    return counts if len(keys) >= expected else None

@@ -155,11 +155,22 @@ def test_the_burst_waits_for_a_batch_that_ended_after_its_last_delivery():
     assert not _ended_since(SimpleNamespace(lastProgress=None), 0)
 
 
+def test_the_cluster_scenario_counts_deliveries_by_executor_folder(tmp_path):
+    from streaming.bench_cluster import per_executor
+
+    home = tmp_path / "spark-cluster"
+    senders = {f"h:11:{home}/worker-1/app-1/0": 5, f"h:12:{home}/worker-1/app-1/0": 2,
+               f"h:13:{home}/worker-2/app-1/1": 3, "h:14:/work/main": 1}
+    assert per_executor(senders, home) == {"worker-1 executor 0": 7, "worker-2 executor 1": 3,
+                                           "driver": 1}
+
+
 def test_scenarios_run_in_their_own_order_and_unknown_names_are_refused():
     # The drain needs a new job on its backlog: asked after steady, it still runs first.
     assert scenarios_of("steady,drain") == ("drain", "steady")
     assert scenarios_of(" restart , raw") == ("raw", "restart")
     assert scenarios_of("steady,raw-steady") == ("raw-steady", "steady")
+    assert scenarios_of("cluster,steady") == ("steady", "cluster")
     with pytest.raises(ConfigError, match="unknown scenario stedy; choose from raw,raw-steady,drain"):
         scenarios_of("raw,stedy")
     with pytest.raises(ConfigError, match="none given"):

@@ -1,0 +1,99 @@
+"""The bench's `cluster` scenario: `delayq submit` with `hold = "executors"` on a local Spark
+standalone cluster of two Workers, a constant load at the plan's rate over its levels, and
+where the deliveries left from: the ledger topic's records name the process that sent their
+rows (sinks/dispatch.py SENDER), whose working folder is an executor's.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from streaming import cluster
+
+WORKERS, SLOTS = 2, 4   # the cluster: two Workers of four task slots each
+
+
+def deliveries_by_sender(settings, ledger_topic: str, timeout_s: float = 10.0) -> dict[str, int]:
+    """Delivered rows on the ledger topic per sending process ("host:pid:folder")."""
+    from kafka import KafkaConsumer
+
+    from sinks.dispatch import SENDER, ledger_rows
+    from streaming.kafka_config import python_client_config
+
+    consumer = KafkaConsumer(ledger_topic, auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=int(timeout_s * 1000),
+                             **python_client_config(settings))
+    counts: dict[str, int] = {}
+    try:
+        for record in consumer:
+            if not record.value:   # a probe
+                continue
+            status = ledger_rows(record.value).column("status").to_pylist()
+            sender = dict(record.headers)[SENDER].decode()
+            counts[sender] = counts.get(sender, 0) + status.count("delivered")
+    finally:
+        consumer.close()
+    return counts
+
+
+def per_executor(senders: dict[str, int], cluster_home: Path) -> dict[str, int]:
+    """The senders' deliveries by executor ("worker-N executor M", from the executor's working
+    folder `<home>/worker-N/app-…/M`), and any sent from elsewhere under "driver"."""
+    counts: dict[str, int] = {}
+    for sender, n in senders.items():
+        folder = Path(sender.split(":", 2)[2])
+        name = (f"{folder.parent.parent.name} executor {folder.name}"
+                if cluster_home in folder.parents else "driver")
+        counts[name] = counts.get(name, 0) + n
+    return counts
+
+
+def run(bench) -> dict:
+    from streaming.bench import STARTED, Load, _topic, _wait_for_line, child_env
+    from streaming.process import free_ports, kill_session
+
+    settings, plan, work = bench.settings, bench.plan, bench.work
+    port, webui = free_ports(2)
+    spec = cluster.ClusterSpec(home=work / "spark-cluster", port=port, webui_port=webui,
+                               workers=WORKERS, worker_cores=SLOTS, worker_memory="1g")
+    cluster.start(spec)
+    intake = f"{settings.intake_topic}-cluster"
+    env = child_env(os.environ, bench.overrides)
+    env.update(DELAYQ_INTAKE_TOPIC=intake, DELAYQ_DLQ_TOPIC=f"{intake}.DLQ", DELAYQ_HOLD="executors",
+               DELAYQ_DATA_DIR=str(work / "cluster-data"), DELAYQ_METRICS_PORT=str(free_ports(1)[0]))
+    log = work / "cluster-job.log"
+    job = None
+    try:
+        with open(log, "ab") as out:
+            job = subprocess.Popen(
+                [sys.executable, "-m", "streaming.cli", "submit", "--master", spec.master_url,
+                 "--total-executor-cores", str(WORKERS * SLOTS)],
+                env=env, cwd=Path(__file__).resolve().parents[1], stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_for_line(job, log, STARTED, timeout_s=300)
+        load = Load(settings, work, _topic(bench.admin, "bench-cluster"), "cluster")
+        count = int(plan.rate * plan.seconds)
+        longest = max(settings.level_delays_ms[lv - 1] for lv in plan.levels)
+        load.start_reader(timeout_s=plan.seconds + longest / 1000 + 600)
+        done = load.wait_producer(load.produce(intake, count, plan.rate, plan.size,
+                                               levels=plan.levels, wait=False,
+                                               partitions=len(settings.level_delays_ms)))
+        figures = load.finish(count)
+        figures["in_msg_s"] = done["rate"]
+        time.sleep(12)   # the last ledger records (ledger rows follow deliveries)
+        figures["deliveries_per_executor"] = per_executor(
+            deliveries_by_sender(settings, f"{intake}.LEDGER"), spec.home)
+        figures["cluster"] = f"{WORKERS} workers x {SLOTS} slots"
+        return figures
+    finally:
+        if job is not None and job.poll() is None:
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.wait(90)
+            except subprocess.TimeoutExpired:
+                kill_session(job)
+        cluster.stop(spec)
