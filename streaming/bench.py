@@ -255,7 +255,12 @@ class MemoryPeaks(threading.Thread):
     memory: it is not counted (counted, it doubled the JVM's peak in earlier backlog runs;
     docs/benchmarks.md)."""
 
-    ROLES = (("org.apache.spark.deploy.SparkSubmit", "spark_jvm"), ("pyspark", "python_workers"),
+    # First match wins: a JVM's class path names pyspark, and the cluster's driver JVM its
+    # main.py. The cluster scenario's executors, Master and Workers, and its driver's Python.
+    ROLES = (("org.apache.spark.deploy.SparkSubmit", "spark_jvm"),
+             ("CoarseGrainedExecutorBackend", "executor_jvms"),
+             ("org.apache.spark.deploy.", "cluster_daemons"),
+             ("deploy/spark/main.py", "cluster_driver_python"), ("pyspark", "python_workers"),
              ("kafka.Kafka", "broker"), ("streaming.loadgen produce", "load_generator"),
              ("streaming.loadgen consume", "reader"))
     # What the peaks are reported as, in the order `sample` measures them.
@@ -356,9 +361,11 @@ class MemoryPeaks(threading.Thread):
 
 def driver_cost(figures: dict) -> dict:
     """The driver's Python CPU per delivered message (µs): the bench's own process, which runs
-    the job's driver in-process and also reads the progress, less its memory sampling."""
+    the job's driver in-process and also reads the progress, less its memory sampling; in the
+    cluster scenario the submitted driver's Python process."""
     delivered = figures.get("delivered")
-    python_s = figures.get("cpu_s", {}).get("bench_python")
+    cpu = figures.get("cpu_s", {})
+    python_s = cpu.get("cluster_driver_python", cpu.get("bench_python"))
     if not delivered or python_s is None:
         return {}
     return {"driver_python_cpu_us_per_msg": round(python_s * 1e6 / delivered, 1)}

@@ -211,3 +211,14 @@ def test_the_lateness_floor_is_the_raw_pipe_s_transit_less_each_level_s_delay():
     assert lateness_floor({"lateness_p99_ms": 1_800}, (0,), delays) == {"0": 1_800}
     assert lateness_floor(None, (1,), delays) == {}
     assert lateness_floor({"lateness_p99_ms": None}, (1,), delays) == {}
+
+
+def test_a_process_s_role_is_its_first_match():
+    from streaming.bench import MemoryPeaks
+
+    jars = "java -cp /v/site-packages/pyspark/jars/* "
+    assert MemoryPeaks.role(jars + "org.apache.spark.deploy.SparkSubmit deploy/spark/main.py") == "spark_jvm"
+    assert MemoryPeaks.role(jars + "org.apache.spark.executor.CoarseGrainedExecutorBackend") == "executor_jvms"
+    assert MemoryPeaks.role(jars + "org.apache.spark.deploy.worker.Worker") == "cluster_daemons"
+    assert MemoryPeaks.role("/v/bin/python /p/deploy/spark/main.py run") == "cluster_driver_python"
+    assert MemoryPeaks.role("/v/bin/python -m pyspark.daemon") == "python_workers"
