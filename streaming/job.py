@@ -338,7 +338,7 @@ def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None 
     """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
     `batch_id` (the last one when None), read with Spark's state data source; {} for a
     checkpoint without state."""
-    from streaming import store
+    from sinks import store
 
     root = store.path(checkpoint)
     if not (root / "state" / "0").is_dir() or not (root / "commits").is_dir():
