@@ -6,6 +6,7 @@ Values come from what the batches really did: the batch summary (counts), the se
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Iterable
 
@@ -56,6 +57,7 @@ class Metrics:
         self.pending = Gauge("delayq_pending_messages", "Messages not yet delivered, by level: in the wheel, and with hold = executors read by a dispatch task and not yet sent.", ["level"], **r)
         self._in_wheel: dict[str, float] = {}      # level → held in the wheel's state
         self._in_dispatch: dict[str, float] = {}   # level → read by a dispatch task, not done
+        self._pending_lock = threading.Lock()   # the batches' thread and the dispatch reporter
         self.lateness = LatenessHistogram("delayq_delivery_lateness_seconds", "Delivery time minus due time.", LATENESS_BUCKETS)
         registry.register(self.lateness)
         self.watermark_lag = Gauge("delayq_watermark_lag_seconds", "Wall clock minus the job's event-time watermark.", **r)
@@ -74,16 +76,19 @@ class Metrics:
             self._add_in_wheel(str(level), n)
 
     def _add_in_wheel(self, level: str, n: float) -> None:
-        self._in_wheel[level] = self._in_wheel.get(level, 0) + n
-        self.pending.labels(level=level).set(self._in_wheel[level] + self._in_dispatch.get(level, 0))
+        with self._pending_lock:
+            self._in_wheel[level] = self._in_wheel.get(level, 0) + n
+            self.pending.labels(level=level).set(
+                self._in_wheel[level] + self._in_dispatch.get(level, 0))
 
     def set_dispatch_held(self, by_level: dict[int, int]) -> None:
         """The dispatch tasks' held messages by level, as their last commits report them."""
-        shown = set(self._in_dispatch) | {str(level) for level in by_level}
-        self._in_dispatch = {str(level): n for level, n in by_level.items()}
-        for level in shown:
-            self.pending.labels(level=level).set(
-                self._in_wheel.get(level, 0) + self._in_dispatch.get(level, 0))
+        with self._pending_lock:
+            shown = set(self._in_dispatch) | {str(level) for level in by_level}
+            self._in_dispatch = {str(level): n for level, n in by_level.items()}
+            for level in shown:
+                self.pending.labels(level=level).set(
+                    self._in_wheel.get(level, 0) + self._in_dispatch.get(level, 0))
 
     def observe_batch(self, summary: BatchSummary) -> None:
         for level, n in summary.received_by_level.items():

@@ -43,7 +43,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int) -> 
 
 
 class Dispatcher:
-    def __init__(self, spark, settings: Settings, partitions: int, max_request_bytes: int):
+    def __init__(self, spark, settings: Settings, partitions: int, max_request_bytes: int,
+                 on_held=None):
         self.spark, self.settings, self.partitions = spark, settings, partitions
         self.run_id = uuid.uuid4().hex
         self.config = dispatch_config(settings, self.run_id, max_request_bytes)
@@ -52,6 +53,7 @@ class Dispatcher:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._reader = None   # the held counts' consumer (never subscribed)
+        self._on_held = on_held   # called with held_by_level() once per commit interval
 
     def start(self) -> "Dispatcher":
         for partition in range(self.partitions):
@@ -59,7 +61,19 @@ class Dispatcher:
                                       name=f"delayq-dispatch-{partition}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        if self._on_held is not None:
+            threading.Thread(target=self._report_held, name="delayq-dispatch-held",
+                             daemon=True).start()
         return self
+
+    def _report_held(self) -> None:
+        """The tasks' held counts to `on_held` after each commit interval, off the batches."""
+        interval = self.settings.dispatch_commit_interval_ms / 1000
+        while not self._stopping.wait(interval):
+            try:
+                self._on_held(self.held_by_level())
+            except Exception as exc:   # noqa: BLE001 (a gauge's update never stops delivery)
+                log.warning("could not read the dispatch tasks' held counts: %s", exc)
 
     def held_by_level(self) -> dict[int, int]:
         """Messages the dispatch tasks have read and not yet finished, by level, as of their

@@ -433,7 +433,6 @@ class DelayJob:
         self._warm_up: threading.Thread | None = None   # the Python workers' warm-up
         self._dispatcher: Dispatcher | None = None        # hold = "executors"
         self._ledger_query = None
-        self._held_read_at = 0.0   # when the dispatch tasks' held counts were last read
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -533,8 +532,9 @@ class DelayJob:
         self._heartbeat.start()
         self._step("listeners")
         if executors:
-            self._dispatcher = Dispatcher(self.spark, self.settings, partitions,
-                                          max(largest, 1_048_576)).start()
+            self._dispatcher = Dispatcher(
+                self.spark, self.settings, partitions, max(largest, 1_048_576),
+                on_held=self.metrics.set_dispatch_held if self.metrics else None).start()
             if self.settings.ledger:
                 self._ledger_query = start_ledger_query(self.spark, self.settings,
                                                         self.checkpoint, self.metrics)
@@ -699,20 +699,6 @@ class DelayJob:
                                         librdkafka_config(self.settings), max_request_bytes),
             on_sent=self._sent)
 
-    def _dispatch_held(self, _summary: BatchSummary) -> None:
-        """After a wheel batch, at most once per dispatch commit: the messages the dispatch
-        tasks hold into the pending gauge (one Kafka request; the wheel runs even when idle,
-        on the heartbeat, so the gauge never stays stale)."""
-        now = time.monotonic()
-        if self.metrics is None or self._dispatcher is None or \
-                now - self._held_read_at < self.settings.dispatch_commit_interval_ms / 1000:
-            return
-        self._held_read_at = now
-        try:
-            self.metrics.set_dispatch_held(self._dispatcher.held_by_level())
-        except Exception as exc:   # noqa: BLE001 (a gauge's update never stops the ledger)
-            log.warning("could not read the dispatch tasks' held counts: %s", exc)
-
     def _sent(self, batch_id: int, batch_time_ms: int, released) -> None:
         """A batch's deliveries, all acknowledged by Kafka (called by the driver's hold, in
         batch order): their ledger rows and lateness, and the delivered counts."""
@@ -754,7 +740,7 @@ class DelayJob:
 
     def _observer(self) -> Callable[[BatchSummary], None] | None:
         hooks = [h for h in (self.metrics.observe_batch if self.metrics else None,
-                             self._dispatch_held if self.metrics else None, self._on_batch) if h]
+                             self._on_batch) if h]
         if not hooks:
             return None
 
