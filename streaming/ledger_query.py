@@ -42,17 +42,20 @@ def decoding(counts=None):
     """mapInArrow: the ledger rows of the records, counted into the accumulator `counts` by
     status, level and reason (rows, lateness sum and per histogram bucket)."""
     def decode(batches):
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         from sinks.dispatch import ledger_rows
 
         found = []
         for batch in batches:
-            for record in batch.column("value").to_pylist():
-                table = ledger_rows(record)
-                if counts is not None and table.num_rows:
-                    found.extend(_count(table, pc))
-                yield from table.to_batches()
+            tables = [ledger_rows(record) for record in batch.column("value").to_pylist()]
+            if not tables:
+                continue
+            table = pa.concat_tables(tables)
+            if counts is not None and table.num_rows:
+                found.extend(_count(table, pc))   # once per Arrow batch, not per record
+            yield from table.to_batches()
         if counts is not None and found:
             counts.add(found)
     return decode
