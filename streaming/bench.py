@@ -650,11 +650,15 @@ class Bench:
         if warmup_s:
             time.sleep(warmup_s)
             after, first_summary = _last_batch(self.job.query), len(self.summaries)
+        ledger_after = _last_batch(self.job.ledger_query) if self.job.ledger_query else -1
         done = load.wait_producer(produced)
         figures = load.finish(count)
         if warmup_s:
             figures.update(after_warmup(figures, warmup_s))
         figures.update(in_msg_s=done["rate"], **_batches(self.job.query, after))
+        ledger = self.job.ledger_query
+        if ledger is not None:   # the executors hold's ledger query, over the same window
+            figures["ledger_query"] = _batches(ledger, ledger_after)
         figures["step_p50_s"] = _steps(self.summaries[first_summary:])
         figures["_timeline"] = _timeline(self.job.query, after, self.summaries[first_summary:])
         return figures

@@ -432,7 +432,7 @@ class DelayJob:
         self._writer: BatchWriter | None = None
         self._warm_up: threading.Thread | None = None   # the Python workers' warm-up
         self._dispatcher: Dispatcher | None = None        # hold = "executors"
-        self._ledger_query = None
+        self.ledger_query = None   # hold = "executors": ledger topic → Delta
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -536,7 +536,7 @@ class DelayJob:
                 self.spark, self.settings, partitions, max(largest, 1_048_576),
                 on_held=self.metrics.set_dispatch_held if self.metrics else None).start()
             if self.settings.ledger:
-                self._ledger_query = start_ledger_query(self.spark, self.settings,
+                self.ledger_query = start_ledger_query(self.spark, self.settings,
                                                         self.checkpoint, self.metrics)
             self._step("dispatch")
         self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
@@ -780,9 +780,9 @@ class DelayJob:
             if self._dispatcher is not None:
                 self._dispatcher.stop()
                 self._dispatcher = None
-            if self._ledger_query is not None:
-                self._ledger_query.stop()
-                self._ledger_query = None
+            if self.ledger_query is not None:
+                self.ledger_query.stop()
+                self.ledger_query = None
             for listener in (self._listener, self._mirror):
                 if listener is not None:
                     self.spark.streams.removeListener(listener)
