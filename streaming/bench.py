@@ -658,7 +658,10 @@ class Bench:
         figures.update(in_msg_s=done["rate"], **_batches(self.job.query, after))
         ledger = self.job.ledger_query
         if ledger is not None:   # the executors hold's ledger query, over the same window
-            figures["ledger_query"] = _batches(ledger, ledger_after)
+            figures["ledger_query"] = {**_batches(ledger, ledger_after), "timeline": [
+                (p["batchId"], p["durationMs"].get("triggerExecution"),
+                 p["durationMs"].get("addBatch"), p["numInputRows"])
+                for p in ledger.recentProgress if p["batchId"] > ledger_after]}
         figures["step_p50_s"] = _steps(self.summaries[first_summary:])
         figures["_timeline"] = _timeline(self.job.query, after, self.summaries[first_summary:])
         return figures
