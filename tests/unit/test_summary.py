@@ -62,3 +62,17 @@ def test_send_failures_are_dead_lettered_only_when_permanent():
                           ("message of 5 bytes is too large for topic 'x'", "too_large"),
                           ("not authorized to write to topic 'x'", "not_authorized")):
         assert reason_label(reason) == label
+
+
+def test_a_ready_write_observation_fills_the_summary_as_fired_not_delivered():
+    from sinks.ready import add_counts
+
+    s = BatchSummary(9)
+    add_counts({"deliver": 4, "cold": 2, "cancelled": 1, "cancel_unknown": 0,
+                "dead": ["header REAL_TOPIC is missing", "", "header REAL_TOPIC is missing"],
+                "tally": [{"level": 2, "received": 5, "pending_delta": 3},
+                          {"level": 2, "received": 1, "pending_delta": -4}]}, s)
+    assert s.by_kind == {"deliver": 4, "cold": 2, "cancelled": 1, "dead": 3}
+    assert s.delivered_by_level == {}, "the ledger query counts deliveries once they are sent"
+    assert s.dead_by_reason == {"missing_real_topic": 2, "unknown": 1}
+    assert s.received_by_level == {2: 6} and s.pending_delta_by_level == {2: -1}
