@@ -152,4 +152,4 @@ class ColdTier:
             .otherwise(F.pmod(F.hash("uniq_key"), F.lit(self.partitions)))
         (rows.select(F.lit(self.intake).alias("topic"), partition.cast("int").alias("partition"),
                      "key", "value", headers.alias("headers"))
-         .write.format("kafka").options(**self.options).save())
+         .write.mode("append").format("kafka").options(**self.options).save())

@@ -201,7 +201,7 @@ class KafkaSink(BatchSink):
         (spark.createDataFrame([(intake_topic, 0, None, b"", [(H.HEARTBEAT, b"1")])],
                                "topic string, partition int, key binary, value binary, "
                                "headers array<struct<key:string,value:binary>>")
-         .write.format("kafka").options(**self._options).save())
+         .write.mode("append").format("kafka").options(**self._options).save())
 
     @staticmethod
     def sent_schema(batch_schema: StructType) -> StructType:
@@ -411,7 +411,7 @@ class _HoldWrite:
             self._lane = lane
         held = rows._jdf.repartition(self._parallelism, self._by_lane).mapInArrow(
             self._hold, False, None)
-        held.write().format("kafka").options(self._options).save()
+        held.write().mode("append").format("kafka").options(self._options).save()
 
 
 def hold_lane(partitions: dict[str, int], tasks: int) -> F.Column:

@@ -89,15 +89,15 @@ class ReadySink:
     def warm_up(self, spark, intake_topic: str) -> None:
         from state import headers as H
 
-        (spark.createDataFrame([(intake_topic, 0, None, b"", [(H.HEARTBEAT, b"1")])],
-                               self._schema).write.format("kafka").options(**self._options).save())
+        (spark.createDataFrame([(intake_topic, 0, None, b"", [(H.HEARTBEAT, b"1")])], self._schema)
+         .write.mode("append").format("kafka").options(**self._options).save())
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
         """Fired rows to the ready topic and dead letters to theirs, in the batch's one Spark
         job, every row counted into `summary` on the way (`observed_counts`)."""
         seen = Observation()
         (batch.observe(seen, *self._counts).filter(F.col("kind").isin("deliver", "dead"))
-         .select(*self._sent).write.format("kafka").options(**self._options).save())
+         .select(*self._sent).write.mode("append").format("kafka").options(**self._options).save())
         add_counts(seen.get, summary)
         summary.deferred = True
         now_ms = int(time.time() * 1000)

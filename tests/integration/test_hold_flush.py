@@ -42,7 +42,7 @@ def test_a_released_row_reaches_the_broker_before_the_next_one_is_due(spark, new
         "topic string, value binary, due_ms long").repartition(1)
     schema = KafkaSink.sent_schema(rows.schema)
     (rows.mapInArrow(hold_and_stamp, schema).select("topic", "value")
-     .write.format("kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
+     .write.mode("append").format("kafka").option("kafka.bootstrap.servers", kafka_bootstrap)
      .options(**PRODUCER_OPTIONS).save())
     records = {r.value: r.timestamp for r in consume_all(kafka_bootstrap, topic, expected=2)}
     later_due = now_ms + LATER_S * 1000
