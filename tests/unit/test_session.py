@@ -1,6 +1,7 @@
 """Spark settings that are ours to choose, checked without starting a JVM."""
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 
@@ -87,3 +88,14 @@ def test_a_submitted_job_has_it_on_the_class_paths_too(tmp_path):
     options = command[command.index("--driver-java-options") + 1].split()
     assert options == [LOG4J_OPTION, DRIVER_STACK_OPTION]
     assert set(options) <= set(spark_conf(settings)["spark.driver.extraJavaOptions"].split())
+
+
+def test_local_star_with_the_executors_hold_gives_the_wheel_dispatch_and_ledger_their_own_slots():
+    from streaming.session import spark_master
+
+    cores = os.cpu_count() or 1
+    settings = load_settings(hold="executors", spark_master="local[*]", ready_partitions=3,
+                             spark_shuffle_partitions=1)
+    assert spark_master(settings) == f"local[{max(cores, 1) + 3 + 3}]"
+    assert spark_master(settings.model_copy(update={"hold": "driver"})) == "local[*]"
+    assert spark_master(load_settings(hold="executors", spark_master="local[3]")) == "local[3]"
