@@ -113,6 +113,8 @@ def test_settings(work_dir, kafka_bootstrap):
         spark_master="local[2]",
         spark_driver_memory="1500m",
         spark_shuffle_partitions=2,
+        # The ledger's tests wait for its rows: sooner than the default's 30 s.
+        ledger_interval="10s",
     )
 
 

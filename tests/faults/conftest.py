@@ -107,7 +107,7 @@ def job_process(kafka_bootstrap, work_dir):
         values = dict(bootstrap_servers=kafka_bootstrap, data_dir=str(work_dir / f"fault-{tag}"),
                       intake_topic=f"intake-{tag}", dlq_topic=f"intake-{tag}.DLQ",
                       delay_levels="1s 2s 3s", spark_master="local[2]",
-                      spark_driver_memory="1g")
+                      spark_driver_memory="1g", ledger_interval="10s")
         values.update(overrides)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
         env.update({f"DELAYQ_{k.upper()}": str(v) for k, v in values.items()})

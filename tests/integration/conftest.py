@@ -40,6 +40,7 @@ def job_settings(test_settings, work_dir):
             delay_levels=test_settings.delay_levels,
             spark_master=test_settings.spark_master,
             spark_shuffle_partitions=test_settings.spark_shuffle_partitions,
+            ledger_interval=test_settings.ledger_interval,
             intake_topic=f"intake-{tag}",
             dlq_topic=f"intake-{tag}.DLQ",
         )
