@@ -194,6 +194,13 @@ class Settings(BaseSettings):
         return parse_duration(self.dispatch_replay_window)
 
     @property
+    def heartbeat_partition(self) -> int:
+        """The intake partition after the levels' (level L is partition L-1): the job's
+        heartbeats go there, so a level's partition, and its delayOffset, holds only that
+        level's messages."""
+        return len(self.level_delays_ms)
+
+    @property
     def ready_topic(self) -> str:
         return f"{self.intake_topic}.READY"
 

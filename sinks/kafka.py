@@ -193,12 +193,12 @@ class KafkaSink(BatchSink):
                             .otherwise(F.col("due_ms")))
                 .drop("_refused"))
 
-    def warm_up(self, spark, intake_topic: str) -> None:
+    def warm_up(self, spark, intake_topic: str, partition: int) -> None:
         """Write one heartbeat to the intake through this sink's Kafka writer, so the first
         batch with deliveries does not also pay for creating the executors' producer."""
         from state import headers as H
 
-        (spark.createDataFrame([(intake_topic, 0, None, b"", [(H.HEARTBEAT, b"1")])],
+        (spark.createDataFrame([(intake_topic, partition, None, b"", [(H.HEARTBEAT, b"1")])],
                                "topic string, partition int, key binary, value binary, "
                                "headers array<struct<key:string,value:binary>>")
          .write.mode("append").format("kafka").options(**self._options).save())

@@ -111,7 +111,9 @@ class Metrics:
             self.lateness.add(*lateness)
 
     def observe_progress(self, progress: dict, late_tolerance_ms: int, intake_topic: str,
-                         now: float | None = None) -> None:
+                         now: float | None = None, heartbeats: int | None = None) -> None:
+        """A batch's progress; `delayq_delay_offset` for every intake partition but the
+        heartbeats' (`heartbeats`)."""
         now = time.time() if now is None else now
         duration = progress.get("durationMs", {}).get("triggerExecution")
         if duration is not None:
@@ -126,6 +128,8 @@ class Metrics:
         for source in progress.get("sources", []):
             end, latest = _offsets(source.get("endOffset"), intake_topic), _offsets(source.get("latestOffset"), intake_topic)
             for partition, offset in end.items():
+                if partition == heartbeats:
+                    continue
                 self.delay_offset.labels(level=str(partition + 1)).set(offset)
             if latest:
                 self.offsets_behind.set(sum(max(0, latest[p] - end.get(p, 0)) for p in latest))

@@ -86,10 +86,10 @@ class ReadySink:
         self._schema = "topic string, partition int, key binary, value binary, " \
                        "headers array<struct<key:string,value:binary>>"
 
-    def warm_up(self, spark, intake_topic: str) -> None:
+    def warm_up(self, spark, intake_topic: str, partition: int) -> None:
         from state import headers as H
 
-        (spark.createDataFrame([(intake_topic, 0, None, b"", [(H.HEARTBEAT, b"1")])], self._schema)
+        (spark.createDataFrame([(intake_topic, partition, None, b"", [(H.HEARTBEAT, b"1")])], self._schema)
          .write.mode("append").format("kafka").options(**self._options).save())
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:

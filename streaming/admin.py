@@ -65,18 +65,32 @@ def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
         return False
 
 
+def _grow(admin: KafkaAdminClient, topic: str, partitions: int) -> None:
+    """At least `partitions` partitions for an existing topic (Kafka adds, never removes)."""
+    from kafka.admin import NewPartitions
+
+    have = TopicCatalog(admin).partitions([topic])[topic]
+    if have is not None and have < partitions:
+        admin.create_partitions({topic: NewPartitions(total_count=partitions)})
+        log.info("topic %s: %d partitions added (the heartbeats' partition)", topic,
+                 partitions - have)
+
+
 def _single_broker(admin: KafkaAdminClient) -> bool:
     return len(admin.describe_cluster().get("brokers", [])) <= 1
 
 
 def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> int:
-    """The intake (one partition per level, LogAppendTime) and the dead-letter topic, which
-    takes any record the intake took plus the headers the service adds. Returns the largest
-    record the service must be able to write (the dead-letter topic's limit)."""
+    """The intake (one partition per level and the heartbeats', LogAppendTime; an intake with
+    fewer gets the partitions it lacks) and the dead-letter topic, which takes any record the
+    intake took plus the headers the service adds. Returns the largest record the service
+    must be able to write (the dead-letter topic's limit)."""
     own = admin is None
     admin = admin or admin_client(settings)
     try:
-        create_topic(admin, settings.intake_topic, len(settings.level_delays_ms), LOG_APPEND_TIME)
+        wanted_parts = settings.heartbeat_partition + 1
+        if not create_topic(admin, settings.intake_topic, wanted_parts, LOG_APPEND_TIME):
+            _grow(admin, settings.intake_topic, wanted_parts)
         intake_max = max_message_bytes(admin, settings.intake_topic) or KAFKA_DEFAULT_MAX_MESSAGE
         wanted = max(intake_max + DLQ_HEADROOM_BYTES, KAFKA_DEFAULT_MAX_MESSAGE)
         create_topic(admin, settings.dlq_topic, 1, {"max.message.bytes": str(wanted)})

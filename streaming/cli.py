@@ -222,7 +222,8 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     # A checkpoint on a store is read through Spark's Hadoop client.
     spark = None if store.is_local(str(checkpoint)) else _reader_session(settings)
     try:
-        print(format_delay_offsets(delay_offset_table(checkpoint, settings.intake_topic)))
+        print(format_delay_offsets(delay_offset_table(checkpoint, settings.intake_topic,
+                                                      settings.heartbeat_partition)))
     finally:
         if spark is not None:
             spark.stop()

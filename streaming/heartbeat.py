@@ -1,4 +1,5 @@
-"""The job's own clock: a heartbeat record on the intake every `heartbeat_ms`.
+"""The job's own clock: a heartbeat record on the intake every `heartbeat_ms`, in the intake's
+partition after the levels' (`heartbeat_partition`).
 
 Spark's watermark moves only when records arrive, and event-time timers fire only when it
 moves. The heartbeat is stamped by the broker (LogAppendTime) like every intake record, so it
@@ -34,7 +35,8 @@ class Heartbeat(threading.Thread):
                 if producer is None:
                     producer = KafkaProducer(linger_ms=0, acks=1,
                                              **python_client_config(self._settings))
-                producer.send(self._settings.intake_topic, value=b"", partition=0,
+                producer.send(self._settings.intake_topic, value=b"",
+                              partition=self._settings.heartbeat_partition,
                               headers=[(H.HEARTBEAT, b"1")])
                 self.sent += 1
             except KafkaError as exc:

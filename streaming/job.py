@@ -513,7 +513,7 @@ class DelayJob:
         # of this run add their deltas on top.
         seed_batch = last_committed_batch(store.path(self.checkpoint))
         if seed_batch is None:
-            kafka.warm_up(self.spark, self.settings.intake_topic)
+            kafka.warm_up(self.spark, self.settings.intake_topic, self.settings.heartbeat_partition)
         self._step("kafka_writer")
         self._start_spool(seed_batch)
         if self._hold is not None:
@@ -521,7 +521,8 @@ class DelayJob:
         if self.metrics is not None:
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
-                                              self.settings.intake_topic)
+                                              self.settings.intake_topic,
+                                              self.settings.heartbeat_partition)
             self.spark.streams.addListener(self._listener)
         self._mirror_admin = kadmin.admin_client(self.settings)
         self._mirror = OffsetMirror(

@@ -76,15 +76,17 @@ class ProgressJsonListener(StreamingQueryListener):
 
 class ProgressListener(ProgressJsonListener):
     def __init__(self, metrics: Metrics, query_name: str, late_tolerance_ms: int,
-                 intake_topic: str):
+                 intake_topic: str, heartbeats: int | None = None):
         super().__init__(query_name)
         self._metrics = metrics
         self._late_tolerance_ms = late_tolerance_ms
         self._intake = intake_topic
+        self._heartbeats = heartbeats
 
     def observe(self, progress: dict) -> None:
         try:
-            self._metrics.observe_progress(progress, self._late_tolerance_ms, self._intake)
+            self._metrics.observe_progress(progress, self._late_tolerance_ms, self._intake,
+                                           heartbeats=self._heartbeats)
         except Exception:  # a metrics bug must never stop delivery
             log.exception("could not read a progress report into metrics")
 

@@ -3,7 +3,8 @@ own record of the last committed micro-batch.
 
     {"offsetTable": {"1": 2, "3": 17}}
 
-Level L is intake partition L-1; the number is the next intake offset of that partition the
+Level L is intake partition L-1 (the job's heartbeats have the partition after the levels'
+and are not shown); the number is the next intake offset of that partition the
 job will read, i.e. everything before it is in the wheel's state or already delivered.
 Pure file reading: no Spark, no broker.
 """
@@ -42,9 +43,11 @@ def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
     raise JobError(f"batch {batch} of {checkpoint} did not read topic {topic}")
 
 
-def delay_offset_table(checkpoint: Path, topic: str) -> dict[str, dict[str, int]]:
+def delay_offset_table(checkpoint: Path, topic: str,
+                       heartbeats: int | None = None) -> dict[str, dict[str, int]]:
+    """The view, without the heartbeats' partition (`Settings.heartbeat_partition`)."""
     offsets = committed_offsets(checkpoint, topic)
-    return {"offsetTable": {str(p + 1): o for p, o in sorted(offsets.items())}}
+    return {"offsetTable": {str(p + 1): o for p, o in sorted(offsets.items()) if p != heartbeats}}
 
 
 def format_delay_offsets(table: dict) -> str:

@@ -85,3 +85,29 @@ def test_a_restarted_job_knows_its_real_topics_and_sends_each_batch_in_one_job(
     assert runs[1], "the restarted run reported no batch"
     assert any(s.count("deliver") for s in runs[1]), "the delivery was not in a reported batch"
     assert looked_up(runs[1]) == [], "a batch of the restarted run looked its topics up again"
+
+
+def test_an_intake_gets_a_partition_for_the_heartbeats_after_the_levels(kafka_bootstrap,
+                                                                        job_settings):
+    """A new intake has one partition per level and the heartbeats'; an intake an earlier
+    version made with one per level gets the heartbeats' added, and one with more keeps its."""
+    from kafka.admin import NewTopic
+
+    from streaming.admin import ensure_topics
+
+    settings = job_settings()   # three levels
+    assert settings.heartbeat_partition == 3
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        ensure_topics(settings)
+        assert len(admin.describe_topics([settings.intake_topic])[0]["partitions"]) == 4
+        older = job_settings()
+        admin.create_topics([NewTopic(older.intake_topic, 3, 1)])
+        ensure_topics(older)
+        assert len(admin.describe_topics([older.intake_topic])[0]["partitions"]) == 4
+        wider = job_settings()
+        admin.create_topics([NewTopic(wider.intake_topic, 6, 1)])
+        ensure_topics(wider)
+        assert len(admin.describe_topics([wider.intake_topic])[0]["partitions"]) == 6
+    finally:
+        admin.close()

@@ -95,10 +95,13 @@ def test_progress_report_sets_watermark_lag_offsets_and_batch_duration():
                      "latestOffset": {"in": {"0": 12, "2": 7}}}],
     }
     now = 1_795_348_801.5  # 2026-11-22T12:00:01.5Z
-    m.observe_progress(progress, late_tolerance_ms=7 * 86_400_000, intake_topic="in", now=now)
+    m.observe_progress(progress, late_tolerance_ms=7 * 86_400_000, intake_topic="in", now=now,
+                       heartbeats=2)
     r = m.registry
     assert abs(r.get_sample_value("delayq_watermark_lag_seconds") - 1.5) < 1e-6
-    assert r.get_sample_value("delayq_delay_offset", {"level": "3"}) == 7
+    assert r.get_sample_value("delayq_delay_offset", {"level": "1"}) == 10
+    assert r.get_sample_value("delayq_delay_offset", {"level": "3"}) is None, \
+        "partition 2 of a 2-level intake holds the heartbeats: not a level"
     assert r.get_sample_value("delayq_intake_offsets_behind") == 2
     assert r.get_sample_value("delayq_batch_duration_seconds_count") == 1
 

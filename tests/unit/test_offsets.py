@@ -22,6 +22,13 @@ def test_offset_table_is_last_committed_batch_per_level(tmp_path):
     assert delay_offset_table(tmp_path, "SCHEDULE_TOPIC_XXXX") == {"offsetTable": {"1": 2, "3": 17}}
 
 
+def test_the_heartbeats_partition_is_left_out(tmp_path):
+    write_batch(tmp_path, 0, {"T": {"0": 3, "1": 0, "2": 40, "3": 8}})
+    assert delay_offset_table(tmp_path, "T", heartbeats=2) == {
+        "offsetTable": {"1": 3, "2": 0, "4": 8}}, "a partition added for a busy level stays"
+    assert delay_offset_table(tmp_path, "T")["offsetTable"]["3"] == 40
+
+
 def test_no_committed_batch_yet(tmp_path):
     write_batch(tmp_path, 0, {"T": {"0": 1}}, committed=False)
     assert delay_offset_table(tmp_path, "T") == {"offsetTable": {}}
