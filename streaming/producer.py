@@ -71,8 +71,8 @@ class DelayProducer:
             self._producer.close()
 
     def create_topics(self) -> None:
-        """Create the intake (one partition per level, LogAppendTime) and dead-letter topics
-        when they do not exist yet."""
+        """Create the intake (a partition per level and the heartbeats', LogAppendTime) and
+        dead-letter topics when they do not exist yet."""
         from streaming.admin import ensure_topics
 
         ensure_topics(self.settings)
