@@ -194,14 +194,7 @@ class KafkaSink(BatchSink):
                 .drop("_refused"))
 
     def warm_up(self, spark, intake_topic: str, partition: int) -> None:
-        """Write one heartbeat to the intake through this sink's Kafka writer, so the first
-        batch with deliveries does not also pay for creating the executors' producer."""
-        from state import headers as H
-
-        (spark.createDataFrame([(intake_topic, partition, None, b"", [(H.HEARTBEAT, b"1")])],
-                               "topic string, partition int, key binary, value binary, "
-                               "headers array<struct<key:string,value:binary>>")
-         .write.mode("append").format("kafka").options(**self._options).save())
+        write_heartbeat(spark, self._options, intake_topic, partition)
 
     @staticmethod
     def sent_schema(batch_schema: StructType) -> StructType:
@@ -488,6 +481,17 @@ class HoldReports(AccumulatorParam):
     @staticmethod
     def files(value) -> list[str]:
         return value["files"]
+
+
+def write_heartbeat(spark, options: dict[str, str], intake_topic: str, partition: int) -> None:
+    """Write one heartbeat to the intake through a sink's Kafka writer (its warm-up), so the
+    first batch with deliveries does not also pay for creating the executors' producer."""
+    from state import headers as H
+
+    (spark.createDataFrame([(intake_topic, partition, None, b"", [(H.HEARTBEAT, b"1")])],
+                           "topic string, partition int, key binary, value binary, "
+                           "headers array<struct<key:string,value:binary>>")
+     .write.mode("append").format("kafka").options(**options).save())
 
 
 def count_rows(batch: pa.RecordBatch) -> list[dict]:
