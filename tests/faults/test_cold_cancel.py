@@ -24,7 +24,7 @@ def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstra
     create_topic(admin, real, 1, {"message.timestamp.type": "LogAppendTime"})
     admin.close()
     job.start()
-    # Far enough out for a kill and a restart before the roll (10-12 s before due).
+    # Far enough out for a kill and a restart before the roll (14-16 s before due).
     due = (int(time.time() * 1000) // 1000 + 120) * 1000
     cancel_elsewhere(settings, kafka_bootstrap, "ahead", due)
     with DelayProducer(settings) as producer:
