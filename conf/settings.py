@@ -81,6 +81,7 @@ class Settings(BaseSettings):
     spark_master: str
     spark_app_name: str
     spark_driver_memory: str
+    spark_ui_port: int
     spark_shuffle_partitions: int
     spark_log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"]
     log_level: Literal["ERROR", "WARNING", "INFO", "DEBUG"]
@@ -135,6 +136,7 @@ class Settings(BaseSettings):
 
     @field_validator("kafka_port", "kafka_controller_port",
                      "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
+                     "spark_ui_port",
                      "dispatch_commit_interval_ms", "dispatch_max_held",
                      "dispatch_topic_wait_ms", "dispatch_max_failures",
                      "cluster_workers", "cluster_worker_cores")

@@ -125,6 +125,27 @@ def broker_answers(bootstrap: str, timeout_s: float = 5.0, **client_config) -> b
         admin.close()
 
 
+def gives_producer_ids(bootstrap: str, timeout_s: float = 5.0) -> bool:
+    """True once the broker hands an idempotent producer its id. A new broker first answers
+    "coordinator load in progress" while it fetches a block of ids from its controller, and
+    every idempotent client (the job's librdkafka producers) would log its retries."""
+    import json
+    import logging
+
+    from confluent_kafka import Producer
+
+    quiet = logging.getLogger("delayq.broker.probe")
+    quiet.propagate, quiet.disabled = False, True
+    eos: dict = {}
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                         "statistics.interval.ms": 100, "logger": quiet,
+                         "stats_cb": lambda stats: eos.update(json.loads(stats).get("eos", {}))})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and eos.get("idemp_state") != "Assigned":
+        producer.poll(0.1)
+    return eos.get("idemp_state") == "Assigned"
+
+
 def _java(spec: BrokerSpec, main_class: str, *args: str) -> list[str]:
     if not spec.jars.is_dir() or not any(spec.jars.glob("kafka_2.13-*.jar")):
         raise BrokerError(
@@ -208,7 +229,8 @@ def wait_ready(spec: BrokerSpec, pid: int, timeout_s: float = READY_TIMEOUT_S) -
                 f"the Kafka broker (pid {pid}) exited while starting; last log lines:\n"
                 + tail(spec, 30)
             )
-        if port_open(spec.host, spec.port) and broker_answers(spec.bootstrap):
+        if (port_open(spec.host, spec.port) and broker_answers(spec.bootstrap)
+                and gives_producer_ids(spec.bootstrap)):
             return
         time.sleep(delay)
         delay = min(delay * 1.5, 2.0)

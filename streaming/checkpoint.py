@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from conf.settings import Settings
@@ -240,16 +241,27 @@ def balance_timers(checkpoint: str, verdict: str) -> bool:
 
 # ---- the consumer-group mirror of the checkpoint's offsets ------------------------------
 
+# How long a start waits for the group coordinator (a fresh broker makes it on first use).
+GROUP_READ_WAIT_S = 15.0
+
+
 def read_group_offsets(admin, settings: Settings) -> dict[int, int]:
     """Intake partition → committed offset of the job's consumer group ({} when none)."""
     from kafka.errors import KafkaError
 
     group = group_id(settings)
-    try:
-        answer = admin.list_group_offsets({group: None}).get(group, {})
-    except KafkaError as exc:
-        log.warning("could not read consumer group %s: %s", group, exc)
-        return {}
+    deadline = time.monotonic() + GROUP_READ_WAIT_S
+    while True:
+        try:
+            answer = admin.list_group_offsets({group: None}).get(group, {})
+            break
+        except KafkaError as exc:
+            # A broker's first minutes: no coordinator until __consumer_offsets is made.
+            if exc.retriable and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            log.warning("could not read consumer group %s: %s", group, exc)
+            return {}
     return {tp.partition: meta.offset for tp, meta in answer.items()
             if tp.topic == settings.intake_topic and meta.offset >= 0}
 

@@ -92,7 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                      allow_config_change=args.allow_config_change) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
               f"checkpoint {job.checkpoint}, metrics http://{settings.metrics_host}:"
-              f"{settings.metrics_port}/metrics, Spark UI http://127.0.0.1:4040. Ctrl-C stops.",
+              f"{settings.metrics_port}/metrics, Spark UI {job.spark.sparkContext.uiWebUrl or 'off'}. "
+              "Ctrl-C stops.",
               flush=True)
         steps = ", ".join(f"{k} {v} s" for k, v in job.startup_s.items())
         first = ", ".join(f"{k} {v} s" for k, v in job.first_batch_s.items())

@@ -33,7 +33,7 @@ class Heartbeat(threading.Thread):
         while not self._stop_event.is_set():
             try:
                 if producer is None:
-                    producer = KafkaProducer(linger_ms=0, acks=1,
+                    producer = KafkaProducer(linger_ms=0, acks=1, enable_idempotence=False,
                                              **python_client_config(self._settings))
                 producer.send(self._settings.intake_topic, value=b"",
                               partition=self._settings.heartbeat_partition,

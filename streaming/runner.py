@@ -14,7 +14,7 @@ from typing import Iterator
 from conf.settings import Settings
 from streaming import broker
 from streaming.job import DelayJob, lost_kept_rows
-from streaming.session import build_session
+from streaming.session import STOPPING, build_session
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
         server, _ = serve(settings, metrics)
         before = process_age_s()     # Python start-up, imports, settings, the exporter
         t0 = time.monotonic()
+        STOPPING.clear()
         spark = build_session(settings)
         session_s = round(time.monotonic() - t0, 1)
         job = DelayJob(settings, spark, metrics=metrics, **job_args)
@@ -75,6 +76,7 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
             # DelayJob.stop) and Spark's own stop; one that takes longer prints the stack of
             # every Python thread, to say where it is stuck before something kills it.
             faulthandler.dump_traceback_later(STOP_REPORT_S)
+            STOPPING.set()
             try:
                 job.stop()
             finally:

@@ -6,7 +6,9 @@ for one session (tests lower memory, benchmarks raise it) but never configure Sp
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from conf.settings import CONF_DIR, Settings
@@ -80,6 +82,7 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.master": spark_master(settings),
         "spark.jars": ",".join(str(jar) for jar in spark_jars(settings)),
         "spark.driver.memory": settings.spark_driver_memory,
+        "spark.ui.port": str(settings.spark_ui_port),
         # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
         "spark.driver.extraJavaOptions":
             f"{log4j} {DRIVER_STACK_OPTION} {java_options(settings)}".rstrip(),
@@ -165,11 +168,80 @@ def build_session(settings: Settings, extra: dict[str, str] | None = None):
     if project_root not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, path) if p)
 
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    conf = spark_conf(settings, extra)
+    if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # The driver's JVM, started as PySpark starts it, its output through quiet_jvm_output.
+        # (Under spark-submit the JVM is already there, and started this process.)
+        from pyspark.java_gateway import launch_gateway
+
+        gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())),
+                                 popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.PIPE})
+        for stream, fd in ((gateway.proc.stdout, 1), (gateway.proc.stderr, 2)):
+            threading.Thread(target=quiet_jvm_output, args=(stream, fd), daemon=True,
+                             name=f"delayq-jvm-output-{fd}").start()
+        SparkContext._ensure_initialized(gateway=gateway)
     builder = SparkSession.builder
-    for key, value in spark_conf(settings, extra).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(settings.spark_log_level)
     return session
+
+
+# What the driver's JVM prints outside log4j (conf/log4j2.properties sets what log4j prints) on
+# every healthy run: the JVM's notice of the vector module Spark's launcher adds, and the
+# prints of PySpark's planner worker for the wheel's transformWithState, a block per query
+# start, each line followed by an empty one.
+QUIET_LINES = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
+QUIET_PREFIXES = (b"Starting Streaming TransformWithStateInPandas Python worker",
+                  b"Streaming TransformWithStateInPandas Python worker ")
+# Set when a clean stop begins (streaming/runner.py). From then on, a Python worker whose
+# socket the stopping JVM closed under it may print PySpark's traceback of the broken pipe;
+# any other traceback still shows.
+STOPPING = threading.Event()
+_TRACEBACKS = (b"Traceback (most recent call last):",
+               b"PySpark daemon failed to flush the output to the worker process:")
+_CLOSED_UNDER_IT = (b"BrokenPipeError", b"ConnectionResetError")
+
+
+def quiet_jvm_output(stream, fd: int) -> None:
+    """Copy the JVM's output, line by line, to this process's file descriptor `fd`, less the
+    lines above. Written to the descriptor, as the JVM would, whatever sys.stderr is now; never
+    stops reading while the JVM writes, or the JVM would block on a full pipe."""
+    after_quiet, block = False, []
+    for line in iter(stream.readline, b""):
+        text = line.rstrip(b"\r\n")
+        if block:   # a traceback: kept whole until its exception's line
+            block.append(line)
+            if text[:1].isspace() or text in _TRACEBACKS:
+                continue
+            stop_notice = (STOPPING.is_set() and text.startswith(_CLOSED_UNDER_IT)
+                           and any(b"pyspark" in b for b in block))
+            if not stop_notice:
+                _write(fd, b"".join(block))
+            block = []
+            continue
+        if text in _TRACEBACKS:
+            block = [line]
+            continue
+        if text in QUIET_LINES or text.startswith(QUIET_PREFIXES):
+            after_quiet = True
+            continue
+        if after_quiet and not text:
+            after_quiet = False
+            continue
+        after_quiet = False
+        _write(fd, line)
+    if block:
+        _write(fd, b"".join(block))
+
+
+def _write(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:
+        pass

@@ -49,7 +49,7 @@ def test_a_sigterm_while_the_job_starts_is_a_clean_stop_once_it_is_up(job_proces
     import subprocess
     import sys
 
-    from tests.faults.conftest import PROJECT
+    from tests.faults.conftest import PROJECT, descendants
 
     job, settings = job_process()
     with open(job.log, "a") as out:
@@ -58,7 +58,7 @@ def test_a_sigterm_while_the_job_starts_is_a_clean_stop_once_it_is_up(job_proces
                                 start_new_session=True)
     job.proc = proc   # the fixture kills what is left at teardown
     deadline = time.monotonic() + 60
-    while "Using incubator modules" not in job.log.read_text(errors="replace"):
+    while not any(is_java(pid) for pid in descendants(proc.pid)):
         assert proc.poll() is None and time.monotonic() < deadline, job.log.read_text()[-3000:]
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)   # the Spark JVM is up; the job is not
@@ -68,6 +68,15 @@ def test_a_sigterm_while_the_job_starts_is_a_clean_stop_once_it_is_up(job_proces
     assert "stop asked while starting" in log and "delayq stopped" in log, log[-3000:]
     assert log.index("stop asked while starting") < log.index("delayq running"), \
         "the signal came before the job was up"
+
+
+def is_java(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/exe").resolve().name == "java"
+    except OSError:
+        return False
 
 
 def errors_in(log: str, limit: int = 60) -> str:

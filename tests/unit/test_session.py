@@ -99,3 +99,60 @@ def test_local_star_with_the_executors_hold_gives_the_wheel_dispatch_and_ledger_
     assert spark_master(settings) == f"local[{max(cores, 1) + 3 + 3}]"
     assert spark_master(settings.model_copy(update={"hold": "driver"})) == "local[*]"
     assert spark_master(load_settings(hold="executors", spark_master="local[3]")) == "local[3]"
+
+
+def test_the_jvm_output_keeps_everything_but_a_healthy_runs_notices(tmp_path):
+    import io
+
+    from streaming.session import quiet_jvm_output
+
+    jvm = io.BytesIO(
+        b"WARNING: Using incubator modules: jdk.incubator.vector\n"
+        b"Starting Streaming TransformWithStateInPandas Python worker.\n\n"
+        b"Streaming TransformWithStateInPandas Python worker Completed execution of UDF: f.\n\n"
+        b"\n"
+        b"21:00:30 ERROR TaskSetManager: Task 0 in stage 3.0 failed 1 times\n"
+        b"Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space\n"
+        b"WARNING: Using incubator modules: jdk.incubator.vector, jdk.other\n"
+        b"no newline at the end")
+    out = tmp_path / "out"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT)
+    quiet_jvm_output(jvm, fd)
+    os.close(fd)
+    assert out.read_bytes() == (
+        b"\n"
+        b"21:00:30 ERROR TaskSetManager: Task 0 in stage 3.0 failed 1 times\n"
+        b"Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space\n"
+        b"WARNING: Using incubator modules: jdk.incubator.vector, jdk.other\n"
+        b"no newline at the end")
+
+
+def test_a_workers_broken_pipe_is_dropped_only_once_a_clean_stop_began(tmp_path):
+    import io
+
+    from streaming.session import STOPPING, quiet_jvm_output
+
+    broken = (b"Traceback (most recent call last):\n"
+              b'  File "/x/pyspark.zip/pyspark/daemon.py", line 233, in manager\n'
+              b'  File "/x/pyspark.zip/pyspark/daemon.py", line 87, in worker\n'
+              b"BrokenPipeError: [Errno 32] Broken pipe\n")
+    other = (b"Traceback (most recent call last):\n"
+             b'  File "/x/pyspark.zip/pyspark/worker.py", line 3, in main\n'
+             b"    raise ValueError(x)\n"
+             b"ValueError: a real fault\n")
+
+    def through(data: bytes) -> bytes:
+        out = tmp_path / "out"
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        quiet_jvm_output(io.BytesIO(data), fd)
+        os.close(fd)
+        return out.read_bytes()
+
+    try:
+        assert through(broken + b"after\n") == broken + b"after\n", "running: a real fault"
+        STOPPING.set()
+        assert through(broken + b"after\n") == b"after\n"
+        assert through(other + broken) == other
+        assert through(broken[:60]) == broken[:60], "a cut-off block is kept"
+    finally:
+        STOPPING.clear()
