@@ -60,7 +60,8 @@ def run_demo(settings: Settings) -> int:
         admin = admin_client(settings)
         create_topic(admin, DEMO_TOPIC, 2)
         admin.close()
-        print(f"job running (Spark UI http://127.0.0.1:4040); levels: {settings.delay_levels}")
+        print(f"job running (Spark UI {job.spark.sparkContext.uiWebUrl or 'off'}); levels: "
+              f"{settings.delay_levels}")
         expected: dict[str, int] = {}
         done = threading.Event()
         watcher = threading.Thread(target=_watch, args=(settings, expected, done), daemon=True)
