@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -822,6 +823,16 @@ class Bench:
         figures["first_new_delivery_after_restart_s"] = (
             round((new.min() - restarted_ms) / 1000, 1) if len(new) else None)
         figures["delivered_before_kill"] = int(np.sum(stamps < restarted_ms))
+        # A message that came due after the kill: on time had the job not been killed.
+        overdue = stamps[(figures["_series"][0] >= killed * 1000) & (stamps >= restarted_ms)]
+        figures["kill_to_first_overdue_delivery_s"] = (
+            round((overdue.min() - killed * 1000) / 1000, 1) if len(overdue) else None)
+        # Each run's own "delayq started in" figure: the first start, on a fresh data folder,
+        # and the restart, on the killed run's checkpoint.
+        starts = re.findall(rb"delayq started in ([\d.]+) s",
+                            (self.work / "restart-job.log").read_bytes())
+        if len(starts) >= 2:
+            figures["started_s"], figures["restarted_s"] = float(starts[-2]), float(starts[-1])
         if held is not None:
             figures["outage"] = _outage_figures(held, restarted_ms)
             for what in ("lost", "early", "duplicates"):
