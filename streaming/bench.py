@@ -18,6 +18,9 @@ Scenarios, in one run on one broker and one Spark session:
   restart the job, once up and 20 s into a load, killed (SIGKILL) and started again: time
           from the restart to its first delivery, and to that of a message sent after it;
           optionally after a downtime with a backlog sent meanwhile, and how soon it is out.
+  first-minute
+          a fresh `delayq run`, a minute of the steady load from 30 s after it started: the
+          lateness a deploy's first minute gives (streaming/bench_start.py).
 Lateness is the delivered record's broker timestamp minus its due time (the intake append
 time plus the level's delay, or the timer's deliver time). The load generator and the reader
 run as child processes (streaming/loadgen.py). Writes a JSON result and a PNG of lateness.
@@ -49,9 +52,10 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 # The order the scenarios run in: the raw pipe's queries first, then the drain, which needs a
 # new job on a backlog; the steady load, burst and backlog run on the job it leaves (or start
-# one); restart runs its own, and cluster its own on a local standalone cluster (asked for by
+# one); restart and first-minute run their own, and cluster its own on a local standalone cluster (asked for by
 # name: streaming/bench_cluster.py).
-SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "backlog", "restart", "cluster")
+SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "backlog", "restart",
+             "first-minute", "cluster")
 
 
 def scenarios_of(text: str) -> tuple[str, ...]:
@@ -838,6 +842,14 @@ class Bench:
             for what in ("lost", "early", "duplicates"):
                 figures[what] += held[what]
         return figures
+
+    def first_minute(self) -> dict:
+        from streaming import bench_start
+
+        if self.job is not None:   # the cores are the fresh job's now
+            self.job.stop()
+            self.job = None
+        return bench_start.run(self)
 
     def cluster(self) -> dict:
         from streaming import bench_cluster

@@ -422,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the CI form: small counts, no restart scenario")
     bench.add_argument("--scenarios",
                        help="comma separated, run in this order whatever the order given: "
-                            "raw,raw-steady,drain,steady,burst,backlog,restart (the default), "
+                            "raw,raw-steady,drain,steady,burst,backlog,restart,first-minute "
+                            "(the default), "
                             "cluster (hold = executors on a local standalone cluster: "
                             "deliveries per executor)")
     bench.add_argument("--size", type=int, help="message value bytes [1024]")
