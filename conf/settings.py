@@ -134,9 +134,15 @@ class Settings(BaseSettings):
             raise ConfigError(f"setting {info.field_name}={value!r}: {exc}") from None
         return value
 
+    @field_validator("spark_ui_port")
+    @classmethod
+    def _port_or_any(cls, value: int) -> int:
+        if not 0 <= value <= 65535:
+            raise ValueError(f"must be a port number, or 0 for any free port; got {value}")
+        return value
+
     @field_validator("kafka_port", "kafka_controller_port",
                      "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
-                     "spark_ui_port",
                      "dispatch_commit_interval_ms", "dispatch_max_held",
                      "dispatch_topic_wait_ms", "dispatch_max_failures",
                      "cluster_workers", "cluster_worker_cores")

@@ -128,17 +128,19 @@ class ColdTier:
         if TOMBSTONE not in rows.columns:   # a table no cancel was parked in yet
             self.roll(rows)
             return
+        # A tombstone names its message by key in its own bucket (its cancel's due time).
+        named = ["uniq_key", "due_bucket"]
         messages = rows.filter(F.col(TOMBSTONE).isNull())
-        waiting = rows.filter(F.col(TOMBSTONE) == WAITING).select("uniq_key").distinct()
-        self.roll(messages.join(waiting, "uniq_key", "left_anti"))
+        waiting = rows.filter(F.col(TOMBSTONE) == WAITING).select(*named).distinct()
+        self.roll(messages.join(waiting, named, "left_anti"))
         if summary is None:
             return
-        for row in messages.join(waiting, "uniq_key", "left_semi").groupBy("level").count().collect():
+        for row in messages.join(waiting, named, "left_semi").groupBy("level").count().collect():
             summary.add("cancelled", row["level"], None, row["count"])
             summary.pending_delta_by_level[row["level"]] = \
                 summary.pending_delta_by_level.get(row["level"], 0) - row["count"]
         summary.add("cancel_unknown", None, None,
-                    waiting.join(messages, "uniq_key", "left_anti").count())
+                    waiting.join(messages, named, "left_anti").count())
 
     def roll(self, rows: DataFrame) -> None:
         """Put cold messages back on the intake, addressed to their wheel group."""

@@ -52,8 +52,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 
 # The order the scenarios run in: the raw pipe's queries first, then the drain, which needs a
 # new job on a backlog; the steady load, burst and backlog run on the job it leaves (or start
-# one); restart and first-minute run their own, and cluster its own on a local standalone cluster (asked for by
-# name: streaming/bench_cluster.py).
+# one); restart and first-minute run their own, and cluster its own on a local standalone
+# cluster (asked for by name: streaming/bench_cluster.py).
 SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "backlog", "restart",
              "first-minute", "cluster")
 

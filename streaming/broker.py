@@ -141,8 +141,11 @@ def gives_producer_ids(bootstrap: str, timeout_s: float = 5.0) -> bool:
                          "statistics.interval.ms": 100, "logger": quiet,
                          "stats_cb": lambda stats: eos.update(json.loads(stats).get("eos", {}))})
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and eos.get("idemp_state") != "Assigned":
-        producer.poll(0.1)
+    try:
+        while time.monotonic() < deadline and eos.get("idemp_state") != "Assigned":
+            producer.poll(0.1)
+    finally:
+        producer.close()
     return eos.get("idemp_state") == "Assigned"
 
 

@@ -92,8 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                      allow_config_change=args.allow_config_change) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
               f"checkpoint {job.checkpoint}, metrics http://{settings.metrics_host}:"
-              f"{settings.metrics_port}/metrics, Spark UI {job.spark.sparkContext.uiWebUrl or 'off'}. "
-              "Ctrl-C stops.",
+              f"{settings.metrics_port}/metrics, "
+              f"Spark UI {job.spark.sparkContext.uiWebUrl or 'off'}. Ctrl-C stops.",
               flush=True)
         steps = ", ".join(f"{k} {v} s" for k, v in job.startup_s.items())
         first = ", ".join(f"{k} {v} s" for k, v in job.first_batch_s.items())
@@ -422,8 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the CI form: small counts, no restart scenario")
     bench.add_argument("--scenarios",
                        help="comma separated, run in this order whatever the order given: "
-                            "raw,raw-steady,drain,steady,burst,backlog,restart,first-minute "
-                            "(the default), "
+                            "raw,raw-steady,drain,steady,burst,backlog,restart,"
+                            "first-minute (the default), "
                             "cluster (hold = executors on a local standalone cluster: "
                             "deliveries per executor)")
     bench.add_argument("--size", type=int, help="message value bytes [1024]")

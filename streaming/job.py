@@ -780,6 +780,8 @@ class DelayJob:
         try:
             if self.query is not None:
                 committed = self._finish_batch(grace_s)
+                if committed is not None:
+                    self._await_parked()
                 stuck = self._stop_query(thread_s)
                 if committed is not None and stuck is None:
                     self._drop_unbegun(committed)
@@ -812,6 +814,17 @@ class DelayJob:
         if stuck is not None:
             raise JobError(stuck)
 
+    def _await_parked(self) -> None:
+        """Until the batch after the last committed one waits in the writer (up to
+        PARK_WAIT_S; with heartbeats every heartbeat_ms it comes soon). The stop interrupts the
+        query's thread: parked there it ends cleanly; planning that batch, Spark logs the
+        interrupted work as an error (a broadcast it was storing, in 2 of 3 stops of
+        tests/faults/test_quiet.py before this wait)."""
+        deadline = time.monotonic() + PARK_WAIT_S
+        while (self.query.isActive and time.monotonic() < deadline
+               and not self._writer.parked.wait(0.1)):
+            pass
+
     def _stop_query(self, thread_s: float) -> str | None:
         """Stop the query, waiting up to `thread_s` for its thread to end (Spark's
         `spark.sql.streaming.stopTimeout`, read from this session when the stop is asked; left
@@ -819,11 +832,6 @@ class DelayJob:
         otherwise what to raise, after logging the thread's stack from Spark's time-out."""
         self.spark.conf.set("spark.sql.streaming.stopTimeout", str(max(1, int(thread_s * 1000))))
         if self._writer is not None:
-            # The stop interrupts the query's thread. Parked in the writer it ends cleanly;
-            # planning the next batch, Spark logs the interrupted work as an error (a
-            # broadcast it was storing, in 2 of 3 stops of tests/faults/test_quiet.py). With
-            # heartbeats every heartbeat_ms, the next batch comes and parks soon.
-            self._writer.parked.wait(PARK_WAIT_S)
             self._writer.stopping = time.monotonic()
         try:
             self.query.stop()

@@ -168,21 +168,13 @@ def build_session(settings: Settings, extra: dict[str, str] | None = None):
     if project_root not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, path) if p)
 
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     conf = spark_conf(settings, extra)
     if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
-        # The driver's JVM, started as PySpark starts it, its output through quiet_jvm_output.
         # (Under spark-submit the JVM is already there, and started this process.)
-        from pyspark.java_gateway import launch_gateway
-
-        gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())),
-                                 popen_kwargs={"stdout": subprocess.PIPE, "stderr": subprocess.PIPE})
-        for stream, fd in ((gateway.proc.stdout, 1), (gateway.proc.stderr, 2)):
-            threading.Thread(target=quiet_jvm_output, args=(stream, fd), daemon=True,
-                             name=f"delayq-jvm-output-{fd}").start()
-        SparkContext._ensure_initialized(gateway=gateway)
+        SparkContext._ensure_initialized(gateway=_quiet_gateway(conf))
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -205,6 +197,42 @@ STOPPING = threading.Event()
 _TRACEBACKS = (b"Traceback (most recent call last):",
                b"PySpark daemon failed to flush the output to the worker process:")
 _CLOSED_UNDER_IT = (b"BrokenPipeError", b"ConnectionResetError")
+
+
+def _quiet_gateway(conf: dict[str, str]):
+    """The driver's JVM, started as PySpark starts it, its output through quiet_jvm_output:
+    read from before its start (a JVM that fails to start says why; one that writes much while
+    starting is never held on a full pipe) to after its end (at exit, the JVM gets its stdin's
+    end and is waited for, so its last lines are not lost with this process)."""
+    import atexit
+
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
+    pipes, readers = {}, []
+    for fd in (1, 2):
+        read_end, pipes[fd] = os.pipe()
+        reader = threading.Thread(target=quiet_jvm_output, args=(os.fdopen(read_end, "rb"), fd),
+                                  daemon=True, name=f"delayq-jvm-output-{fd}")
+        reader.start()
+        readers.append(reader)
+    try:
+        gateway = launch_gateway(SparkConf(loadDefaults=False).setAll(list(conf.items())),
+                                 popen_kwargs={"stdout": pipes[1], "stderr": pipes[2]})
+    finally:
+        for write_end in pipes.values():
+            os.close(write_end)
+
+    def wait_for_the_jvm():
+        try:
+            gateway.proc.stdin.close()
+            gateway.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        for reader in readers:
+            reader.join(timeout=2)
+    atexit.register(wait_for_the_jvm)
+    return gateway
 
 
 def quiet_jvm_output(stream, fd: int) -> None:

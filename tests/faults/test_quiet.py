@@ -11,7 +11,8 @@ from streaming.producer import DelayProducer
 from tests.support import consume_all, free_ports
 
 # delayq's own lines: its loggers (streaming/cli.py log_to_stderr) and its prints.
-OURS = re.compile(r"^(\d\d:\d\d:\d\d (DEBUG|INFO|WARNING) (conf|state|sinks|streaming)\.|delayq[ :])")
+OURS = re.compile(
+    r"^(\d\d:\d\d:\d\d (DEBUG|INFO|WARNING) (conf|state|sinks|streaming)\.|delayq[ :])")
 
 
 def test_a_clean_start_run_and_stop_print_only_delayq_lines(job_process, kafka_bootstrap):

@@ -61,7 +61,7 @@ def test_a_sigterm_while_the_job_starts_is_a_clean_stop_once_it_is_up(job_proces
     while not any(is_java(pid) for pid in descendants(proc.pid)):
         assert proc.poll() is None and time.monotonic() < deadline, job.log.read_text()[-3000:]
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)   # the Spark JVM is up; the job is not
+    proc.send_signal(signal.SIGTERM)   # Spark's launcher JVM is up; the job is not
     returncode = proc.wait(timeout=240)
     log = job.log.read_text(errors="replace")
     assert returncode == 0, f"exit code {returncode}:\n{errors_in(log)}"

@@ -75,7 +75,7 @@ def test_the_checkpoint_guards_work_on_hdfs(location, test_settings):
 
 @pytest.mark.parametrize("where", ["hdfs", "local"])
 def test_the_ledger_and_dead_letter_tables_are_created_empty_as_spark_writes_them(
-        where, location, spark, tmp_path):
+        where, request, spark, tmp_path):
     """Created before the first batch (delta-rs in a folder, Delta's builder on a store), with
     the schema and partitioning a Spark write of the same rows gives, and created once."""
     from sinks.base import BatchSummary
@@ -83,7 +83,7 @@ def test_the_ledger_and_dead_letter_tables_are_created_empty_as_spark_writes_the
     from sinks.ledger import DeadLetterTable, DeliveryLedger
     from streaming.job import OUTPUT_SPARK
 
-    root = location if where == "hdfs" else str(tmp_path)
+    root = request.getfixturevalue("location") if where == "hdfs" else str(tmp_path)
     sent = KafkaSink.sent_schema(OUTPUT_SPARK)
     for kind, column in ((DeliveryLedger, "sent_date"), (DeadLetterTable, "dead_date")):
         table = kind(f"{root}/{column}", f"{root}/ckpt")
@@ -92,7 +92,8 @@ def test_the_ledger_and_dead_letter_tables_are_created_empty_as_spark_writes_the
         written = table.select(spark.createDataFrame([], sent), BatchSummary(-1))
         written.write.format("delta").partitionBy(column).save(f"{root}/{column}-by-spark")
         created = spark.read.format("delta").load(table.path)
-        assert created.schema == spark.read.format("delta").load(f"{root}/{column}-by-spark").schema
+        by_spark = spark.read.format("delta").load(f"{root}/{column}-by-spark")
+        assert created.schema == by_spark.schema
         assert created.count() == 0
         detail = spark.sql(f"DESCRIBE DETAIL delta.`{table.path}`").first()
         assert detail["partitionColumns"] == [column] and detail["numFiles"] == 0

@@ -1,0 +1,53 @@
+"""The cold tier's roll after downtime: every bucket that came within the horizon while the job
+was down rolls in one pass, each tombstone leaving out its own bucket's message only."""
+from __future__ import annotations
+
+from pyspark.sql import types as T
+
+from sinks.base import BatchSummary
+from sinks.cold import ColdTier
+from streaming.kafka_config import spark_options
+from tests.support import consume_all, header_map
+
+BUCKET, HORIZON = 2_000, 10_000
+HEADERS = T.ArrayType(T.StructType([T.StructField("key", T.StringType()),
+                                    T.StructField("value", T.BinaryType())]))
+SCHEMA = T.StructType([
+    T.StructField("uniq_key", T.StringType()), T.StructField("topic", T.StringType()),
+    T.StructField("partition", T.IntegerType()), T.StructField("key", T.BinaryType()),
+    T.StructField("value", T.BinaryType()), T.StructField("headers", HEADERS),
+    T.StructField("level", T.IntegerType()), T.StructField("due_ms", T.LongType()),
+    T.StructField("append_ms", T.LongType()), T.StructField("ipart", T.IntegerType()),
+    T.StructField("ioff", T.LongType()), T.StructField("tombstone", T.StringType()),
+    T.StructField("due_bucket", T.LongType())])
+
+
+def row(key: str, due_ms: int, tombstone: str | None = None, topic: str | None = "real"):
+    return (key, None if tombstone else topic, None, None, None if tombstone else key.encode(),
+            None, 3, due_ms, 0, 0, 0, tombstone, due_ms - due_ms % BUCKET)
+
+
+def test_buckets_due_while_down_roll_in_one_pass_with_their_own_tombstones(
+        spark, test_settings, new_topic, kafka_bootstrap, tmp_path):
+    intake = new_topic(partitions=3)
+    now = [100.0]   # seconds: the horizon's edge at 110 s, bucket 110,000 ms
+    cold = ColdTier(spark, tmp_path / "cold", str(tmp_path / "ckpt"), intake, 3,
+                    spark_options(test_settings), bucket_ms=BUCKET, horizon_ms=HORIZON,
+                    clock=lambda: now[0])
+    assert cold.loaded_until() == 110_000
+    rows = [row("a", 112_500), row("b", 114_100), row("c", 116_900),
+            row("b", 114_100, tombstone="waiting"),     # cancels b in its own bucket
+            row("c", 112_200, tombstone="waiting"),     # a c in another bucket: not this c
+            row("gone", 113_000, tombstone="waiting"),  # its message never came: a miss
+            row("later", 121_000)]                      # beyond the new horizon: stays
+    (spark.createDataFrame(rows, SCHEMA).write.format("delta").partitionBy("due_bucket")
+     .save(str(tmp_path / "cold")))
+    now[0] = 108.0   # down 8 s: the edge at 118 s, four buckets due
+    summary = BatchSummary(1)
+    assert cold.advance(summary) == 4
+    assert cold.loaded_until() == 118_000
+    records = consume_all(kafka_bootstrap, intake, expected=2, timeout_s=30, idle_s=3)
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in records) == ["a", "c"]
+    assert summary.count("cancelled") == 1 and summary.pending_delta_by_level == {3: -1}
+    assert summary.count("cancel_unknown") == 2, "the c of another bucket and gone"
+    assert cold.advance(BatchSummary(2)) == 0, "nothing more until the clock moves"
