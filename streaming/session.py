@@ -263,7 +263,7 @@ def quiet_jvm_output(stream, fd: int) -> None:
             continue
         after_quiet = False
         _write(fd, line)
-    if block:
+    if block and not STOPPING.is_set():   # cut off by the JVM's exit at a clean stop: dropped
         _write(fd, b"".join(block))
 
 
