@@ -488,6 +488,20 @@ def _wait_for_line(proc, log: Path, line: str, timeout_s: float) -> None:
         time.sleep(0.5)
 
 
+def stop_child(job, wait_s: float = 90) -> None:
+    """A `delayq run` or `submit` child's clean stop (SIGTERM), its session killed past
+    `wait_s`."""
+    from streaming.process import kill_session
+
+    if job is None or job.poll() is not None:
+        return
+    job.send_signal(signal.SIGTERM)
+    try:
+        job.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        kill_session(job)
+
+
 def _topic(admin, prefix: str, partitions: int = 2) -> str:
     from streaming.admin import create_topic
 
@@ -810,11 +824,7 @@ class Bench:
         load.wait_producer(producer)
         figures = load.finish(count)
         held = outage.finish(plan.restart_backlog) if outage else None
-        job.send_signal(signal.SIGTERM)
-        try:
-            job.wait(60)
-        except subprocess.TimeoutExpired:
-            kill_session(job)
+        stop_child(job, 60)
         restarted_ms = restarted * 1000
         figures["down_s"] = round(restarted - killed, 1)
         stamps = _stamps(figures)

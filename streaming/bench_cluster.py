@@ -6,7 +6,6 @@ rows (sinks/dispatch.py SENDER), whose working folder is an executor's.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -53,8 +52,9 @@ def per_executor(senders: dict[str, int], cluster_home: Path) -> dict[str, int]:
 
 
 def run(bench) -> dict:
-    from streaming.bench import STARTED, Load, _topic, _wait_for_line, child_env
-    from streaming.process import free_ports, kill_session
+    from streaming.bench import (STARTED, Load, _topic, _wait_for_line, child_env,
+                                 stop_child)
+    from streaming.process import free_ports
 
     settings, plan, work = bench.settings, bench.plan, bench.work
     port, webui = free_ports(2)
@@ -90,10 +90,5 @@ def run(bench) -> dict:
         figures["cluster"] = f"{WORKERS} workers x {SLOTS} slots"
         return figures
     finally:
-        if job is not None and job.poll() is None:
-            job.send_signal(signal.SIGTERM)
-            try:
-                job.wait(90)
-            except subprocess.TimeoutExpired:
-                kill_session(job)
+        stop_child(job)
         cluster.stop(spec)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,8 +19,9 @@ FIRST_LOAD_S = 60.0
 
 
 def run(bench) -> dict:
-    from streaming.bench import STARTED, Load, _topic, _wait_for_line, child_env
-    from streaming.process import free_ports, kill_session
+    from streaming.bench import (STARTED, Load, _topic, _wait_for_line, child_env,
+                                 stop_child)
+    from streaming.process import free_ports
 
     settings, plan, work = bench.settings, bench.plan, bench.work
     intake = f"{settings.intake_topic}-first"
@@ -53,9 +53,4 @@ def run(bench) -> dict:
         figures["load_after_started_s"] = FIRST_LOAD_AFTER_S
         return figures
     finally:
-        if job is not None and job.poll() is None:
-            job.send_signal(signal.SIGTERM)
-            try:
-                job.wait(90)
-            except subprocess.TimeoutExpired:
-                kill_session(job)
+        stop_child(job)
