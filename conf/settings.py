@@ -8,7 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -55,7 +55,6 @@ class Settings(BaseSettings):
 
     slot_ms: int
     fire_lead_ms: int
-    hold: Literal["tasks", "driver", "executors"]
     ready_partitions: int
     dispatch_commit_interval_ms: int
     dispatch_max_held: int
@@ -103,16 +102,6 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _hold_beside_the_store(cls, data: dict) -> dict:
-        """The driver's hold spools beside a checkpoint on the driver's disk: with the
-        checkpoint on a store, the executors hold instead (the design for a cluster)."""
-        store = str(data.get("store") or "").strip()
-        if data.get("hold") == "driver" and store and not store.startswith("file:"):
-            return {**data, "hold": "executors"}
-        return data
 
     @field_validator("delay_levels")
     @classmethod

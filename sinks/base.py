@@ -53,13 +53,6 @@ class BatchSummary:
     lateness: tuple[list[int], int, float] | None = None
     # seconds spent per step of the batch, for profiling (step -> seconds)
     timings: dict[str, float] = field(default_factory=dict)
-    # the deliveries as the hold tasks released them (a pyarrow Table of sinks/kafka.py's
-    # RELEASED columns), and in the ledger's columns (sinks/ledger.py), on the driver
-    released: object = None
-    delivered: object = None
-    # True when the driver's hold sends this batch's rows after the batch (sinks/driver_hold.py):
-    # its deliveries are counted, and their ledger rows and lateness recorded, as they are sent.
-    deferred: bool = False
 
     def add(self, kind: str, level: int | None, reason: str | None, count: int,
             received: int = 0, pending_delta: int = 0, delivered: bool = True) -> None:
@@ -97,10 +90,9 @@ class BatchSummary:
 
 class Sent:
     """What a batch sent: `frame()` is a DataFrame of the sent rows (the OUTPUT layout plus
-    `sent_ms`, the moment each row was released to Kafka), built on first use. Most batches'
-    sinks never use it (the ledger's rows come from the hold's reports, dead letters are
-    rare), and building it costs the driver an analysis of the micro-batch's whole plan
-    (about 45 ms a batch at 1,000 msg/s; docs/benchmarks.md)."""
+    `sent_ms`, the moment each row was written to Kafka), built on first use. Most batches'
+    sinks never use it (dead letters are rare), and building it costs the driver an analysis
+    of the micro-batch's whole plan (about 45 ms a batch at 1,000 msg/s)."""
 
     def __init__(self, build: Callable[[], object], session=None):
         self._build = build

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from sinks import store
@@ -62,33 +61,6 @@ def append_once(rows: DataFrame, path: str, app_id: str, txn_version: int,
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     writer.save(path)
-
-
-def append_arrow_once(rows: pa.Table, path: str | Path, app_id: str, txn_version: int,
-                      partition_by: tuple[str, ...] = ()) -> bool:
-    """Append Arrow rows to a local Delta table in one commit with delta-rs (no Spark job),
-    skipped when the table already has `txn_version` (or a later one) of `app_id`: the same
-    `txn` action and rule as Spark's txnAppId/txnVersion, so either writer sees the other's
-    appends. Returns whether it appended.
-
-    A Spark Delta append of a few thousand ledger rows costs the driver JVM 0.5–1 s of CPU
-    (a job, the commit, the snapshot rebuilt after it), which the batches running beside it
-    lose; delta-rs writes the same commit in tens of milliseconds (docs/benchmarks.md). The
-    check and the commit are not one atomic step: this is for tables whose `app_id` has a
-    single writer (the ledger spool's thread)."""
-    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-
-    location = str(path).removeprefix("file:")
-    table = DeltaTable(location)
-    done = table.transaction_version(app_id)
-    if done is not None and done >= txn_version:
-        return False
-    schema = pa.schema(table.schema().to_arrow())
-    rows = rows.select(schema.names).cast(schema)
-    write_deltalake(table, rows, mode="append", partition_by=list(partition_by) or None,
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(app_id=app_id, version=txn_version)]))
-    return True
 
 
 class DeltaBatchTable(BatchSink):

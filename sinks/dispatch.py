@@ -163,6 +163,12 @@ def _permanent_codes():
             E.TOPIC_EXCEPTION: "REAL_TOPIC '{topic}' is not a valid topic"}
 
 
+def too_large(err) -> bool:
+    """A refusal for size: of the record's batch, which may hold smaller records too."""
+    from confluent_kafka import KafkaError as E
+    return err.code() in (E.MSG_SIZE_TOO_LARGE, E.RECORD_LIST_TOO_LARGE)
+
+
 def refusal(err, row: Row) -> str | None:
     """The dead-letter reason of a send failure that is permanent, by the client's error code;
     None for a transient one (retried). A fatal producer error is raised: the task restarts

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 
 from sinks.dispatch import (LEDGER_BATCH, PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
                             Skew, dead_letter_headers, identity, ledger_record, ledger_row,
-                            ledger_rows, ready_row, refusal, sender)
+                            ledger_rows, ready_row, refusal, sender, too_large)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class _Task:
         self._unledgered: list[tuple[Row, dict]] = []   # acknowledged, ledger row not yet sent
         self._sender = [(SENDER, sender())]
         self.held: dict[int, int] = {}   # rows read and not yet in the ledger, by level
+        self._alone: set[int] = set()   # offsets of rows sent again alone after "too large"
 
     # ---- start: where to read from, and what the ledger already holds ----------------------
     def _committed(self) -> tuple[int, int | None]:
@@ -268,6 +269,13 @@ class _Task:
             self._unledgered.append((row, ledger_row(row, sent_ms)))
             return
         reason = refusal(err, row)
+        if reason is not None and too_large(err) and row.offset not in self._alone:
+            # The broker refuses a whole record batch too large for the topic: a row may only
+            # have shared one with a larger one. Sent again alone, it is refused only when it
+            # is too large itself (Kafka's Java producer splits such a batch the same way).
+            self._alone.add(row.offset)
+            self._later(lambda: self._send_alone(row), 0.0)
+            return
         if reason is None:
             log.warning("dispatch %d: sending %s to %s failed (%s); retrying", self.partition,
                         row.uniq_key, row.topic, err)
@@ -275,6 +283,13 @@ class _Task:
                                               self._delivered))
             return
         self._dead_letter(row, reason)
+
+    def _send_alone(self, row: Row) -> bool:
+        """`row` in a record batch of its own: what is queued leaves first, then the row."""
+        self.producer.flush(30)
+        sent = self._produce(row.topic, row.partition, row, row.headers, self._delivered)
+        self.producer.flush(30)
+        return sent
 
     def _dead_letter(self, row: Row, reason: str) -> bool:
         sent = self._produce(self.config.dlq_topic, None, row, dead_letter_headers(row, reason),

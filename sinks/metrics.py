@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Iterable
-
-import numpy as np
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
@@ -25,7 +22,7 @@ BATCH_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0
 
 
 class LatenessHistogram(Collector):
-    """A histogram fed with per-batch bucket counts (`lateness_of` each batch's deliveries)."""
+    """A histogram fed with per-batch bucket counts (the ledger query counts each batch)."""
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]):
         self.name, self.documentation, self.buckets = name, documentation, buckets
@@ -54,7 +51,7 @@ class Metrics:
         self.dead = Counter("delayq_messages_dead_lettered", "Messages sent to the dead-letter topic, by reason.", ["reason"], **r)
         self.cancelled = Counter("delayq_messages_cancelled", "Pending messages dropped by a cancel.", **r)
         self.cancel_misses = Counter("delayq_cancel_misses", "Cancels of messages not pending (already delivered or unknown).", **r)
-        self.pending = Gauge("delayq_pending_messages", "Messages not yet delivered, by level: in the wheel, and with hold = executors read by a dispatch task and not yet sent.", ["level"], **r)
+        self.pending = Gauge("delayq_pending_messages", "Messages not yet delivered, by level: in the wheel, and read by a dispatch task and not yet sent.", ["level"], **r)
         self._in_wheel: dict[str, float] = {}      # level → held in the wheel's state
         self._in_dispatch: dict[str, float] = {}   # level → read by a dispatch task, not done
         self._pending_lock = threading.Lock()   # the batches' thread and the dispatch reporter
@@ -66,7 +63,6 @@ class Metrics:
         self.delay_offset = Gauge("delayq_delay_offset", "Next intake offset of each level's partition (RocketMQ's delayOffset).", ["level"], **r)
         self.build = Gauge("delayq_build_info", "Build information.", ["version", "spark_version"], **r)
         self.build.labels(version=version, spark_version=spark_version).set(1)
-        self.ledger_behind = Gauge("delayq_ledger_batches_behind", "Delivery batches whose ledger rows are spooled but not yet in the Delta ledger.", **r)
         self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds", "When the last micro-batch finished.", **r)
 
     def add_pending(self, by_level: dict[int, int]) -> None:
@@ -103,8 +99,7 @@ class Metrics:
 
     def observe_sent(self, delivered_by_level: dict[int, int],
                      lateness: tuple[list[int], int, float] | None) -> None:
-        """Deliveries sent: a batch's (`observe_batch`), or those the driver's hold sent
-        after their batch (sinks/driver_hold.py)."""
+        """Deliveries the dispatch tasks sent, as the ledger query reads them."""
         for level, n in delivered_by_level.items():
             self.delivered.labels(level=str(level)).inc(n)
         if lateness is not None:
@@ -144,11 +139,3 @@ def _offsets(value, topic: str) -> dict[int, int]:
         except ValueError:
             return {}
     return {int(p): int(o) for p, o in (value.get(topic) or {}).items()}
-
-
-def lateness_of(lateness_ms, buckets: Iterable[float] = LATENESS_BUCKETS
-                ) -> tuple[list[int], int, float]:
-    """(cumulative count per bucket, total, sum of seconds) of lateness values in ms."""
-    seconds = np.asarray(lateness_ms, dtype=np.float64) / 1000.0
-    return ([int(np.count_nonzero(seconds <= b)) for b in buckets], int(seconds.size),
-            float(seconds.sum()))

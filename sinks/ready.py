@@ -1,11 +1,13 @@
-"""The wheel's Kafka sink with `hold = "executors"`: every fired message goes to the ready topic
+"""The wheel's Kafka sink: every fired message goes to the ready topic
 (`<intake>.READY`) with its restore information in trailing headers, for the dispatch tasks
 (sinks/dispatch.py) to send at its due time; dead letters go straight to the dead-letter
 topic. Nothing waits here: a batch ends when Kafka has its rows.
 
 The ready partition of a row keeps what Kafka keeps in order on one path: the messages to one
 (topic, REAL_QID), and one key's messages to one topic, go through one partition and so one
-dispatch task, which sends them in due order. The rest spread by UNIQ_KEY.
+dispatch task, which sends them in due order. The rest spread by UNIQ_KEY. A batch writes each
+ready partition from one task, its rows in due order: a dispatch task sends overdue rows as it
+reads them (a restart's backlog), so they must come in due order too.
 """
 from __future__ import annotations
 
@@ -69,16 +71,17 @@ def add_counts(seen: dict, summary: BatchSummary) -> None:
 
 class ReadySink:
     name = "kafka"
-    hold = None
 
     def __init__(self, spark, options: dict[str, str], ready_topic: str, partitions: int,
                  max_request_bytes: int = 1_048_576):
         self._options = {**PRODUCER_OPTIONS, "kafka.max.request.size": str(max_request_bytes),
                          **options}
         deliver = F.col("kind") == "deliver"
+        self._partitions = partitions
+        self._lane = F.when(deliver, ready_lane(partitions)).alias("lane")
         self._sent = [
             F.when(deliver, F.lit(ready_topic)).otherwise(F.col("topic")).alias("topic"),
-            F.when(deliver, ready_lane(partitions)).otherwise(F.col("partition")).alias("partition"),
+            F.when(deliver, F.col("lane")).otherwise(F.col("partition")).alias("partition"),
             F.col("key"), F.col("value"),
             F.when(deliver, ready_headers()).otherwise(F.col("headers")).alias("headers"),
         ]
@@ -92,9 +95,10 @@ class ReadySink:
         job, every row counted into `summary` on the way (`observed_counts`)."""
         seen = Observation()
         (batch.observe(seen, *self._counts).filter(F.col("kind").isin("deliver", "dead"))
-         .select(*self._sent).write.mode("append").format("kafka").options(**self._options).save())
+         .select("*", self._lane).repartition(self._partitions, "lane")
+         .sortWithinPartitions("due_ms").select(*self._sent)
+         .write.mode("append").format("kafka").options(**self._options).save())
         add_counts(seen.get, summary)
-        summary.deferred = True
         now_ms = int(time.time() * 1000)
         return Sent(lambda: batch.filter(F.col("kind").isin("deliver", "dead"))
                     .withColumn("sent_ms", F.lit(now_ms).cast("long")), batch.sparkSession)

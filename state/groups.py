@@ -23,8 +23,8 @@ class WheelConfig:
     slot_ms: int = 1_000
     lead_ms: int = 2_000
     # A group fires this much earlier again per message it holds: a large group (a burst of
-    # timers due in the same second) needs a batch of its own size to leave, and the hold
-    # stage keeps every message until due, so firing it early costs nothing but memory.
+    # timers due in the same second) needs a batch of its own size to leave, and its dispatch
+    # task keeps every message until due, so firing it early costs nothing but memory.
     lead_per_message_us: int = 0
     # The Spark watermark trails the newest append time by this much (see streaming/job.py);
     # the wheel adds it back so its own arithmetic is in real time.

@@ -14,9 +14,6 @@ and the stateful stage of a drain ran in one task while the other core waited.
 A timer slot's groups are placed the same way (`balanced_slot`): its TIMER_PARTS groups hashed
 as they come fell 2/6 or 3/5 on two partitions in ten of fourteen bursts measured, and the
 burst's releasing batch waited for the task that held three quarters of it.
-
-The Kafka write's hold is planned the same way over one int column (`repartition(n, lane)`):
-`task_keys` gives, for each of its n tasks, an int Spark puts there.
 """
 from __future__ import annotations
 
@@ -72,25 +69,6 @@ def spark_hash(bucket: int, slot: int) -> int:
 def partition_of(bucket: int, slot: int, partitions: int) -> int:
     """The state partition of the group (bucket, slot): Spark's pmod of the hash."""
     return spark_hash(bucket, slot) % partitions
-
-
-def spark_hash_int(value: int) -> int:
-    """Spark's `hash(value)` for an int column (a signed 32-bit int)."""
-    h = _hash_int(value, _SEED)
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-@lru_cache(maxsize=None)
-def task_keys(tasks: int) -> tuple[int, ...]:
-    """For each of `tasks` partitions in order, the smallest int ≥ 0 that Spark's hash
-    partitioning of one int column puts there: `repartition(tasks, k)` sends a row whose
-    column is `task_keys(tasks)[i]` to partition i."""
-    keys: dict[int, int] = {}
-    value = 0
-    while len(keys) < tasks:
-        keys.setdefault(spark_hash_int(value) % tasks, value)
-        value += 1
-    return tuple(keys[p] for p in range(tasks))
 
 
 @lru_cache(maxsize=None)

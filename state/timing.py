@@ -21,10 +21,10 @@ def slot_of(due_ms: int, slot_ms: int) -> int:
 
 
 def fire_horizon(watermark_ms: int, lead_ms: int) -> int:
-    """Messages due at or before this are released to the hold stage in this batch.
+    """Messages due at or before this are released to the dispatch in this batch.
 
     The watermark trails the real clock by a batch or two; firing `lead_ms` ahead lets a
-    message reach the final hold before it is due, so the batch, not the timer, sets lateness.
+    message reach its dispatch task before it is due, so the batch, not the timer, sets lateness.
 
     One horizon for every group keeps a level in due order: a group is called when its timer
     (earliest - lead) is under the watermark, so a batch releases exactly the messages due up

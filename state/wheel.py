@@ -5,7 +5,8 @@ A group is one (bucket, slot): the messages of one level (or of the timer bucket
 slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is its
 pending messages as Arrow IPC streams (base64 text, see CHUNK_SEP); its event-time timer is
 set `lead_ms` before the earliest of them. On a call it releases every message due before
-the fire horizon (watermark + lead) to the hold stage, which sends each one at its due time.
+the fire horizon (watermark + lead) to the ready topic, whose dispatch tasks send each one at its
+due time.
 Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
 """
 from __future__ import annotations
@@ -135,7 +136,7 @@ def _cold(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _deliveries(pending: pd.DataFrame, config: WheelConfig, now_ms: int) -> pd.DataFrame:
-    """Rows ready for the hold stage, at their final due time (the job adds the UNIQ_KEY and
+    """Rows ready for the dispatch, at their final due time (the job adds the UNIQ_KEY and
     DELIVER_MS headers in Spark)."""
     levels = pending["level"].to_numpy(dtype=np.int64)
     delays = np.asarray((*config.level_delays_ms, config.max_delay_ms), dtype=np.int64)[

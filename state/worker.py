@@ -6,8 +6,8 @@ the process tracks; with pandas, pyarrow, numpy and PySpark imported that is abo
 objects, 37 ms, so every task of the job cost about 40 ms of a core however few its rows
 (docs/benchmarks.md, "The Python workers' collection after every task").
 
-`settle()`, called by each function the job hands to a worker (the parse, the wheel, the
-hold), collects once and then freezes what the worker holds at its first task (`gc.freeze`):
+`settle()`, called by each function the job hands to a worker (the parse and the
+wheel), collects once and then freezes what the worker holds at its first task (`gc.freeze`):
 the modules and their tables, which live as long as the process. The collection after each
 task then walks only the objects made since. Frozen objects are still freed by reference
 counting; only a reference cycle among them is never collected, and they were made once.
@@ -36,7 +36,6 @@ def warm(batches):
     """The Python workers' warm-up (`mapInArrow`, streaming/job.py): imports the modules of the
     functions the job hands to its workers and settles the worker, then passes its input
     through. A worker forked for the job's first batch instead paid for both in that batch."""
-    import state.hold  # noqa: F401
     import state.parse  # noqa: F401
     import state.processor  # noqa: F401
     settle()

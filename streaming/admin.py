@@ -1,19 +1,15 @@
 """Topic administration: create the intake and dead-letter topics, check the intake's time
-rule, and know which real topics exist (and how many partitions they have)."""
+rule, and look up how many partitions a topic has."""
 from __future__ import annotations
 
-import json
 import logging
-import time
-from pathlib import Path
 
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from conf.settings import Settings
 from state.errors import JobError
-from sinks import store
 from streaming.kafka_config import python_client_config
 
 log = logging.getLogger(__name__)
@@ -69,7 +65,7 @@ def _grow(admin: KafkaAdminClient, topic: str, partitions: int) -> None:
     """At least `partitions` partitions for an existing topic (Kafka adds, never removes)."""
     from kafka.admin import NewPartitions
 
-    have = TopicCatalog(admin).partitions([topic])[topic]
+    have = topic_partitions(admin, [topic])[topic]
     if have is not None and have < partitions:
         admin.create_partitions({topic: NewPartitions(total_count=partitions)})
         log.info("topic %s: %d partitions added (the heartbeats' partition)", topic,
@@ -101,14 +97,14 @@ def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> 
 
 
 def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient, largest: int) -> int:
-    """The ready and ledger topics of `hold = "executors"`, `ready_partitions` each (the ledger
+    """The ready and ledger topics, `ready_partitions` each (the ledger
     topic LogAppendTime: its acknowledgements time the dispatch tasks' clocks). The ready topic
     takes the largest record the service writes plus its restore headers. Returns the number
     of ready partitions (an existing topic's own count: the dispatch follows the topic)."""
     create_topic(admin, settings.ready_topic, settings.ready_partitions,
                  {"max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)})
     create_topic(admin, settings.ledger_topic, settings.ready_partitions, LOG_APPEND_TIME)
-    parts = TopicCatalog(admin).partitions([settings.ready_topic, settings.ledger_topic])
+    parts = topic_partitions(admin, [settings.ready_topic, settings.ledger_topic])
     ready, ledger = parts[settings.ready_topic], parts[settings.ledger_topic]
     if ready != ledger:
         raise ValueError(f"topic {settings.ready_topic} has {ready} partitions and "
@@ -154,109 +150,17 @@ def check_intake(settings: Settings, admin: KafkaAdminClient) -> None:
         )
 
 
-class TopicCatalog:
-    """Partition counts of real topics, cached; an unknown topic is looked up again at most
-    every `recheck_s` so a topic created later is found without a restart.
-
-    With a `memory` file (in the job's checkpoint), the names of the topics found are kept
-    there, and `seed` looks them up again when the job starts: a batch whose topics are all
-    known is sent by its one Spark job, while a batch with a topic not yet known is computed
-    by an aggregate job first and sent by a second (sinks/kafka.py `write_batch`). Without it,
-    a restarted job's first batch always took the two (docs/benchmarks.md, "Known topics at a
-    job's start")."""
-
-    def __init__(self, admin: KafkaAdminClient, recheck_s: float = 5.0, limit_ttl_s: float = 60.0,
-                 memory: Path | store.HadoopPath | None = None):
-        self._admin = admin
-        self._known: dict[str, int] = {}
-        self._missing: dict[str, float] = {}
-        self._recheck_s = recheck_s
-        self._limits: dict[str, tuple[int | None, float]] = {}
-        self._limit_ttl_s = limit_ttl_s
-        self._memory = memory
-
-    def seed(self, topics=()) -> dict[str, int]:
-        """Look up `topics` (the allow-list) and the topics found by earlier runs (the memory
-        file), with their size limits, in a request each; the memory then keeps those found.
-        Returns the partition counts known."""
-        names = sorted(set(topics) | set(self._remembered()))
-        if names:
-            self._lookup(names, time.monotonic())
-        found = sorted(self._known)
-        if found:
-            now = time.monotonic()
-            try:
-                values = topic_configs(self._admin, found, "max.message.bytes")
-            except KafkaError:   # looked up one by one when a batch needs them
-                values = {}
-            for topic, value in values.items():
-                self._limits[topic] = (int(value) if value else None, now)
-        self._remember()
-        return self.known()
-
-    def max_message_bytes(self, topic: str) -> int | None:
-        """The topic's max.message.bytes, cached for `limit_ttl_s` (an operator may raise it)."""
-        now = time.monotonic()
-        cached = self._limits.get(topic)
-        if cached is None or now - cached[1] >= self._limit_ttl_s:
-            cached = (max_message_bytes(self._admin, topic), now)
-            self._limits[topic] = cached
-        return cached[0]
-
-    def known(self) -> dict[str, int]:
-        """Partition counts of the topics found so far (no lookup)."""
-        return dict(self._known)
-
-    def partitions(self, topics: list[str]) -> dict[str, int | None]:
-        now = time.monotonic()
-        wanted = [t for t in topics if t not in self._known
-                  and now - self._missing.get(t, -1e9) >= self._recheck_s]
-        if wanted and self._lookup(wanted, now):
-            self._remember()
-        return {t: self._known.get(t) for t in topics}
-
-    def _lookup(self, topics: list[str], now: float) -> bool:
-        """Describe `topics`; whether any of them was found."""
-        try:
-            described = self._admin.describe_topics(topics)
-        except UnknownTopicOrPartitionError:
-            described = [self._describe_one(t) for t in topics]
-        except KafkaError:
-            described = [self._describe_one(t) for t in topics]
-        for info in described:
-            if info is None:
-                continue
-            name = info.get("name")
-            if info.get("error_code", 0) == 0 and info.get("partitions"):
-                self._known[name] = len(info["partitions"])
-                self._missing.pop(name, None)
-            else:
-                self._missing[name] = now
+def topic_partitions(admin: KafkaAdminClient, topics: list[str]) -> dict[str, int | None]:
+    """Partition counts of `topics`, None for one that does not exist."""
+    try:
+        described = admin.describe_topics(topics)
+    except KafkaError:   # UnknownTopicOrPartitionError among them: one by one
+        described = []
         for topic in topics:
-            if topic not in self._known:
-                self._missing[topic] = now
-        return any(topic in self._known for topic in topics)
-
-    def _remembered(self) -> list[str]:
-        if self._memory is None:
-            return []
-        try:
-            names = json.loads(self._memory.read_text())
-        except Exception:   # missing, damaged or unreachable (a store's client error)
-            return []   # costs a first batch its second job, nothing more
-        return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
-
-    def _remember(self) -> None:
-        """The topics known now, written whole (a new file renamed into place)."""
-        if self._memory is None:
-            return
-        try:
-            store.write_atomic(self._memory, json.dumps(sorted(self._known)))
-        except Exception as exc:   # a local OSError or a store's client error: only a cache
-            log.warning("could not keep the real topics found in %s: %s", self._memory, exc)
-
-    def _describe_one(self, topic: str):
-        try:
-            return self._admin.describe_topics([topic])[0]
-        except KafkaError:
-            return {"name": topic, "error_code": 3, "partitions": []}
+            try:
+                described += admin.describe_topics([topic])
+            except KafkaError:
+                pass
+    found = {info.get("name"): len(info["partitions"]) for info in described
+             if info and info.get("error_code", 0) == 0 and info.get("partitions")}
+    return {topic: found.get(topic) for topic in topics}

@@ -8,7 +8,7 @@ Scenarios, in one run on one broker and one Spark session:
           the raw pipe under the steady load: its transit (append to copy), the floor
           under the steady scenario's lateness of a level (transit minus its delay).
   drain   delayq on the same preloaded backlog (level-1 messages, all overdue when the job
-          starts): parse, wheel, hold, Kafka write, ledger. Its ratio to raw is the headline.
+          starts): parse, wheel, ready topic, dispatch, ledger. Its ratio to raw is the headline.
   steady  delayq under a constant rate over chosen levels: lateness p50/p95/p99/max, early,
           lost, duplicates, throughput in and out, batch durations.
   burst   many timer messages due in the same second: how long after it the last one left.
@@ -676,7 +676,7 @@ class Bench:
             figures.update(after_warmup(figures, warmup_s))
         figures.update(in_msg_s=done["rate"], **_batches(self.job.query, after))
         ledger = self.job.ledger_query
-        if ledger is not None:   # the executors hold's ledger query, over the same window
+        if ledger is not None:   # the ledger query, over the same window
             figures["ledger_query"] = {**_batches(ledger, ledger_after), "timeline": [
                 (p["batchId"], p["durationMs"].get("triggerExecution"),
                  p["durationMs"].get("addBatch"), p["numInputRows"])
@@ -829,7 +829,7 @@ class Bench:
         figures["down_s"] = round(restarted - killed, 1)
         stamps = _stamps(figures)
         after = stamps[stamps >= restarted_ms]
-        # Any message: what the restarted driver's hold sends from its spool comes first.
+        # Any message: what the killed run had fired into the ready topic comes first.
         figures["first_delivery_after_restart_s"] = (
             round((after.min() - restarted_ms) / 1000, 1) if len(after) else None)
         # A message the killed job never read: through the restarted query's batches.

@@ -1,4 +1,4 @@
-"""The bench's `cluster` scenario: `delayq submit` with `hold = "executors"` on a local Spark
+"""The bench's `cluster` scenario: `delayq submit` on a local Spark
 standalone cluster of two Workers, a constant load at the plan's rate over its levels, and
 where the deliveries left from: the ledger topic's records name the process that sent their
 rows (sinks/dispatch.py SENDER), whose working folder is an executor's.
@@ -63,7 +63,7 @@ def run(bench) -> dict:
     cluster.start(spec)
     intake = f"{settings.intake_topic}-cluster"
     env = child_env(os.environ, bench.overrides)
-    env.update(DELAYQ_INTAKE_TOPIC=intake, DELAYQ_DLQ_TOPIC=f"{intake}.DLQ", DELAYQ_HOLD="executors",
+    env.update(DELAYQ_INTAKE_TOPIC=intake, DELAYQ_DLQ_TOPIC=f"{intake}.DLQ",
                DELAYQ_DATA_DIR=str(work / "cluster-data"), DELAYQ_METRICS_PORT=str(free_ports(1)[0]))
     log = work / "cluster-job.log"
     job = None

@@ -79,11 +79,11 @@ def _train(settings: Settings, out: Path) -> None:
     try:
         from pyspark.sql import functions as F
 
-        from sinks.kafka import KafkaSink, aggregate, outgoing_rows, hold_and_stamp
+        from sinks.kafka import sent_schema
         from streaming.job import kept, wheel_stream
         from streaming.schema import OUTPUT_SPARK
 
-        # The job's own parse, wheel and hold, fed by a rate source instead of the intake:
+        # The job's own parse and wheel, fed by a rate source instead of the intake:
         # level-1 messages, level-2 ones (5 s), which wait in the state for their timers, and
         # some bad ones, so every path of a batch runs.
         header = lambda k, v: F.struct(F.lit(k).alias("key"), F.lit(v).cast("binary").alias("value"))
@@ -100,13 +100,13 @@ def _train(settings: Settings, out: Path) -> None:
                                          header("DELAY", "2")))
                            .otherwise(F.array(header("REAL_TOPIC", "cds-training"),
                                               header("DELAY", "1"))).alias("headers")))
-        schema = KafkaSink.sent_schema(OUTPUT_SPARK)
+        schema = sent_schema(OUTPUT_SPARK)
 
         def sink(batch, batch_id):
             batch, release = kept(batch)
-            aggregate(batch)
-            (batch.filter(outgoing_rows()).repartition(2, "level")
-             .mapInArrow(hold_and_stamp, schema)
+            (batch.filter(F.col("kind").isin("deliver", "dead"))
+             .withColumn("sent_ms", F.unix_millis(F.current_timestamp()))
+             .select([field.name for field in schema.fields])
              .write.format("delta").mode("append").save(str(work / "sent")))
             release()
 

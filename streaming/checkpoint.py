@@ -27,9 +27,6 @@ from sinks.store import HadoopPath
 log = logging.getLogger(__name__)
 
 STAMP = "delayq.json"
-# The real topics the job's runs have delivered to (streaming/admin.py TopicCatalog): a cache,
-# looked up again at each start; losing it costs a first batch a second Spark job, nothing more.
-TOPICS_FILE = "delayq-topics.json"
 # The wheel's operator of a checkpoint stamped before the setting existed: the only one then.
 FIRST_OPERATOR = "applyInPandasWithState"
 # How the checkpoint's timer groups are numbered, by whether they are balanced (`balance_timers`).

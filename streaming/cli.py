@@ -267,8 +267,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
         where = lookup.find(spark, args.uniq_key, settings.ledger_path,
                             settings.dead_letter_path, checkpoint, settings.cold_path,
-                            ready=(lambda key: lookup.in_ready_topic(settings, key))
-                            if settings.hold == "executors" else None)
+                            recent=lambda key: lookup.in_topics(settings, key))
         print(f"{args.uniq_key}: {where.status}")
         for key, value in where.detail.items():
             print(f"  {key:12} {value}")
@@ -424,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma separated, run in this order whatever the order given: "
                             "raw,raw-steady,drain,steady,burst,backlog,restart,"
                             "first-minute (the default), "
-                            "cluster (hold = executors on a local standalone cluster: "
+                            "cluster (on a local standalone cluster: "
                             "deliveries per executor)")
     bench.add_argument("--size", type=int, help="message value bytes [1024]")
     bench.add_argument("--drain", type=int, help="messages preloaded for raw and drain [200000]")

@@ -1,5 +1,6 @@
 """The streaming job: intake → parse → wheel (transformWithStateInPandas; applyInPandasWithState
-for a checkpoint started with it) → hold → sinks.
+for a checkpoint started with it) → the ready topic, from which the dispatch tasks send each
+message when due (streaming/dispatcher.py), and the ledger query records it.
 
     spark-submit --jars "$(ls .lib/spark/*.jar | paste -sd,)" streaming/cli.py run
 
@@ -15,21 +16,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from conf.settings import Settings
-from sinks.base import BatchSink, BatchSummary, Sent
+from sinks.base import BatchSink, BatchSummary
 from sinks.cold import ColdTier
 from sinks.ready import ReadySink
-from sinks import driver_hold
-from sinks.kafka import KafkaSink, header_struct
-from sinks.ledger import (DeadLetterTable, DeliveryLedger, LedgerSpool, SPOOL_FOLDER,
-                          collected_rows, delivered_rows)
-from sinks.metrics import Metrics, lateness_of
+from sinks.kafka import header_struct, sent_schema
+from sinks.ledger import DeadLetterTable
+from sinks.metrics import Metrics
 from state import headers as H
 from state.envelope import Rules
 from state.errors import JobError
@@ -40,7 +38,7 @@ from streaming import admin as kadmin
 from streaming.dispatcher import Dispatcher
 from streaming.heartbeat import Heartbeat
 from streaming.ledger_query import start_ledger_query
-from streaming.kafka_config import librdkafka_config, spark_options
+from streaming.kafka_config import spark_options
 from streaming import checkpoint as ckpt
 from streaming import sizing
 from sinks import store
@@ -144,37 +142,12 @@ def with_kafka_headers(fired: DataFrame) -> DataFrame:
                           for name in OUTPUT_SPARK.fieldNames()))
 
 
-# A batch waits, before its work, while the driver's hold has more than this many rows overdue
-# (due, not yet handed to its producer), for at most HOLD_WAIT_S: the hold sends from one Python
-# thread, and the next batches' Spark work and Python workers take the cores it needs. A burst
-# of 500,000 due together left at 37,000 rows a second with the batches running on, 54,000
-# with them waiting (docs/benchmarks.md, "A burst handed over in files"). In a run at 10,000
-# msg/s no batch waited: the rows fired ahead are a few thousand a batch.
-HOLD_BEHIND_ROWS = 20_000
-HOLD_WAIT_S = 15.0
-
-
-def wait_for_the_hold(hold, closed: Callable[[], bool], limit_rows: int | None = None,
-                      timeout_s: float | None = None,
-                      sleep: Callable[[float], None] = time.sleep,
-                      clock: Callable[[], float] = time.monotonic) -> float:
-    """Wait while `hold` (sinks/driver_hold.py DriverHold) has more than `limit_rows`
-    (HOLD_BEHIND_ROWS) overdue, at most `timeout_s` (HOLD_WAIT_S), and not once `closed()`: the
-    seconds waited."""
-    limit_rows = HOLD_BEHIND_ROWS if limit_rows is None else limit_rows
-    timeout_s = HOLD_WAIT_S if timeout_s is None else timeout_s
-    began = clock()
-    while (hold.overdue() > limit_rows and clock() - began < timeout_s and not closed()):
-        sleep(0.05)
-    return clock() - began
-
-
 @dataclass
 class BatchWriter:
-    """foreachBatch: the batch kept (`kept`), sent and counted by the Kafka sink in one
-    Spark job, then handed to every other sink."""
+    """foreachBatch: the batch kept (`kept`), written to the ready topic and counted in one
+    Spark job, then handed to the cold tier and every other sink."""
 
-    kafka: KafkaSink
+    kafka: ReadySink
     sinks: list[BatchSink] = field(default_factory=list)
     on_batch: Callable[[BatchSummary], None] | None = None
     cold: "ColdTier | None" = None
@@ -204,15 +177,9 @@ class BatchWriter:
         if closed:
             self.parked.set()
             wait_for_the_stop(batch.sparkSession, batch_id, lambda: self.stopping)
-        waited = 0.0
-        if self.kafka.hold is not None:
-            waited = wait_for_the_hold(self.kafka.hold, lambda: self.closed)
-            if waited >= 1.0:
-                log.info("batch %d waited %.1f s for the driver's hold to send what is due",
-                         batch_id, waited)
         batch, release = kept(batch)
         clock = time.monotonic()
-        timings = {"hold_wait": round(waited, 3)} if waited >= 0.05 else {}
+        timings: dict[str, float] = {}
         if self.first is None:
             self.first = (clock, timings)
 
@@ -223,8 +190,8 @@ class BatchWriter:
             clock = now
         try:
             summary = BatchSummary(batch_id, int(time.time() * 1000), timings=timings)
-            # The batch's one Spark job: it computes the batch, sends what is due and counts
-            # every row for the sinks and the metrics (sinks/kafka.py).
+            # The batch's one Spark job: it computes the batch, writes what fired and counts
+            # every row for the sinks and the metrics (sinks/ready.py).
             sent = self.kafka.write_batch(batch, summary)
             lap("kafka")
             if self.cold is not None:
@@ -232,13 +199,6 @@ class BatchWriter:
                 self.cold.advance(summary)
                 lap("cold")
             if summary.sends:
-                if summary.count("deliver") and not summary.deferred:
-                    # The lateness histogram and the ledger's rows, from what the hold tasks
-                    # reported: no Spark job.
-                    summary.delivered = _ledger_rows(sent, summary)
-                    summary.lateness = lateness_of(
-                        summary.delivered.column("lateness_ms").to_numpy())
-                    lap("lateness")
                 for sink in self.sinks:
                     sink.write_batch(sent, summary)
                     lap(sink.name)
@@ -325,19 +285,6 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
     return kept, release
 
 
-def _ledger_rows(sent: Sent, summary: BatchSummary):
-    """The batch's deliveries in the ledger's columns: from the hold tasks' reports, or, should
-    those not account for every delivery the batch counted, by a Spark job over `sent`."""
-    released = summary.released
-    expected = summary.count("deliver")
-    if released is not None and released.num_rows == expected:
-        return delivered_rows(released, summary)
-    log.warning("batch %d: the hold reported %s of %d deliveries; collecting the ledger rows "
-                "with Spark", summary.batch_id,
-                0 if released is None else released.num_rows, expected)
-    return collected_rows(sent.frame(), summary)
-
-
 def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None,
                      default_operator: str = "applyInPandasWithState") -> dict[int, int]:
     """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
@@ -419,11 +366,9 @@ class DelayJob:
         self.spark = spark
         self.checkpoint = checkpoint or str(settings.checkpoint_path)
         if sinks is None:
-            # With hold = "executors" the ledger query writes the ledger (streaming/ledger_query.py).
-            sinks = ([DeliveryLedger(settings.ledger_path, self.checkpoint)]
-                     if settings.hold != "executors" else []) + \
-                [DeadLetterTable(settings.dead_letter_path, self.checkpoint)] \
-                if settings.ledger else []
+            # The ledger query writes the ledger (streaming/ledger_query.py).
+            sinks = ([DeadLetterTable(settings.dead_letter_path, self.checkpoint)]
+                     if settings.ledger else [])
         self._extra_sinks = sinks
         self._on_batch = on_batch
         self.query = None
@@ -432,12 +377,10 @@ class DelayJob:
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}   # the first batch's steps
         self._seeder: threading.Thread | None = None
-        self._spool: LedgerSpool | None = None
-        self._hold: driver_hold.DriverHold | None = None
         self._writer: BatchWriter | None = None
         self._warm_up: threading.Thread | None = None   # the Python workers' warm-up
-        self._dispatcher: Dispatcher | None = None        # hold = "executors"
-        self.ledger_query = None   # hold = "executors": ledger topic → Delta
+        self._dispatcher: Dispatcher | None = None
+        self.ledger_query = None   # ledger topic → Delta
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -471,30 +414,16 @@ class DelayJob:
         balance_timers = ckpt.balance_timers(self.checkpoint, verdict)
         ckpt.write_stamp(self.settings, self.checkpoint, started_ms, balance_timers)
         self._step("checkpoint")
-        executors = self.settings.hold == "executors"
-        self._hold = None if executors else self._driver_hold(max(largest, 1_048_576))
-        # The real topics this checkpoint's runs delivered to, and the allow-list, looked up
-        # now: the first batch, a restart's re-run or a backlog's first, then needs no
-        # aggregate job of its own to find them (streaming/admin.py TopicCatalog).
-        catalog = kadmin.TopicCatalog(self._admin,
-                                      memory=store.path(self.checkpoint) / ckpt.TOPICS_FILE)
-        catalog.seed(self.settings.allowed_topic_set)
-        self._step("real_topics")
-        if executors:
-            partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin,
-                                                       max(largest, 1_048_576))
-            self._check_slots(partitions)
-            kafka = ReadySink(self.spark, spark_options(self.settings), self.settings.ready_topic,
-                              partitions, max_request_bytes=max(largest, 1_048_576))
-        else:
-            kafka = KafkaSink(spark_options(self.settings), self.settings.dlq_topic, catalog,
-                              self.spark.sparkContext.defaultParallelism,
-                              max_request_bytes=max(largest, 1_048_576),
-                              hold=self._hold if self.settings.hold == "driver" else None)
+        partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin,
+                                                   max(largest, 1_048_576))
+        self._check_slots(partitions)
+        kafka = ReadySink(self.spark, spark_options(self.settings), self.settings.ready_topic,
+                          partitions, max_request_bytes=max(largest, 1_048_576))
+        self._step("dispatch_topics")
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint,
                         self.settings.intake_topic,
-                        kadmin.TopicCatalog(self._admin).partitions(
-                            [self.settings.intake_topic])[self.settings.intake_topic]
+                        kadmin.topic_partitions(self._admin, [self.settings.intake_topic])[
+                            self.settings.intake_topic]
                         or len(self.settings.level_delays_ms),
                         spark_options(self.settings), self.settings.cold_bucket_ms,
                         self.settings.near_horizon_ms)
@@ -502,27 +431,19 @@ class DelayJob:
         self._step("cold_tier")
         # First-batch costs paid here, not by the first deliveries: Delta tables, and on a new
         # checkpoint the executors' Kafka producer (below).
-        sent_schema = KafkaSink.sent_schema(OUTPUT_SPARK)
         for sink in self._extra_sinks:
             if hasattr(sink, "ensure_table"):
-                sink.ensure_table(self.spark, sent_schema)
+                sink.ensure_table(self.spark, sent_schema(OUTPUT_SPARK))
         self._step("tables")
         # A new checkpoint's first deliveries do not pay for the executors' Kafka producer:
-        # it is made here, before there is anything to deliver. On a restart there is (the
-        # driver's hold sends its spool from its start, just below, and the intake waits):
-        # there the warm-up was a young JVM's first job, 5.0-6.7 s in front of both; without
-        # it the spool's rows left 9.1 s after a kill instead of 15.7 s, and the first new
-        # delivery came 33.0-33.3 s after it against 32.0-42.1 s (docs/benchmarks.md, "A
-        # restart's first deliveries"), so the first batch makes the producer.
+        # it is made here, before there is anything to deliver. A restart has a backlog
+        # waiting, and there its first batch makes the producer rather than a job in front.
         # The pending gauge starts from the state as of the last committed batch; the batches
         # of this run add their deltas on top.
         seed_batch = last_committed_batch(store.path(self.checkpoint))
         if seed_batch is None:
             kafka.warm_up(self.spark, self.settings.intake_topic, self.settings.heartbeat_partition)
         self._step("kafka_writer")
-        self._start_spool(seed_batch)
-        if self._hold is not None:
-            self._hold.start(seed_batch)
         if self.metrics is not None:
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
@@ -537,14 +458,12 @@ class DelayJob:
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
         self._step("listeners")
-        if executors:
-            self._dispatcher = Dispatcher(
-                self.spark, self.settings, partitions, max(largest, 1_048_576),
-                on_held=self.metrics.set_dispatch_held if self.metrics else None).start()
-            if self.settings.ledger:
-                self.ledger_query = start_ledger_query(self.spark, self.settings,
-                                                        self.checkpoint, self.metrics)
-            self._step("dispatch")
+        self._dispatcher = Dispatcher(
+            self.spark, self.settings, partitions, max(largest, 1_048_576),
+            on_held=self.metrics.set_dispatch_held if self.metrics else None).start()
+        self.ledger_query = start_ledger_query(self.spark, self.settings, self.checkpoint,
+                                               self.metrics, name=f"{self.query_name}-ledger")
+        self._step("dispatch")
         self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
                                    first_watermark_ms=now_ms,
                                    balance_timers=balance_timers).writeStream
@@ -588,14 +507,14 @@ class DelayJob:
             slots = self.spark.sparkContext.defaultParallelism
         if slots < need:
             raise JobError(
-                f"hold = \"executors\" needs {need} task slots ({partitions} dispatch tasks, "
+                f"delayq needs {need} task slots ({partitions} dispatch tasks, "
                 f"{self.settings.spark_shuffle_partitions} wheel state partitions and one more "
                 f"for the intake and the ledger query) and Spark has {slots}: give it more "
                 f"(spark_master = \"local[{need}]\", or more executor cores)")
         conf = self.spark.sparkContext.getConf()
         for key, bad in (("spark.speculation", "true"), ("spark.dynamicAllocation.enabled", "true")):
             if conf.get(key, "false").lower() == bad:
-                raise JobError(f"hold = \"executors\" runs dispatch tasks that never end: "
+                raise JobError(f"delayq runs dispatch tasks that never end: "
                                f"{key} must be off")
 
     def failure(self) -> str | None:
@@ -673,57 +592,6 @@ class DelayJob:
             if self._mirror_admin is not None:
                 raise   # the listener logs it; closed by the stop meanwhile, it is no error
 
-    def _start_spool(self, last_committed: int | None) -> None:
-        """The delivery ledger off the delivery path (sinks/ledger.py), when the checkpoint is
-        a local (or mounted) folder to spool into; otherwise each batch writes it itself."""
-        ledger = next((s for s in self._extra_sinks if isinstance(s, DeliveryLedger)), None)
-        if ledger is None or not store.is_local(self.checkpoint):
-            return
-        gauge = self.metrics.ledger_behind.set if self.metrics is not None else None
-        self._spool = LedgerSpool(
-            self.spark, ledger, store.path(self.checkpoint) / SPOOL_FOLDER,
-            single_until=last_committed + 1 if last_committed is not None else 0,
-            interval_s=self.settings.ledger_interval_ms / 1000, on_behind=gauge).start()
-        ledger.spool = self._spool
-
-    def _driver_hold(self, max_request_bytes: int) -> driver_hold.DriverHold | None:
-        """The driver's hold (sinks/driver_hold.py) when the settings ask for it and the
-        checkpoint is a folder to spool into; None: the batch's tasks hold. With the tasks'
-        hold, a spool an earlier run with the driver's left behind is still sent, by a driver's
-        hold that takes no new batches."""
-        if not store.is_local(self.checkpoint):
-            if self.settings.hold == "driver":
-                log.warning("hold = driver needs a checkpoint on a local or mounted folder; %s "
-                            "is not one, so the batch's tasks hold (set hold = \"tasks\" and "
-                            "fire_lead_ms = 2000 for them: a longer lead lengthens every batch)",
-                            self.checkpoint)
-            return None
-        folder = store.path(self.checkpoint) / driver_hold.SPOOL_FOLDER
-        if self.settings.hold != "driver" and not any(folder.glob("*.arrow")):
-            return None
-        return driver_hold.DriverHold(
-            folder,
-            driver_hold.producer_config(self.settings.bootstrap,
-                                        librdkafka_config(self.settings), max_request_bytes),
-            on_sent=self._sent)
-
-    def _sent(self, batch_id: int, batch_time_ms: int, released) -> None:
-        """A batch's deliveries, all acknowledged by Kafka (called by the driver's hold, in
-        batch order): their ledger rows and lateness, and the delivered counts."""
-        if not released.num_rows:
-            return
-        summary = BatchSummary(batch_id, batch_time_ms)
-        rows = delivered_rows(released, summary)
-        ledger = next((s for s in self._extra_sinks if isinstance(s, DeliveryLedger)), None)
-        if ledger is not None and ledger.spool is not None:
-            ledger.spool.put(batch_id, rows)
-        if self.metrics is not None:
-            levels = rows.column("level").to_numpy(zero_copy_only=False)
-            values, counts = np.unique(levels, return_counts=True)
-            self.metrics.observe_sent(
-                {int(v): int(n) for v, n in zip(values, counts)},
-                lateness_of(rows.column("lateness_ms").to_numpy()))
-
     def _seed_pending(self, batch_id: int) -> None:
         def seed():
             # Read once the batch after the first is done too: after a restart the first batch
@@ -799,10 +667,6 @@ class DelayJob:
             self._listener = self._mirror = None
             if self._seeder is not None:
                 self._seeder.join(timeout=30)
-            if self._hold is not None:   # before the ledger's spool: it puts the last rows there
-                self._hold.stop()
-            if self._spool is not None:
-                self._spool.stop()
         finally:
             admin, self._mirror_admin = self._mirror_admin, None
             if admin is not None:   # a commit it still runs fails, and knows why (below)

@@ -1,5 +1,5 @@
-"""The ledger query: the dispatch tasks' ledger topic → the Delta ledger and dead-letter tables,
-on a trigger of `ledger_interval`, and the delivery metrics (delivered per level, the lateness
+"""The ledger query: the dispatch tasks' ledger topic → the Delta ledger and dead-letter tables
+(unless `ledger` is off), on a trigger of `ledger_interval`, and the delivery metrics (delivered per level, the lateness
 histogram, dead letters per reason) from its batches. A ledger record is an Arrow IPC stream of
 rows (sinks/dispatch.py): a Python function decodes it and counts its rows on the way, so a
 batch is one Spark job. Each append is idempotent on (query id, batch id) across restarts. A
@@ -92,6 +92,21 @@ class LedgerWriter:
         now_ms = int(time.time() * 1000)
         self._counts.value = []
         rows = batch.mapInArrow(decoding(self._counts), self._schema)
+        if not self.settings.ledger:   # the delivery metrics only
+            rows.write.format("noop").mode("append").save()
+        else:
+            self._append(rows, batch_id, now_ms)
+        summary = self._summary(batch_id, now_ms, self._counts.value)
+        if summary.count("dead") and self.settings.ledger:
+            self._dead_letters(batch.mapInArrow(decoding(), self._schema), batch_id)
+        if self.metrics is not None:
+            self.metrics.observe_sent(summary.delivered_by_level, summary.lateness)
+            for reason, n in summary.dead_by_reason.items():
+                self.metrics.dead.labels(reason=reason).inc(n)
+        if self.on_batch is not None:
+            self.on_batch(summary)
+
+    def _append(self, rows: DataFrame, batch_id: int, now_ms: int) -> None:
         append_once(rows.filter(F.col("status") == "delivered").select(
             "uniq_key", "topic", "partition", "level",
             F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),
@@ -100,15 +115,6 @@ class LedgerWriter:
             F.lit(now_ms).cast("long").alias("batch_time"),
             F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("sent_date")),
             str(self.settings.ledger_path), self._app_id, batch_id, ("sent_date",))
-        summary = self._summary(batch_id, now_ms, self._counts.value)
-        if summary.count("dead"):
-            self._dead_letters(batch.mapInArrow(decoding(), self._schema), batch_id)
-        if self.metrics is not None:
-            self.metrics.observe_sent(summary.delivered_by_level, summary.lateness)
-            for reason, n in summary.dead_by_reason.items():
-                self.metrics.dead.labels(reason=reason).inc(n)
-        if self.on_batch is not None:
-            self.on_batch(summary)
 
     @staticmethod
     def _summary(batch_id: int, now_ms: int, counted: list[dict]) -> BatchSummary:

@@ -1,21 +1,20 @@
-"""`delayq ledger`: where is a message? Delivered (ledger), dead-lettered (dead-letter table),
-still pending (the driver's hold's spool, or the wheel's state, read with Spark's state data
+"""`delayq ledger`: where is a message? Delivered (the Delta ledger, or the ledger topic for
+the rows the ledger query has not appended yet), dead-lettered (dead-letter table), cancelled
+(cold tier), still pending (the ready topic, or the wheel's state, read with Spark's state data
 source), or unknown.
 And `--summary`: counts and lateness percentiles per level over a time range."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
-from sinks.driver_hold import SPOOL_FOLDER as HOLD_FOLDER, held
-from sinks.ledger import SPOOL_FOLDER, delivered_row
 from sinks import store
 from sinks.store import HadoopPath
 from state.wheel import decode
@@ -44,25 +43,14 @@ def _delivered(r) -> Whereabouts:
 
 def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
          checkpoint: str | Path | HadoopPath, cold: str | None = None,
-         ready: Callable[[str], dict | None] | None = None) -> Whereabouts:
-    """Where `uniq_key` is: delivered, dead-lettered, cancelled, pending (the driver's hold,
-    the ready topic through `ready` with `hold = "executors"`, or the wheel's state), or
-    unknown."""
-    def in_table(key: str) -> dict | None:
-        if not table_exists(ledger):
-            return None
+         recent: Callable[[str], Whereabouts | None] | None = None) -> Whereabouts:
+    """Where `uniq_key` is: delivered, dead-lettered, cancelled, pending, or unknown. `recent`
+    looks in the Kafka topics between the wheel and the tables (`in_topics`)."""
+    if table_exists(ledger):
         rows = spark.read.format("delta").load(str(ledger)).filter(
-            F.col("uniq_key") == key).collect()
-        return rows[0].asDict() if rows else None
-
-    # The driver's hold and the ledger's spool are folders beside a checkpoint on this machine.
-    checkpoint = store.path(checkpoint)
-    local = isinstance(checkpoint, Path)
-    # Delivered moments ago, its ledger row still waits in the spool (sinks/ledger.py).
-    row = delivered_row(checkpoint / SPOOL_FOLDER, uniq_key, in_table) if local \
-        else in_table(uniq_key)
-    if row is not None:
-        return _delivered(row)
+            F.col("uniq_key") == uniq_key).collect()
+        if rows:
+            return _delivered(rows[0].asDict())
     if table_exists(dead):
         rows = spark.read.format("delta").load(str(dead)).filter(
             F.col("uniq_key") == uniq_key).collect()
@@ -74,21 +62,10 @@ def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
         where = _in_cold_tier(spark, uniq_key, cold)
         if where is not None:
             return where
-    # Fired ahead and waiting in the driver's hold (hold = "driver", sinks/driver_hold.py), or
-    # sent by its batch's tasks and reported with the batch's last delivery.
-    hit = held(checkpoint / HOLD_FOLDER, uniq_key) if local else None
-    if hit is not None and hit["sent_ms"] is not None:   # sent by its batch's tasks
-        return _delivered({**hit, "lateness_ms": hit["sent_ms"] - hit["due_ms"],
-                           "intake_partition": hit["ipart"], "intake_offset": hit["ioff"]})
-    if hit is not None:
-        return Whereabouts("pending", {"topic": hit["topic"], "level": hit["level"],
-                                       "due": _iso(hit["due_ms"]),
-                                       "intake": f"{hit['ipart']}-{hit['ioff']}",
-                                       "where": "the driver's hold"})
-    hit = ready(uniq_key) if ready is not None else None
-    if hit is not None:
-        return Whereabouts("pending", hit)
-    pending = _pending(spark, uniq_key, checkpoint)
+    where = recent(uniq_key) if recent is not None else None
+    if where is not None:
+        return where
+    pending = _pending(spark, uniq_key, store.path(checkpoint))
     if pending:
         return Whereabouts("pending", pending)
     return Whereabouts("unknown", {})
@@ -139,12 +116,17 @@ def summary(spark: SparkSession, ledger: Path, since_ms: int | None, until_ms: i
     ).orderBy("level").collect())
 
 
-def in_ready_topic(settings, uniq_key: str) -> dict | None:
-    """A message fired into the ready topic that its dispatch task has not committed past: the
-    rows from each ready partition's committed offset (the dispatch group's) to its end."""
+def in_topics(settings, uniq_key: str, now_ms: int | None = None) -> Whereabouts | None:
+    """A message between the wheel and the tables: sent or dead-lettered by a dispatch task
+    and in the ledger topic, not yet in the Delta tables (the ledger query appends once per
+    `ledger_interval`: the records of the last three intervals are read); or fired into the
+    ready topic and not yet done (from each ready partition's committed offset, the dispatch
+    group's, to its end)."""
+    import time
+
     from confluent_kafka import Consumer, TopicPartition
 
-    from sinks.dispatch import ready_row
+    from sinks.dispatch import ledger_rows, ready_row
     from state import headers as H
     from streaming.kafka_config import librdkafka_config
 
@@ -152,30 +134,56 @@ def in_ready_topic(settings, uniq_key: str) -> dict | None:
                          "group.id": f"delayq.{settings.intake_topic}.dispatch",
                          "enable.auto.commit": False})
     try:
-        topic = consumer.list_topics(settings.ready_topic, timeout=30).topics.get(settings.ready_topic)
-        if topic is None or topic.error is not None:
-            return None
-        wanted = uniq_key.encode()
-        for tp in consumer.committed([TopicPartition(settings.ready_topic, p)
-                                      for p in topic.partitions], timeout=30):
-            low, high = consumer.get_watermark_offsets(tp, timeout=30)
-            start = tp.offset if tp.offset >= 0 else low
-            if start >= high:
+        since_ms = (now_ms or int(time.time() * 1000)) - 3 * settings.ledger_interval_ms
+        for msg in _records(consumer, settings.ledger_topic, lambda tps: consumer.offsets_for_times(
+                [TopicPartition(tp.topic, tp.partition, since_ms) for tp in tps], timeout=30)):
+            if not msg.value() or uniq_key.encode() not in msg.value():
                 continue
-            consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
-            position = start
-            while position < high:
-                batch = consumer.consume(1000, timeout=5.0)
-                if not batch:
-                    break
-                for msg in batch:
-                    position = msg.offset() + 1
-                    headers = msg.headers() or []
-                    if (H.UNIQ_KEY, wanted) in headers:
-                        row = ready_row(msg.offset(), msg.key(), msg.value(), headers)
-                        return {"topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
-                                "intake": f"{row.ipart}-{row.ioff}",
-                                "where": f"the ready topic, partition {tp.partition}"}
+            rows = [r for r in ledger_rows(msg.value()).to_pylist() if r["uniq_key"] == uniq_key]
+            if rows and rows[0]["status"] == "delivered":
+                r = rows[0]
+                return _delivered({**r, "lateness_ms": r["sent_ms"] - r["due_ms"],
+                                   "batch_id": "- (in the ledger topic)",
+                                   "intake_partition": r["ipart"], "intake_offset": r["ioff"]})
+            if rows:
+                r = rows[0]
+                return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["sent_ms"]),
+                                            "intake": f"{r['ipart']}-{r['ioff']}"})
+        wanted = (H.UNIQ_KEY, uniq_key.encode())
+        for msg in _records(consumer, settings.ready_topic,
+                            lambda tps: consumer.committed(tps, timeout=30), from_earliest=True):
+            headers = msg.headers() or []
+            if wanted in headers:
+                row = ready_row(msg.offset(), msg.key(), msg.value(), headers)
+                return Whereabouts("pending", {
+                    "topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
+                    "intake": f"{row.ipart}-{row.ioff}",
+                    "where": f"the ready topic, partition {msg.partition()}"})
         return None
     finally:
         consumer.close()
+
+
+def _records(consumer, topic: str, starts, from_earliest: bool = False):
+    """Every record of `topic` from the offsets `starts(partitions)` gives to each partition's
+    end; where it gives none, from the earliest (`from_earliest`) or nothing."""
+    from confluent_kafka import TopicPartition
+
+    found = consumer.list_topics(topic, timeout=30).topics.get(topic)
+    if found is None or found.error is not None:
+        return
+    for tp in starts([TopicPartition(topic, p) for p in found.partitions]):
+        low, high = consumer.get_watermark_offsets(tp, timeout=30)
+        start = tp.offset if tp.offset >= 0 else (low if from_earliest else high)
+        if start >= high:
+            continue
+        consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
+        position = start
+        while position < high:
+            batch = consumer.consume(1000, timeout=5.0)
+            if not batch:
+                break
+            for msg in batch:
+                if msg.error() is None:
+                    position = msg.offset() + 1
+                    yield msg

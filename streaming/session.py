@@ -61,14 +61,14 @@ DRIVER_STACK_OPTION = "-Xss16m"
 
 
 def spark_master(settings: Settings) -> str:
-    """The master Spark is given: with `hold = "executors"`, `local[*]` becomes one task slot
+    """The master Spark is given: `local[*]` becomes one task slot
     per core (at least one per state partition) for the wheel, plus one per dispatch task,
     which holds its slot for good but waits on Kafka most of the time, plus one per ledger
     partition, so the ledger query's tasks (seconds each) never make the wheel's wait for a
     slot; otherwise as set. At 5,000 msg/s on the 2-core host, the ledger query's two tasks
     in the wheel's slots (local[5]) put 10 s messages' p99 lateness at 761 ms, beside them
     (local[6]) at 167 ms (docs/benchmarks.md)."""
-    if settings.spark_master != "local[*]" or settings.hold != "executors":
+    if settings.spark_master != "local[*]":
         return settings.spark_master
     cores = max(os.cpu_count() or 1, settings.spark_shuffle_partitions)
     return f"local[{cores + 2 * (settings.ready_partitions or 2)}]"

@@ -2,10 +2,9 @@
 
 The wheel's state partitions (`spark_shuffle_partitions`) and the ready topic's partitions
 (`ready_partitions`) are frozen at a checkpoint's first start. Set to 0 (what `delayq submit`
-passes unless they are set), they are sized then from the task slots the job was given: with
-`hold = "executors"` a quarter of them (at least 2) run dispatch tasks, one is left for the
-intake and the ledger query, and the rest hold the wheel's state; with the other holds every
-slot holds a state partition. A resumed checkpoint keeps the partitions Spark recorded in it.
+passes unless they are set), they are sized then from the task slots the job was given: a
+quarter of them (at least 2) run dispatch tasks, one is left for the intake and the ledger
+query, and the rest hold the wheel's state. A resumed checkpoint keeps the partitions Spark recorded in it.
 """
 from __future__ import annotations
 
@@ -28,10 +27,8 @@ def task_slots(conf: dict[str, str], default_parallelism: int) -> int:
     return default_parallelism
 
 
-def sized(slots: int, hold: str) -> tuple[int, int]:
+def sized(slots: int) -> tuple[int, int]:
     """(state partitions, ready partitions) for `slots` task slots."""
-    if hold != "executors":
-        return max(1, slots), 2
     ready = max(2, slots // 4)
     return max(1, slots - ready - 1), ready
 
@@ -55,7 +52,7 @@ def resolve(settings: Settings, checkpoint, slots: int) -> Settings:
     """`settings` with 0 partitions replaced: the checkpoint's own, or sized for `slots`."""
     if settings.spark_shuffle_partitions and settings.ready_partitions:
         return settings
-    state, ready = sized(slots, settings.hold)
+    state, ready = sized(slots)
     recorded = recorded_partitions(checkpoint)
     update = {}
     if not settings.ready_partitions:
@@ -69,5 +66,5 @@ def resolve(settings: Settings, checkpoint, slots: int) -> Settings:
         log.info("sized for %d task slots: %d wheel state partitions%s, frozen into this new "
                  "checkpoint", slots, update.get("spark_shuffle_partitions",
                                                  settings.spark_shuffle_partitions),
-                 f", {ready} ready partitions" if settings.hold == "executors" else "")
+                 f", {update.get('ready_partitions', settings.ready_partitions)} ready partitions")
     return settings.model_copy(update=update)

@@ -110,7 +110,7 @@ def test_settings(work_dir, kafka_bootstrap):
         bootstrap_servers=kafka_bootstrap,
         data_dir=work_dir / "data",
         delay_levels="1s 2s 3s",
-        spark_master="local[2]",
+        spark_master="local[*]",
         spark_driver_memory="1500m",
         spark_shuffle_partitions=2,
         # The ledger's tests wait for its rows: sooner than the default's 30 s.

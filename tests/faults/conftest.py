@@ -106,7 +106,7 @@ def job_process(kafka_bootstrap, work_dir):
         tag = uuid.uuid4().hex[:8]
         values = dict(bootstrap_servers=kafka_bootstrap, data_dir=str(work_dir / f"fault-{tag}"),
                       intake_topic=f"intake-{tag}", dlq_topic=f"intake-{tag}.DLQ",
-                      delay_levels="1s 2s 3s", spark_master="local[2]",
+                      delay_levels="1s 2s 3s", spark_master="local[*]",
                       spark_driver_memory="1g", ledger_interval="10s")
         values.update(overrides)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}

@@ -21,11 +21,11 @@ from tests.support import assert_eventually, free_ports
 
 @pytest.fixture
 def local_cluster(work_dir, request):
-    """Two Workers of one core each (`indirect` parameter: another core count)."""
+    """Two Workers of three cores each (`indirect` parameter: another core count)."""
     port, webui_port = free_ports(2)
     spec = cluster.ClusterSpec(home=work_dir / f"spark-cluster-{uuid.uuid4().hex[:6]}",
                                port=port, webui_port=webui_port, workers=2,
-                               worker_cores=getattr(request, "param", 1), worker_memory="1g")
+                               worker_cores=getattr(request, "param", 3), worker_memory="1g")
     cluster.start(spec)
     yield spec
     cluster.stop(spec)
@@ -35,7 +35,7 @@ def test_submitted_job_delivers_everything_and_survives_a_lost_worker(
         local_cluster, job_process, capsys):
     spec = local_cluster
     job, settings = job_process(
-        command=["submit", "--master", spec.master_url, "--total-executor-cores", "2"],
+        command=["submit", "--master", spec.master_url, "--total-executor-cores", "6"],
         spark_master=spec.master_url, spark_executor_memory="768m")
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
@@ -45,7 +45,7 @@ def test_submitted_job_delivers_everything_and_survives_a_lost_worker(
 
     def executors_on_both():
         apps = (cluster.master_state(spec) or {}).get("activeapps", [])
-        return apps if apps and apps[0].get("cores") == 2 else None
+        return apps if apps and apps[0].get("cores") == 6 else None
     apps = assert_eventually(executors_on_both, timeout_s=60, message="the job on both workers")
     assert apps[0]["name"] == settings.spark_app_name
 
@@ -71,7 +71,7 @@ def test_submitted_job_delivers_everything_and_survives_a_lost_worker(
     # checkpoint (streaming/runner.py wait) and that batch runs again.
     restarts = job.log.read_text().count("starting the job again from its checkpoint")
     with capsys.disabled():
-        print(f"\nstandalone cluster (2 workers x 1 core): {len(sent)} messages, worker-2 killed "
+        print(f"\nstandalone cluster (2 workers x 3 cores): {len(sent)} messages, worker-2 killed "
               f"{killed_after:.0f} s into the load, lost 0, early 0, "
               f"duplicates {outcome.duplicates}, lateness max {max(outcome.lateness_ms)} ms, "
               f"job started again {restarts} times")
@@ -87,14 +87,14 @@ def why_it_died(log: str) -> str:
 @pytest.mark.parametrize("local_cluster", [4], indirect=True)
 def test_on_a_cluster_every_delivery_leaves_from_an_executor_and_a_lost_worker_loses_nothing(
         local_cluster, hdfs_uri, job_process, capsys):
-    """`hold = "executors"` on two Workers of four task slots each, the checkpoints and tables
+    """The job on two Workers of four task slots each, the checkpoints and tables
     on HDFS, the partitions sized for the cluster by `delayq submit`: the ledger topic's records name the process that sent each delivery, every one an
     executor's (its working folder is in a Worker's), none the driver's. One Worker killed
     with its executor under load: its dispatch tasks start again on the other, 0 lost, 0 early."""
     spec = local_cluster
     job, settings = job_process(
         command=["submit", "--master", spec.master_url, "--total-executor-cores", "8"],
-        spark_master=spec.master_url, spark_executor_memory="768m", hold="executors",
+        spark_master=spec.master_url, spark_executor_memory="768m",
         ledger_interval="2s", store=f"{hdfs_uri}/cluster-{uuid.uuid4().hex[:8]}")
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
@@ -121,7 +121,7 @@ def test_on_a_cluster_every_delivery_leaves_from_an_executor_and_a_lost_worker_l
     per_executor = bench_cluster.per_executor(senders, spec.home)
     assert "driver" not in per_executor, f"deliveries sent from outside the executors: {senders}"
     with capsys.disabled():
-        print(f"\nexecutors hold on a standalone cluster (2 workers x 4 slots, store on HDFS): "
+        print(f"\non a standalone cluster (2 workers x 4 slots, store on HDFS): "
               f"{len(load.sent)} messages, worker-2 killed 15 s into the load, lost 0, early 0, "
               f"duplicates {outcome.duplicates}, lateness max {max(outcome.lateness_ms)} ms; "
               f"deliveries per executor {per_executor}, from the driver 0")

@@ -1,4 +1,4 @@
-"""`hold = "executors"`: the wheel fires into the ready topic, dispatch tasks in the executors
+"""The delivery path: the wheel fires into the ready topic, dispatch tasks in the executors
 send each message at its due time, and the ledger query writes the ledger (DESIGN.md 4)."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.faults.conftest import SteadyLoad, check_all_delivered
 from streaming.status import fetch
 from tests.support import assert_eventually, free_ports
 
-EXECUTORS = dict(hold="executors", spark_master="local[5]", ledger_interval="2s")
+EXECUTORS = dict(ledger_interval="2s")
 
 
 def real_topic(settings, partitions: int = 2) -> str:
@@ -49,9 +49,10 @@ def test_the_dispatch_tasks_deliver_on_time_and_the_ledger_holds_each_once(
     check_all_delivered(settings, real, load.sent)
     # Fired into the ready topic 12 s (the fire lead) before it is due, and held there by its
     # dispatch task: `delayq ledger` finds it pending in the ready topic.
-    held = assert_eventually(lambda: lookup.in_ready_topic(settings, later.uniq_key),
+    held = assert_eventually(lambda: lookup.in_topics(settings, later.uniq_key),
                              timeout_s=60, message="the timer pending in the ready topic")
-    assert held["topic"] == real and "ready topic" in held["where"]
+    assert held.status == "pending" and held.detail["topic"] == real
+    assert "ready topic" in held.detail["where"]
     # Everything else delivered: the pending gauge counts the timer its dispatch task holds.
     pending = lambda: sum(v for _, v in fetch(f"http://127.0.0.1:{metrics_port}/metrics")
                           .get("delayq_pending_messages", []))

@@ -69,7 +69,8 @@ def test_job_stopped_longer_than_the_delays_delivers_overdue_at_once_in_due_orde
     level_of: dict[str, int] = {}
     with DelayProducer(settings) as producer:
         for i in range(60):
-            handle = producer.send(real, f"m{i}".encode(), level=1 + i % 3)
+            # REAL_QID named: due order is kept per named partition (and per key)
+            handle = producer.send(real, f"m{i}".encode(), level=1 + i % 3, partition=0)
             sent[handle.uniq_key], level_of[handle.uniq_key] = handle.due_ms, handle.level
     job.stop()  # SIGTERM: a clean stop, with messages due in 1, 2 and 3 s still pending
     stopped_at = int(time.time() * 1000)
@@ -84,8 +85,8 @@ def test_job_stopped_longer_than_the_delays_delivers_overdue_at_once_in_due_orde
     first: dict[str, object] = {}
     for record in sorted(outcome.records, key=lambda r: r.offset):
         first.setdefault(header_map(record)["UNIQ_KEY"].decode(), record)
-    # From the moment the job starts again: the driver's hold sends what it held over the stop
-    # as it starts, before the first batch.
+    # From the moment the job starts again: the dispatch tasks send what the ready topic held
+    # over the stop as they start.
     after = [r for r in first.values() if r.timestamp >= restarting_at]
     assert after, "messages held over the stop were delivered after the restart"
     for level in (1, 2, 3):

@@ -11,7 +11,7 @@ from tests.faults.conftest import SteadyLoad, check_all_delivered
 
 
 def test_a_sigterm_to_delayq_submit_is_a_clean_stop(job_process, capsys):
-    job, settings = job_process(command=["submit", "--master", "local[2]"])
+    job, settings = job_process(command=["submit", "--master", "local[6]"])
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
     create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})

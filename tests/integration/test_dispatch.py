@@ -158,10 +158,17 @@ def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on
     now = int(time.time() * 1000)
     write([{"uniq": "missing", "due": now, "topic": "no-such-topic-delayq"},
            {"uniq": "beyond", "due": now, "qid": 7},
-           {"uniq": "large", "due": now, "topic": small, "value": b"x" * 5000},
+           # Sent together, the three share a record batch, which the broker refuses whole for
+           # the large one: the two small ones are sent again alone and arrive.
+           {"uniq": "small-before", "due": now, "topic": small, "key": b"k", "value": b"ok"},
+           {"uniq": "large", "due": now, "topic": small, "key": b"k", "value": b"x" * 5000},
+           {"uniq": "small-after", "due": now, "topic": small, "key": b"k", "value": b"ok"},
            *[{"uniq": f"ok{i}", "due": now} for i in range(5)]])
     thread, result = in_thread(config)
     delivered = consume_all(kafka_bootstrap, config.real, expected=5, timeout_s=60)
+    beside = consume_all(kafka_bootstrap, small, expected=2, timeout_s=60, idle_s=1)
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in beside) == ["small-after",
+                                                                           "small-before"]
     dead = consume_all(kafka_bootstrap, config.dlq_topic, expected=3, timeout_s=60)
     stop(config, kafka_bootstrap)
     thread.join(60)
@@ -173,10 +180,11 @@ def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on
     assert "too large" in reasons["large"]
     assert all(header_map(r)["REAL_TOPIC"] for r in dead)
     statuses = {row["uniq_key"]: row["status"]
-                for row in ledger_of(kafka_bootstrap, config.ledger_topic, 8)}
+                for row in ledger_of(kafka_bootstrap, config.ledger_topic, 10)}
     assert statuses == {"missing": "dead", "beyond": "dead", "large": "dead",
+                        "small-before": "delivered", "small-after": "delivered",
                         **{f"ok{i}": "delivered" for i in range(5)}}
-    assert result == [{"partition": 0, "sent": 5, "dead": 3, "skipped": 0}]
+    assert result == [{"partition": 0, "sent": 7, "dead": 3, "skipped": 0}]
 
 
 def test_a_wheel_batch_fired_again_after_a_restart_is_sent_once(dispatch, kafka_bootstrap):

@@ -1,5 +1,4 @@
-"""Where Spark runs a wheel group and a hold task's rows, checked against Spark itself
-(state/placement.py, sinks/kafka.py `hold_lane`)."""
+"""Where Spark runs a wheel group, checked against Spark itself (state/placement.py)."""
 from __future__ import annotations
 
 import random
@@ -8,8 +7,7 @@ import uuid
 
 from pyspark.sql import functions as F
 
-from sinks.kafka import hold_lane
-from state.placement import partition_of, spark_hash_int, task_keys
+from state.placement import partition_of
 from state.wheel import TIMER_PARTS, part_of
 from streaming.admin import ensure_topics
 from streaming.job import wheel_stream
@@ -27,54 +25,6 @@ def test_placement_is_spark_s_hash_partitioning(spark):
         wrong = [(r.bucket, r.slot, r.p) for r in placed
                  if r.p != partition_of(r.bucket, r.slot, partitions)]
         assert not wrong, f"{partitions} partitions: {wrong[:5]}"
-
-
-def test_task_keys_are_spark_s_hash_partitioning_of_an_int(spark):
-    values = list(range(-50, 200)) + [2**31 - 1, -2**31]
-    for tasks in (2, 3, 8):
-        placed = (spark.createDataFrame([(v,) for v in values], "v int")
-                  .repartition(tasks, "v").select("v", F.spark_partition_id().alias("p")).collect())
-        assert all(r.p == spark_hash_int(r.v) % tasks for r in placed), tasks
-        keys = task_keys(tasks)
-        placed = (spark.createDataFrame([(k,) for k in keys], "v int")
-                  .repartition(tasks, "v").select("v", F.spark_partition_id().alias("p")).collect())
-        assert sorted((keys.index(r.v), r.p) for r in placed) == [(i, i) for i in range(tasks)]
-
-
-def test_the_hold_s_lanes(spark):
-    """Rows whose order Kafka keeps share a task: those to one named partition, those to a
-    topic's only partition, those of one key; rows without either to a topic of several
-    partitions, and a topic's partitions, spread over the tasks."""
-    rows = ([("multi", p, None, f"p{p}-{i}") for p in range(4) for i in range(50)]
-            + [("multi", None, f"k{k}".encode(), f"k{k}-{i}") for k in range(20) for i in range(10)]
-            + [("multi", None, None, f"u{i}") for i in range(400)]
-            + [("single", None, None, f"s{i}") for i in range(100)]
-            + [("single", None, b"k", f"sk{i}") for i in range(10)]
-            + [("unknown", None, None, f"x{i}") for i in range(400)])
-    frame = spark.createDataFrame(rows, "topic string, partition int, key binary, uniq_key string")
-    tasks = 2
-    lane = hold_lane({"multi": 4, "single": 1}, tasks)
-    placed = (frame.repartition(tasks, lane)
-              .select("topic", "partition", "key", "uniq_key", F.spark_partition_id().alias("t"))
-              .collect())
-    assert len(placed) == len(rows)
-    task_of: dict = {}
-    for r in placed:
-        if r.partition is not None:
-            task_of.setdefault(("partition", r.partition), set()).add(r.t)
-        elif r.topic == "single":
-            task_of.setdefault(("single",), set()).add(r.t)
-        elif r.key is not None:
-            task_of.setdefault(("key", r.key), set()).add(r.t)
-        else:
-            task_of.setdefault((r.topic,), set()).add(r.t)
-    one_task = {k: v for k, v in task_of.items() if k[0] in ("partition", "single", "key")}
-    assert all(len(v) == 1 for v in one_task.values()), one_task
-    assert [next(iter(task_of[("partition", p)])) for p in range(4)] in ([0, 1, 0, 1], [1, 0, 1, 0])
-    assert len(set.union(*(task_of[("key", f"k{k}".encode())] for k in range(20)))) == 2
-    for topic in ("multi", "unknown"):
-        spread = [r.t for r in placed if r.topic == topic and r.partition is None and r.key is None]
-        assert 120 < sum(spread) < 280, (topic, sum(spread), len(spread))
 
 
 def test_immediate_messages_are_spread_over_every_state_partition(spark, job_settings, work_dir):

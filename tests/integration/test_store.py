@@ -79,13 +79,13 @@ def test_the_ledger_and_dead_letter_tables_are_created_empty_as_spark_writes_the
     """Created before the first batch (delta-rs in a folder, Delta's builder on a store), with
     the schema and partitioning a Spark write of the same rows gives, and created once."""
     from sinks.base import BatchSummary
-    from sinks.kafka import KafkaSink
-    from sinks.ledger import DeadLetterTable, DeliveryLedger
+    from sinks.kafka import sent_schema
+    from sinks.ledger import DeadLetterTable
     from streaming.job import OUTPUT_SPARK
 
     root = request.getfixturevalue("location") if where == "hdfs" else str(tmp_path)
-    sent = KafkaSink.sent_schema(OUTPUT_SPARK)
-    for kind, column in ((DeliveryLedger, "sent_date"), (DeadLetterTable, "dead_date")):
+    sent = sent_schema(OUTPUT_SPARK)
+    for kind, column in ((DeadLetterTable, "dead_date"),):
         table = kind(f"{root}/{column}", f"{root}/ckpt")
         table.ensure_table(spark, sent)
         table.ensure_table(spark, sent)   # already there: left as it is

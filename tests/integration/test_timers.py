@@ -98,19 +98,19 @@ def test_a_cancel_after_its_message_fired_misses_and_the_message_arrives_on_time
         job_settings, start_job, new_topic, kafka_bootstrap, lateness_log):
     """The documented window of a cancel: it must reach the job before its message's due time
     minus the fire lead. A 20 s timer at the default lead (12 s) fires about 8 s after it is
-    sent and waits in the driver's hold; a cancel sent once it is there is counted as a miss,
+    sent and waits in its dispatch task; a cancel sent once it is there is counted as a miss,
     and the message is still delivered, on time and not early."""
     from tests.support import assert_eventually
 
     settings = job_settings()
-    assert settings.fire_lead_ms == 12_000 and settings.hold == "driver"
+    assert settings.fire_lead_ms == 12_000
     real = new_topic(**LOG_APPEND)
     summaries = []
     job = start_job(settings, on_batch=summaries.append)
     with DelayProducer(settings) as producer:
         handle = producer.send(real, b"too late to cancel", delay_ms=20_000)
-    assert_eventually(lambda: job._hold.pending() == 1, timeout_s=30,
-                      message="the timer fired into the driver's hold")
+    assert_eventually(lambda: sum(job._dispatcher.held_by_level().values()) == 1, timeout_s=30,
+                      message="the timer fired into its dispatch task")
     assert int(time.time() * 1000) < handle.due_ms, "the cancel goes out before the due time"
     with DelayProducer(settings) as producer:
         producer.cancel(handle)

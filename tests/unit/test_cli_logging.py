@@ -1,6 +1,6 @@
 """`delayq run` and `delayq demo` show delayq's own log lines at the `log_level` setting
-(Python's default left them at WARNING, so a restart's "sending again" and a batch's wait
-for the driver's hold were never shown), and other libraries' only from WARNING."""
+(Python's default left them at WARNING, so a dispatch task's restart or the pending gauge's
+seed were never shown), and other libraries' only from WARNING."""
 import logging
 import tomllib
 from pathlib import Path
@@ -25,12 +25,12 @@ def clean_logging():
 
 def test_delayqs_info_lines_are_shown_and_other_libraries_only_from_warning(clean_logging, capsys):
     cli.log_to_stderr(load_settings().log_level)
-    logging.getLogger("sinks.driver_hold").info("hold: sending again %d rows", 3)
+    logging.getLogger("streaming.dispatcher").info("dispatch task 1 restarted")
     logging.getLogger("streaming.job").info("batch 7 waited 1.2 s")
     logging.getLogger("kafka.net.manager").info("Attempting bootstrap")
     logging.getLogger("kafka.net.manager").warning("broker gone")
     err = capsys.readouterr().err
-    assert "INFO sinks.driver_hold: hold: sending again 3 rows" in err
+    assert "INFO streaming.dispatcher: dispatch task 1 restarted" in err
     assert "INFO streaming.job: batch 7 waited 1.2 s" in err
     assert "Attempting bootstrap" not in err
     assert "WARNING kafka.net.manager: broker gone" in err

@@ -27,11 +27,11 @@ def test_batch_counts_become_counters_and_gauges():
     assert r.get_sample_value("delayq_build_info", {"version": "1.2.3", "spark_version": "4.1.1"}) == 1
 
 
-def test_with_the_drivers_hold_deliveries_count_when_sent_not_with_their_batch():
-    """`hold = "driver"`: the batch counts its deliveries without calling them delivered
-    (`delivered=False`); the hold reports them once Kafka has them (`observe_sent`)."""
+def test_the_wheel_counts_fired_messages_and_the_ledger_query_counts_them_delivered():
+    """A batch counts what it fired without calling it delivered (`delivered=False`); the
+    ledger query reports it once a dispatch task sent it (`observe_sent`)."""
     m = fresh()
-    s = BatchSummary(4, deferred=True)
+    s = BatchSummary(4)
     s.add("deliver", 2, None, 3, delivered=False)
     m.observe_batch(s)
     r = m.registry
@@ -58,7 +58,7 @@ def test_pending_is_the_seed_plus_the_deltas_in_either_order():
 
 
 def test_pending_adds_what_the_dispatch_tasks_hold_to_the_wheel_s():
-    """With hold = executors a fired message leaves the wheel (its delta) but is pending until
+    """A fired message leaves the wheel (its delta) but is pending until
     a dispatch task has sent it: the tasks' last commits report how many they hold."""
     m = fresh()
     pending = lambda level: m.registry.get_sample_value("delayq_pending_messages", {"level": level})

@@ -4,8 +4,7 @@ checked against Spark in tests/integration/test_placement.py."""
 import pytest
 
 from state.envelope import Kind
-from state.placement import (BALANCE_WIDTH, balanced_slot, partition_of, spark_hash, spark_hash_int,
-                             spread_slots, task_keys)
+from state.placement import BALANCE_WIDTH, balanced_slot, partition_of, spark_hash, spread_slots
 from state.wheel import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER, TIMER_PARTS,
                          group_of, part_of)
 
@@ -52,20 +51,6 @@ def test_pass_through_rows_reach_every_state_partition_evenly(kind, bucket):
     per_partition = [sum(partition_of(b, s, partitions) == p for b, s in placed)
                      for p in range(partitions)]
     assert per_partition == [500, 500]
-
-
-@pytest.mark.parametrize("tasks", [1, 2, 3, 4, 8, 64])
-def test_task_keys_name_every_task_once(tasks):
-    keys = task_keys(tasks)
-    assert [spark_hash_int(k) % tasks for k in keys] == list(range(tasks))
-    assert all(k >= 0 for k in keys)
-
-
-def test_the_ints_0_and_1_share_a_task_of_two():
-    """Why the hold's lanes go through `task_keys`: lanes 0 and 1 taken as they are would
-    both land in task 1 of two."""
-    assert spark_hash_int(0) % 2 == spark_hash_int(1) % 2 == 1
-    assert task_keys(2) == (2, 0)
 
 
 @pytest.mark.parametrize("partitions", [1, 2, 3, 8, 200])

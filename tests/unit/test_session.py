@@ -90,15 +90,14 @@ def test_a_submitted_job_has_it_on_the_class_paths_too(tmp_path):
     assert set(options) <= set(spark_conf(settings)["spark.driver.extraJavaOptions"].split())
 
 
-def test_local_star_with_the_executors_hold_gives_the_wheel_dispatch_and_ledger_their_own_slots():
+def test_local_star_gives_the_wheel_dispatch_and_ledger_their_own_slots():
     from streaming.session import spark_master
 
     cores = os.cpu_count() or 1
-    settings = load_settings(hold="executors", spark_master="local[*]", ready_partitions=3,
+    settings = load_settings(spark_master="local[*]", ready_partitions=3,
                              spark_shuffle_partitions=1)
     assert spark_master(settings) == f"local[{max(cores, 1) + 3 + 3}]"
-    assert spark_master(settings.model_copy(update={"hold": "driver"})) == "local[*]"
-    assert spark_master(load_settings(hold="executors", spark_master="local[3]")) == "local[3]"
+    assert spark_master(load_settings(spark_master="local[3]")) == "local[3]"
 
 
 def test_the_jvm_output_keeps_everything_but_a_healthy_runs_notices(tmp_path):

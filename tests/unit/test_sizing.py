@@ -12,17 +12,16 @@ def test_the_slots_are_the_cores_the_job_was_given():
     assert sizing.task_slots({}, 6) == 6
 
 
-def test_the_executors_hold_leaves_slots_for_its_dispatch_tasks_and_one_spare():
-    assert sizing.sized(8, "executors") == (5, 2)
-    assert sizing.sized(16, "executors") == (11, 4)
-    assert sizing.sized(8, "driver") == (8, 2)
+def test_the_dispatch_tasks_get_a_quarter_of_the_slots_and_one_is_spare():
+    assert sizing.sized(8) == (5, 2)
+    assert sizing.sized(16) == (11, 4)
     for slots in range(4, 64):
-        state, ready = sizing.sized(slots, "executors")
+        state, ready = sizing.sized(slots)
         assert state + ready + 1 == slots and state >= 1 and ready >= 2
 
 
 def test_a_new_checkpoint_is_sized_and_a_resumed_one_keeps_its_partitions(tmp_path):
-    auto = load_settings(hold="executors", spark_shuffle_partitions=0, ready_partitions=0)
+    auto = load_settings(spark_shuffle_partitions=0, ready_partitions=0)
     fresh = sizing.resolve(auto, tmp_path / "ckpt", slots=12)
     assert (fresh.spark_shuffle_partitions, fresh.ready_partitions) == (8, 3)
     offsets = tmp_path / "ckpt" / "offsets"

@@ -30,5 +30,3 @@ def test_the_checkpoints_and_tables_live_under_the_store_when_one_is_set(tmp_pat
     remote = load_settings(data_dir=tmp_path, store="hdfs://nn:8020/delayq/")
     assert remote.checkpoint_path == "hdfs://nn:8020/delayq/checkpoints/delivery"
     assert remote.ledger_path == "hdfs://nn:8020/delayq/tables/ledger"
-    assert remote.hold == "executors", "the driver's hold needs a folder on the driver's disk"
-    assert load_settings(store="hdfs://nn:8020/d", hold="tasks").hold == "tasks"

@@ -1,7 +1,6 @@
 import pytest
 
 from sinks.base import BatchSummary, reason_label
-from sinks.kafka import KafkaSink
 
 
 @pytest.mark.parametrize("reason, label", [
@@ -30,14 +29,6 @@ def test_summary_counts_by_kind_level_and_reason():
     s.add("dead", 0, "header REAL_TOPIC is missing", 3)
     assert (s.count("deliver"), s.delivered_by_level, s.dead_by_reason) == \
         (6, {2: 6}, {"missing_real_topic": 3})
-
-
-def test_refusal_rule():
-    sizes = {"a": 3, "gone": None}
-    assert KafkaSink.refusal("a", 2, sizes) is None
-    assert KafkaSink.refusal("a", None, sizes) is None
-    assert "out of range" in KafkaSink.refusal("a", 3, sizes)
-    assert "does not exist" in KafkaSink.refusal("gone", None, sizes)
 
 
 def test_send_failures_are_dead_lettered_only_when_permanent():

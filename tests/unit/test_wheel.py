@@ -11,7 +11,8 @@ from state.columns import ENVELOPE
 from state.envelope import Rules
 from state.parse import parse_batch
 from state.placement import partition_of
-from state.timing import correct_deliver_timestamp, correct_deliver_timestamps
+from state.timing import (correct_deliver_timestamp, correct_deliver_timestamps, fire_horizon,
+                          slot_of, timer_for)
 from state.wheel import (BUCKET_DEAD, BUCKET_NOW, CHUNK_SEP, TIMER_PARTS, WheelConfig, decode,
                          encode, make_wheel)
 from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer
@@ -367,3 +368,12 @@ def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_s
     assert not st.exists, "no state"
     assert list(zip(run.tally["level"], run.tally["received"], run.tally["pending_delta"])) \
         == [(1, 1, 0)], "counted as taken in at its level, never pending"
+
+
+def test_time_rules():
+    assert correct_deliver_timestamp(now_ms=100, due_ms=1_200, delay_ms=1_000) == 100
+    assert correct_deliver_timestamp(now_ms=100, due_ms=1_100, delay_ms=1_000) == 1_100
+    assert slot_of(2_999, 1_000) == 2
+    assert fire_horizon(5_000, 700) == 5_700
+    assert timer_for(10_000, 2_000, watermark_ms=1_000) == 8_000
+    assert timer_for(10_000, 2_000, watermark_ms=9_000) == 9_001

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-import sinks.kafka
 import state.parse
 import state.wheel
-from sinks.kafka import hold_reporting
 from state.parse import make_parser
 from state.wheel import make_wheel
 from tests.support import fresh_python
-from tests.unit.test_hold_reports import Accumulator
 from tests.unit.test_wheel import CONFIG, NOW, RULES, intake, state as group_state
 
 PROBE = """
@@ -43,27 +40,26 @@ def test_outside_a_reused_worker_nothing_is_frozen():
 @pytest.fixture
 def settles(monkeypatch):
     calls = []
-    for module in (state.parse, state.wheel, sinks.kafka):
+    for module in (state.parse, state.wheel):
         monkeypatch.setattr(module, "settle", lambda name=module.__name__: calls.append(name))
     return calls
 
 
-def test_the_parse_the_wheel_and_the_hold_each_settle_their_worker(settles):
+def test_the_parse_and_the_wheel_each_settle_their_worker(settles):
     batch = intake(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0))
     assert list(make_parser(RULES, 1_000, 2)(iter([batch])))
     list(make_wheel(CONFIG)((2, 0), iter([]), group_state(NOW)))
-    list(hold_reporting(Accumulator())(iter([])))
-    assert settles == ["state.parse", "state.wheel", "sinks.kafka"]
+    assert settles == ["state.parse", "state.wheel"]
 
 
 WARM = """
 from state.worker import warm
-before = [m for m in ("state.parse", "state.processor", "state.hold", "pandas") if m in sys.modules]
+before = [m for m in ("state.parse", "state.processor", "pandas") if m in sys.modules]
 out = list(warm(iter(["a", "b"])))
-after = [m for m in ("state.parse", "state.processor", "state.hold", "pandas") if m in sys.modules]
+after = [m for m in ("state.parse", "state.processor", "pandas") if m in sys.modules]
 print(out == ["a", "b"], before, after, sep="|")
 """
 
 
 def test_the_warm_up_imports_the_job_s_modules_and_passes_its_input_through():
-    assert fresh_python(WARM) == "True|[]|['state.parse', 'state.processor', 'state.hold', 'pandas']"
+    assert fresh_python(WARM) == "True|[]|['state.parse', 'state.processor', 'pandas']"
