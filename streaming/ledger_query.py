@@ -9,6 +9,7 @@ already holds, so no state is kept here to drop second copies.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from pyspark.sql import DataFrame, SparkSession
@@ -85,8 +86,23 @@ class LedgerWriter:
         self._schema = from_arrow_schema(ledger_schema())
         self._counts = spark.sparkContext.accumulator([], Counts())
         self._app_id: str | None = None
+        # A clean stop (stop_ledger_query): set once it began; `idle` is clear while a batch runs.
+        self.stopping = False
+        self.idle = threading.Event()
+        self.idle.set()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.idle.clear()
+        try:
+            self._write(batch, batch_id)
+        except Exception as e:
+            if self.stopping:   # the stop's interruption: the batch runs again at the next start
+                e.delayq_stop = True
+            raise
+        finally:
+            self.idle.set()
+
+    def _write(self, batch: DataFrame, batch_id: int) -> None:
         if self._app_id is None:
             self._app_id = query_id(self.checkpoint)
         now_ms = int(time.time() * 1000)
@@ -145,13 +161,38 @@ class LedgerWriter:
                     ("dead_date",))
 
 
+class LedgerQuery:
+    """The running ledger query and its writer."""
+
+    def __init__(self, query, writer: LedgerWriter):
+        self.query, self.writer = query, writer
+
+    @property
+    def lastProgress(self):   # noqa: N802 (StreamingQuery's name)
+        return self.query.lastProgress
+
+    @property
+    def recentProgress(self):   # noqa: N802
+        return self.query.recentProgress
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """A clean stop: the batch under way ends (up to `grace_s`), then the query stops. A
+        batch the stop interrupts is not committed; it runs again at the next start (its appends
+        are idempotent), and py4j's log of the interruption is dropped as the stop's
+        (streaming/job.py)."""
+        self.writer.stopping = True
+        self.writer.idle.wait(grace_s)
+        self.query.stop()
+
+
 def start_ledger_query(spark: SparkSession, settings: Settings, checkpoint: str,
-                       metrics: Metrics | None = None, on_batch=None, name: str | None = None):
+                       metrics: Metrics | None = None, on_batch=None,
+                       name: str | None = None) -> LedgerQuery:
     location = ledger_checkpoint(checkpoint)
     writer = LedgerWriter(spark, settings, location, metrics, on_batch)
-    return (ledger_stream(spark, settings).writeStream
-            .queryName(name or f"delayq-ledger-{settings.intake_topic}")
-            .foreachBatch(writer)
-            .option("checkpointLocation", location)
-            .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")
-            .start())
+    return LedgerQuery(ledger_stream(spark, settings).writeStream
+                       .queryName(name or f"delayq-ledger-{settings.intake_topic}")
+                       .foreachBatch(writer)
+                       .option("checkpointLocation", location)
+                       .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")
+                       .start(), writer)

@@ -74,3 +74,32 @@ def test_without_a_stop_the_wait_ends_in_an_error_and_never_interrupts_itself():
     with pytest.raises(JobError, match="batch 7 waited 600 s"):
         J.wait_for_the_stop(Spark(thread), 7, lambda: None, clock)
     assert thread.self_interrupts == 0 and clock.now == pytest.approx(100.0 + 600)
+
+
+def _ledger_writer(fail):
+    from streaming.ledger_query import LedgerWriter
+    import threading
+
+    writer = LedgerWriter.__new__(LedgerWriter)
+    writer.stopping, writer.idle = False, threading.Event()
+    writer.idle.set()
+
+    def write(batch, batch_id):
+        assert not writer.idle.is_set()   # a batch under way: the stop waits for it
+        raise fail
+    writer._write = write
+    return writer
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_ledger_batch_interrupted_by_the_stop_is_not_logged_as_an_error(stopping):
+    import logging
+
+    writer = _ledger_writer(Interrupted("interrupted"))
+    writer.stopping = stopping
+    with pytest.raises(Interrupted) as raised:
+        writer(None, 7)
+    assert writer.idle.is_set()
+    record = logging.LogRecord("py4j.clientserver", logging.ERROR, __file__, 1, "boom", None,
+                               (Interrupted, raised.value, None))
+    assert J._QuietStop().filter(record) is (not stopping)
