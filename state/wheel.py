@@ -22,7 +22,7 @@ import pybase64
 
 from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
 from state.columns import PENDING, WHEEL_OUT
-from state.envelope import TIMER_LEVEL, Kind
+from state.envelope import Kind
 from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  # noqa: F401
                           TIMER_PARTS, Held, WheelConfig, part_of, parts_of)
 from state.placement import balanced_slot, spread_slots

@@ -6,7 +6,6 @@ Its data, log and pid file live in `<data_dir>/kafka`. Start is idempotent, stop
 from __future__ import annotations
 
 import base64
-import os
 import subprocess
 import time
 import uuid

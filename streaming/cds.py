@@ -80,7 +80,7 @@ def _train(settings: Settings, out: Path) -> None:
         from pyspark.sql import functions as F
 
         from sinks.kafka import sent_schema
-        from streaming.job import kept, wheel_stream
+        from streaming.wheel_query import kept, wheel_stream
         from streaming.schema import OUTPUT_SPARK
 
         # The job's own parse and wheel, fed by a rate source instead of the intake:

@@ -23,6 +23,7 @@ from state.columns import READS_FORMATS, STATE_FORMAT
 from state.errors import JobError
 from sinks import store
 from sinks.store import HadoopPath
+from streaming.offsets import last_committed_batch
 
 log = logging.getLogger(__name__)
 
@@ -271,3 +272,22 @@ def mirror_offsets(admin, settings: Settings, offsets: dict[int, int]) -> None:
     admin.alter_group_offsets(group_id(settings), {
         TopicPartition(settings.intake_topic, p): OffsetAndMetadata(o, "", -1)
         for p, o in offsets.items()})
+
+
+def drop_unbegun(checkpoint: str, committed: int) -> None:
+    """After a clean stop: the offsets Spark wrote for the batches after `committed`, none
+    of which began its work (the writer was closed first: nothing fired or kept in the
+    state for them). Left in place, the next start would first run a batch over
+    just those offsets, planned before the stop; without them, Spark plans that batch anew
+    from the last commit, as after a stop between batches, over all that came since."""
+    root = store.path(checkpoint)
+    if last_committed_batch(root) != committed:
+        return
+    dropped = set()
+    for entry in (root / "offsets").iterdir():   # a batch's file and its .crc
+        name = entry.name.removeprefix(".").removesuffix(".crc")
+        if name.isdigit() and int(name) > committed:
+            entry.unlink()
+            dropped.add(int(name))
+    for batch in sorted(dropped):
+        log.info("dropped the offsets of batch %d, which the stop kept from beginning", batch)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -353,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--total-executor-cores", type=int, help="cores the job takes from the cluster")
     submit.add_argument("--dry-run", action="store_true", help="print the spark-submit command only")
     for flag in ("--allow-fresh-checkpoint", "--allow-config-change"):
-        submit.add_argument(flag, action="store_true", help=f"passed to `delayq run` (see run --help)")
+        submit.add_argument(flag, action="store_true", help="passed to `delayq run` (see run --help)")
     submit.set_defaults(func=cmd_submit)
 
     cluster_cmd = sub.add_parser("cluster", help="a local Spark standalone cluster (Master + Workers)")

@@ -3,7 +3,6 @@ and each delivery printed as it arrives with its level, due time and lateness.""
 from __future__ import annotations
 
 import threading
-import time
 from datetime import datetime, timezone
 
 from kafka import KafkaConsumer

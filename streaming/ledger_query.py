@@ -179,7 +179,7 @@ class LedgerQuery:
         """A clean stop: the batch under way ends (up to `grace_s`), then the query stops. A
         batch the stop interrupts is not committed; it runs again at the next start (its appends
         are idempotent), and py4j's log of the interruption is dropped as the stop's
-        (streaming/job.py)."""
+        (streaming/wheel_query.py)."""
         self.writer.stopping = True
         self.writer.idle.wait(grace_s)
         self.query.stop()

@@ -18,7 +18,7 @@ from sinks.delta import table_exists
 from sinks import store
 from sinks.store import HadoopPath
 from state.wheel import decode
-from streaming.job import wheel_state
+from streaming.wheel_query import wheel_state
 
 
 @dataclass

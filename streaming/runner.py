@@ -13,10 +13,28 @@ from typing import Iterator
 
 from conf.settings import Settings
 from streaming import broker
-from streaming.job import DelayJob, lost_kept_rows
+from streaming.job import DelayJob
 from streaming.session import STOPPING, build_session
 
 log = logging.getLogger(__name__)
+
+
+def _failure_text(failure) -> str:
+    """A query's failure as text: PySpark hands the JVM error over as text only (description
+    and stack trace per cause)."""
+    error, texts = failure, []
+    for _ in range(10):
+        if error is None:
+            break
+        texts.append(f"{getattr(error, '_desc', '')}\n{getattr(error, '_stackTrace', '')}")
+        error = getattr(error, "_cause", None)
+    return "\n".join(texts) or str(failure)
+
+
+def lost_kept_rows(failure) -> bool:
+    """`failure` is a batch's kept rows lost with an executor (`kept`): Spark fails the batch,
+    which runs again once the job starts again from its checkpoint."""
+    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in _failure_text(failure)
 
 
 @contextlib.contextmanager

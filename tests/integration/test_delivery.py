@@ -11,7 +11,7 @@ from kafka import KafkaProducer
 
 from state.errors import JobError
 from streaming.admin import ensure_topics
-from streaming.job import pending_by_level, wheel_state
+from streaming.wheel_query import pending_by_level, wheel_state
 from streaming.offsets import delay_offset_table, last_committed_batch
 from streaming.producer import DelayProducer
 from tests.integration.conftest import Sent
@@ -50,7 +50,7 @@ def test_every_level_on_time_and_exactly_as_sent(job_settings, start_job, new_to
     sent["clamped"] = Sent(None, b"level 9 is clamped to 3", [], meta.timestamp + 3_000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent, lateness_log=lateness_log)
-    # Every batch dropped the rows it kept (streaming.job.kept): after all these batches, at
+    # Every batch dropped the rows it kept (streaming.wheel_query.kept): after all these batches, at
     # most the one under way holds any.
     assert job.query.lastProgress["batchId"] >= 3
     assert len(kept_batches(spark)) <= 1
@@ -437,7 +437,7 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
     # with the same ids.
     from pyspark.sql import functions as F
 
-    from streaming.job import wheel_stream
+    from streaming.wheel_query import wheel_stream
 
     fired: list = []
     now_ms = int(time.time() * 1000)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pyspark.sql import functions as F
 
-from streaming.job import kept
+from streaming.wheel_query import kept
 
 
 def test_a_kept_batch_is_computed_once_and_dropped_on_release(spark):

@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from state.placement import partition_of
 from state.wheel import TIMER_PARTS, part_of
 from streaming.admin import ensure_topics
-from streaming.job import wheel_stream
+from streaming.wheel_query import wheel_stream
 from streaming.producer import DelayProducer
 
 

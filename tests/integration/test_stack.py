@@ -2,11 +2,9 @@
 Kafka connector, Delta."""
 from __future__ import annotations
 
-import time
-
 from kafka import KafkaProducer
 
-from tests.support import assert_eventually, consume_all, free_ports
+from tests.support import consume_all, free_ports
 
 
 def test_broker_starts_stops_and_restarts_with_its_data(work_dir):

@@ -81,7 +81,7 @@ def test_the_ledger_and_dead_letter_tables_are_created_empty_as_spark_writes_the
     from sinks.base import BatchSummary
     from sinks.kafka import sent_schema
     from sinks.ledger import DeadLetterTable
-    from streaming.job import OUTPUT_SPARK
+    from streaming.schema import OUTPUT_SPARK
 
     root = request.getfixturevalue("location") if where == "hdfs" else str(tmp_path)
     sent = sent_schema(OUTPUT_SPARK)

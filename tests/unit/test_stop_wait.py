@@ -1,11 +1,11 @@
-"""`wait_for_the_stop` over a stand-in of the JVM's Thread (the real one runs in
-tests/integration/test_delivery.py's stop tests): a batch begun after the stop was asked waits
+"""`wait_for_the_stop` (streaming/wheel_query.py) over a stand-in of the JVM's Thread (the real
+one runs in tests/integration/test_delivery.py's stop tests): a batch begun after the stop was asked waits
 in slices, ends at the stop's interruption, and interrupts itself when that interruption never
 reached it."""
 import pytest
 
 from state.errors import JobError
-from streaming import job as J
+from streaming import wheel_query as J
 
 
 class Interrupted(Exception):

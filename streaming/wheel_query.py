@@ -1,0 +1,305 @@
+"""The wheel query: intake → parse → wheel (transformWithStateInPandas; applyInPandasWithState
+for a checkpoint started with it) → the ready topic, written by `BatchWriter` once per batch;
+and the reads of its state (`pending_by_level`, `wheel_state`). DelayJob (streaming/job.py)
+starts it beside the dispatch tasks and the ledger query.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from conf.settings import Settings
+from sinks.base import BatchSink, BatchSummary
+from sinks.kafka import header_struct
+from sinks.ready import ReadySink
+from state import headers as H
+from state.envelope import Rules
+from state.errors import JobError
+from state.parse import make_parser
+from state.wheel import CHUNK_SEP, WheelConfig, make_wheel
+from streaming.kafka_config import spark_options
+from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
+
+if TYPE_CHECKING:
+    from sinks.cold import ColdTier
+
+log = logging.getLogger(__name__)
+
+def rules_of(settings: Settings) -> Rules:
+    return Rules(
+        level_delays_ms=settings.level_delays_ms,
+        intake_topic=settings.intake_topic,
+        dlq_topic=settings.dlq_topic,
+        allowed_topics=settings.allowed_topic_set,
+        max_delay_ms=settings.max_delay_ms,
+        clock_tolerance_ms=settings.clock_tolerance_ms,
+        near_horizon_ms=settings.near_horizon_ms,
+        cold_bucket_ms=settings.cold_bucket_ms,
+    )
+
+
+def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelConfig:
+    return WheelConfig(
+        level_delays_ms=settings.level_delays_ms,
+        slot_ms=settings.slot_ms,
+        lead_ms=settings.fire_lead_ms,
+        lead_per_message_us=settings.fire_lead_per_message_us,
+        watermark_delay_ms=settings.late_tolerance_ms,
+        first_watermark_ms=first_watermark_ms,
+        max_delay_ms=settings.max_delay_ms,
+        dlq_topic=settings.dlq_topic,
+    )
+
+
+def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
+    reader = (spark.readStream.format("kafka")
+              .options(**spark_options(settings))
+              .option("subscribe", settings.intake_topic)
+              .option("startingOffsets", "earliest")
+              .option("includeHeaders", "true")
+              # Intake data deleted before it was read is a loss: stop and say so.
+              .option("failOnDataLoss", "true"))
+    if settings.max_offsets_per_trigger > 0:
+        reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
+    return reader.load().select(
+        "key", "value",
+        F.col("partition").alias("ipart"),
+        F.col("offset").alias("ioff"),
+        F.unix_millis("timestamp").alias("append_ms"),
+        "headers",
+    )
+
+
+def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None,
+                 overdue_before_ms: int = 0, first_watermark_ms: int = 0,
+                 balance_timers: bool = True) -> DataFrame:
+    """The fired output of the wheel: rows of the OUTPUT layout, once per batch. `source`,
+    in the layout of `intake_stream`, replaces the intake topic (the class data training).
+    Level messages due before `overdue_before_ms` pass through without state (the
+    checkpoint's first start: `streaming.checkpoint.started_ms`); `first_watermark_ms` stands
+    in for a new query's missing watermark (`WheelConfig`). Both 0: neither. Timer groups are
+    numbered by `balance_timers`'s rule (`streaming.checkpoint.balance_timers`)."""
+    spread = settings.spark_shuffle_partitions
+    source = intake_stream(spark, settings) if source is None else source
+    parsed = source.mapInArrow(
+        make_parser(rules_of(settings), settings.slot_ms, spread,
+                    overdue_before_ms=overdue_before_ms, balance_timers=balance_timers),
+        ENVELOPE_SPARK)
+    timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
+             .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
+    config = wheel_config_of(settings, first_watermark_ms)
+    groups = timed.groupBy("bucket", "slot")
+    if settings.wheel_operator == "transformWithState":
+        from state.processor import WheelProcessor
+        fired = groups.transformWithStateInPandas(WheelProcessor(config), WHEEL_OUT_SPARK,
+                                                  "Append", "EventTime")
+    else:
+        fired = groups.applyInPandasWithState(make_wheel(config), WHEEL_OUT_SPARK, STATE_SPARK,
+                                              "append", GroupStateTimeout.EventTimeTimeout)
+    return with_kafka_headers(fired)
+
+
+def with_kafka_headers(fired: DataFrame) -> DataFrame:
+    """The wheel's rows with the headers written to Kafka: the message's own (zipped back from
+    the wheel's name and value lists), then UNIQ_KEY and DELIVER_MS on a delivery, DLQ_REASON
+    on a dead letter. Done here, in the JVM, rather than per row in Python."""
+    own = F.zip_with("hkeys", "hvals", lambda k, v: F.struct(k.alias("key"), v.alias("value")))
+    kind = F.col("kind")
+    headers = (F.when(kind == "deliver", F.concat(own, F.array(
+                   header_struct(H.UNIQ_KEY, F.col("uniq_key")),
+                   header_struct(H.DELIVER_MS, F.col("due_ms").cast("string")))))
+               .when(kind == "dead", F.concat(own, F.array(
+                   header_struct(H.DLQ_REASON, F.col("reason")))))
+               .otherwise(own))
+    return fired.select(*(headers.alias(name) if name == "headers" else F.col(name)
+                          for name in OUTPUT_SPARK.fieldNames()))
+
+
+@dataclass
+class BatchWriter:
+    """foreachBatch: the batch kept (`kept`), written to the ready topic and counted in one
+    Spark job, then handed to the cold tier and every other sink."""
+
+    kafka: ReadySink
+    sinks: list[BatchSink] = field(default_factory=list)
+    on_batch: Callable[[BatchSummary], None] | None = None
+    cold: "ColdTier | None" = None
+    # The first call of this writer: when it began (time.monotonic) and its step timings,
+    # for the start-up report.
+    first: tuple[float, dict] | None = None
+    # A clean stop (DelayJob.stop): the last batch begun, and whether one was asked for.
+    begun: int | None = None
+    closed: bool = False
+    # When the query's stop was called (time.monotonic), for a batch waiting for it.
+    stopping: float | None = None
+    # Set when a batch that began after the close waits for the stop.
+    parked: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def close(self) -> int | None:
+        """No batch begins its work after this call: the id of the last that did, or None."""
+        with self._lock:
+            self.closed = True
+            return self.begun
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            closed = self.closed
+            if not closed:
+                self.begun = batch_id
+        if closed:
+            self.parked.set()
+            wait_for_the_stop(batch.sparkSession, batch_id, lambda: self.stopping)
+        batch, release = kept(batch)
+        clock = time.monotonic()
+        timings: dict[str, float] = {}
+        if self.first is None:
+            self.first = (clock, timings)
+
+        def lap(step: str) -> None:
+            nonlocal clock
+            now = time.monotonic()
+            timings[step] = round(now - clock, 3)
+            clock = now
+        try:
+            summary = BatchSummary(batch_id, int(time.time() * 1000), timings=timings)
+            # The batch's one Spark job: it computes the batch, writes what fired and counts
+            # every row for the sinks and the metrics (sinks/ready.py).
+            sent = self.kafka.write_batch(batch, summary)
+            lap("kafka")
+            if self.cold is not None:
+                self.cold.park(batch, summary)
+                self.cold.advance(summary)
+                lap("cold")
+            if summary.sends:
+                for sink in self.sinks:
+                    sink.write_batch(sent, summary)
+                    lap(sink.name)
+            if self.on_batch:
+                self.on_batch(summary)
+        finally:
+            release()
+
+
+# How long a batch begun after a stop was asked waits for it (DelayJob.stop asks for it within
+# its grace period); past this the batch fails, having sent nothing.
+STOP_WAIT_MS = 10 * 60 * 1000
+# It waits in slices this long, and interrupts itself once the stop has been under way for
+# STOP_INTERRUPT_AFTER_S without its interruption reaching the wait.
+STOP_SLICE_MS = 500
+STOP_INTERRUPT_AFTER_S = 1.0
+
+
+def wait_for_the_stop(spark: SparkSession, batch_id: int,
+                      stopping: Callable[[], float | None] = lambda: None,
+                      clock: Callable[[], float] = time.monotonic) -> None:
+    """A batch that began after a stop was asked sends nothing: it waits in the JVM, on the
+    query's own thread (PySpark pins a callback's JVM calls to it), until the query's stop
+    interrupts it. Spark takes that interruption as a clean stop (SPARK-39218); the batch is
+    not committed, and the stop removes its offsets so the next start plans it anew.
+
+    Spark's stop interrupts the thread once. In one full test run that interruption never
+    reached the wait (it came while the thread was elsewhere, and was spent there): the wait
+    slept on and the stop gave up after its 30 s. So the wait sleeps in slices, and once
+    `stopping()` (when DelayJob.stop called the query's stop, by `clock`) is
+    STOP_INTERRUPT_AFTER_S old, by which time Spark has marked the query terminated, the thread
+    interrupts itself: the same interruption, the same clean stop."""
+    jvm = spark._jvm
+    deadline = clock() + STOP_WAIT_MS / 1000
+    try:
+        while clock() < deadline:
+            asked = stopping()
+            if asked is not None and clock() - asked >= STOP_INTERRUPT_AFTER_S:
+                jvm.java.lang.Thread.currentThread().interrupt()
+            jvm.java.lang.Thread.sleep(STOP_SLICE_MS)
+    except Exception as e:   # the stop's interruption, which Spark must see as it is
+        e.delayq_stop = True
+        raise
+    raise JobError(f"batch {batch_id} waited {STOP_WAIT_MS // 1000} s for the job's stop")
+
+
+class _QuietStop(logging.Filter):
+    """py4j logs, at ERROR with its traceback, the interruption a batch waiting for the stop
+    ends with: the expected end of a clean stop, not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not getattr(exc, "delayq_stop", False)
+
+
+logging.getLogger("py4j.clientserver").addFilter(_QuietStop())
+
+
+def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
+    """The batch computed once by its first action and kept for the next, and the call that
+    drops it. The wheel must not run twice for one batch, so every sink reads the rows kept.
+
+    They are kept as rows (a lazy local checkpoint, serialized, in memory and spilled to
+    disk), not in Spark's cache: `persist` builds the cache's columns row by row, copying each
+    payload out of its row to learn its size and again into a column buffer, which took a
+    fifth of the Spark JVM's samples in a drain (docs/benchmarks.md); a kept row is written
+    whole. Unlike a cached batch, a kept one is never computed again: Spark fails a job that
+    finds a local checkpoint's block lost (an executor gone, on a cluster), and the batch then
+    runs again from the checkpoint, as after any failed batch (`lost_kept_rows`: the runner
+    starts the job again in the same process)."""
+    kept = batch.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
+    rows = kept._jdf.queryExecution().logical().rdd()
+
+    def release() -> None:
+        # Best effort: by now the batch is sent. A stop of the query interrupts this call (an
+        # RPC to the block manager); failing the batch for it would send it all again after
+        # the restart (seen in tests/integration/test_delivery.py).
+        try:
+            rows.unpersist(False)
+        except Exception as e:
+            log.warning("could not drop a batch's kept rows: %s", str(e).splitlines()[0])
+    return kept, release
+
+
+def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None,
+                     default_operator: str = "applyInPandasWithState") -> dict[int, int]:
+    """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
+    `batch_id` (the last one when None), read with Spark's state data source; {} for a
+    checkpoint without state."""
+    from sinks import store
+
+    root = store.path(checkpoint)
+    if not (root / "state" / "0").is_dir() or not (root / "commits").is_dir():
+        return {}
+    groups = wheel_state(spark, checkpoint, "count", batch_id, default_operator)
+    rows = groups.groupBy("bucket").agg(F.sum("count").alias("n")).collect()
+    return {int(r["bucket"]): int(r["n"] or 0) for r in rows}
+
+
+def wheel_state(spark: SparkSession, checkpoint: str, part: str, batch_id: int | None = None,
+                default_operator: str = "applyInPandasWithState") -> DataFrame:
+    """The checkpoint's wheel state read with Spark's state data source, whichever operator
+    wrote it (its stamp says; `default_operator` where it has none): columns bucket, slot and
+    `count` (one row per group) or `chunk` (one row per chunk of a group's messages,
+    state/wheel.py decode)."""
+    from streaming.checkpoint import wheel_operator_of
+
+    spark.streams.active  # the state reader needs the state store coordinator
+    reader = spark.read.format("statestore")
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    key = [F.col("key.bucket").alias("bucket"), F.col("key.slot").alias("slot")]
+    if wheel_operator_of(checkpoint, default_operator) == "transformWithState":
+        if part == "count":
+            return (reader.option("stateVarName", "meta").load(checkpoint)
+                    .select(*key, F.col("value.count").alias("count")))
+        return (reader.option("stateVarName", "chunks").load(checkpoint)
+                .select(*key, F.col("list_element.chunk").alias("chunk")))
+    groups = reader.load(checkpoint)
+    if part == "count":
+        return groups.select(*key, F.col("value.groupState.count").alias("count"))
+    return groups.select(*key, F.explode(F.split("value.groupState.blob", re.escape(CHUNK_SEP))).alias("chunk"))
