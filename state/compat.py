@@ -78,8 +78,7 @@ _patch_zip_invalidation()
 # before Arrow reads it. The wheel returns its messages' header names and values as such
 # columns, each row a NumPy array (Arrow's own `to_pandas` of the state) or a list, which
 # Arrow reads as they are: for 10,000 rows the two columns took 18-21 ms with the call and
-# under 2 ms without it, of 29-33 ms for the whole frame (docs/benchmarks.md, "The wheel's output
-# frames and the parse's common rows").
+# under 2 ms without it, of 29-33 ms for the whole frame (measured on the 2-core host).
 # So a list of strings or of bytes goes to Arrow directly; anything Arrow refuses takes
 # PySpark's own path, as before. Remove when PySpark hands such columns to Arrow itself.
 def _patch_flat_list_columns() -> None:

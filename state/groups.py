@@ -3,8 +3,7 @@
 Kept apart from the wheel's own imports (pandas, pyarrow, numpy): transformWithStateInPandas
 plans a query by running the stateful processor's `init` in a Python process of its own on
 the driver, which imports what the pickled processor names (state/processor.py). With the
-wheel's imports that was 0.34-0.50 s more of a start's planning on an idle host
-(docs/benchmarks.md, "The Python workers started before the first batch").
+wheel's imports that was 0.34-0.50 s more of a start's planning on an idle 2-core host.
 """
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ class WheelConfig:
 # one state value holds a whole burst (500,000 timers due in the same second), and a cancel,
 # which names the UNIQ_KEY, still finds its group. A level's slot is one group: its messages
 # arrive spread over time, and splitting it made the steady benchmark's batches slower (more,
-# smaller groups; docs/benchmarks.md).
+# smaller groups).
 TIMER_PARTS = 8
 
 

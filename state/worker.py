@@ -4,7 +4,7 @@ PySpark reuses a worker process for task after task and runs a full `gc.collect(
 (`pyspark/daemon.py`, when SPARK_REUSE_WORKER is set). A full collection walks every object
 the process tracks; with pandas, pyarrow, numpy and PySpark imported that is about 76,000
 objects, 37 ms, so every task of the job cost about 40 ms of a core however few its rows
-(docs/benchmarks.md, "The Python workers' collection after every task").
+(measured on the 2-core host).
 
 `settle()`, called by each function the job hands to a worker (the parse and the
 wheel), collects once and then freezes what the worker holds at its first task (`gc.freeze`):

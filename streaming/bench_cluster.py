@@ -52,8 +52,8 @@ def per_executor(senders: dict[str, int], cluster_home: Path) -> dict[str, int]:
 
 
 def run(bench) -> dict:
-    from streaming.bench import (STARTED, Load, _topic, _wait_for_line, child_env,
-                                 stop_child)
+    from streaming.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
+    from streaming.cli import STARTED
     from streaming.process import free_ports
 
     settings, plan, work = bench.settings, bench.plan, bench.work
@@ -74,8 +74,8 @@ def run(bench) -> dict:
                  "--total-executor-cores", str(WORKERS * SLOTS)],
                 env=env, cwd=Path(__file__).resolve().parents[1], stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_for_line(job, log, STARTED, timeout_s=300)
-        load = Load(settings, work, _topic(bench.admin, "bench-cluster"), "cluster")
+        wait_for_line(job, log, STARTED, timeout_s=300)
+        load = Load(settings, work, fresh_topic(bench.admin, "bench-cluster"), "cluster")
         count = int(plan.rate * plan.seconds)
         longest = max(settings.level_delays_ms[lv - 1] for lv in plan.levels)
         load.start_reader(timeout_s=plan.seconds + longest / 1000 + 600)

@@ -19,8 +19,8 @@ FIRST_LOAD_S = 60.0
 
 
 def run(bench) -> dict:
-    from streaming.bench import (STARTED, Load, _topic, _wait_for_line, child_env,
-                                 stop_child)
+    from streaming.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
+    from streaming.cli import STARTED
     from streaming.process import free_ports
 
     settings, plan, work = bench.settings, bench.plan, bench.work
@@ -37,9 +37,9 @@ def run(bench) -> dict:
             job = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
                                    cwd=Path(__file__).resolve().parents[1], stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_for_line(job, log, STARTED, timeout_s=300)
+        wait_for_line(job, log, STARTED, timeout_s=300)
         started = re.findall(rb"delayq started in ([\d.]+) s", log.read_bytes())
-        load = Load(settings, work, _topic(bench.admin, "bench-first"), "first")
+        load = Load(settings, work, fresh_topic(bench.admin, "bench-first"), "first")
         count = int(plan.rate * FIRST_LOAD_S)
         longest = max(settings.level_delays_ms[lv - 1] for lv in plan.levels)
         load.start_reader(timeout_s=FIRST_LOAD_S + longest / 1000 + 600)

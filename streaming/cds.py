@@ -2,8 +2,8 @@
 (Spark SQL and streaming, RocksDB state, Arrow, Delta), stored once by `deploy/setup.sh` and
 mapped by every later JVM instead of being loaded and verified from the jars again.
 
-Measured on the project's 2-core machine (`docs/benchmarks.md`): a Spark session in 3.0–3.4 s
-instead of 5.0–5.7 s, and its first job and first Delta write about a second faster each.
+Measured on the project's 2-core machine: a Spark session in 3.0–3.4 s instead of 5.0–5.7 s,
+and its first job and first Delta write about a second faster each.
 
 The archive is JDK 17's dynamic archive (`-XX:ArchiveClassesAtExit`), written when a training
 JVM exits. It is only valid for the Java and the jars it was made with, so its name carries a

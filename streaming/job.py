@@ -229,8 +229,7 @@ class DelayJob:
     def _warm_python_workers(self) -> None:
         """One task per core that starts a Python worker (and, on a new JVM, their daemon) and
         imports the job's modules in it (state.worker.warm): a restarted job's first batch
-        spent 2.6 s of its 13.9 s there, in its parse stage (docs/benchmarks.md, "The Python
-        workers started before the first batch"). Spark reuses the workers for the query's
+        spent 2.6 s of its 13.9 s there, in its parse stage (measured on the 2-core host). Spark reuses the workers for the query's
         tasks. A failure here costs only that time again, so it is logged, never raised."""
         began = time.monotonic()
         context = self.spark.sparkContext

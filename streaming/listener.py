@@ -5,7 +5,7 @@ PySpark turns every listener event into Python objects field by field, one call 
 per field and per metric (`StreamingQueryProgress.fromJObject`): 55-70 ms per report and
 listener, measured on this host, on the driver's Python and its gateway while the next batch
 starts. Asking the JVM for the report's JSON is one call (0.6 ms), and JSON is what both
-listeners read anyway (docs/benchmarks.md).
+listeners read anyway.
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def spark_master(settings: Settings) -> str:
     partition, so the ledger query's tasks (seconds each) never make the wheel's wait for a
     slot; otherwise as set. At 5,000 msg/s on the 2-core host, the ledger query's two tasks
     in the wheel's slots (local[5]) put 10 s messages' p99 lateness at 761 ms, beside them
-    (local[6]) at 167 ms (docs/benchmarks.md)."""
+    (local[6]) at 167 ms."""
     if settings.spark_master != "local[*]":
         return settings.spark_master
     cores = max(os.cpu_count() or 1, settings.spark_shuffle_partitions)
@@ -100,8 +100,8 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Delta rebuilds the ledger's snapshot after every commit with this many tasks
-        # (default 50). Its state is a few thousand log actions: one task does it, and the
-        # ledger step of a delivery batch fell from 3.4 s to 0.9 s (median; docs/benchmarks.md).
+        # (default 50). Its state is a few thousand log actions: one task does it (a ledger
+        # commit's step fell from 3.4 s to 0.9 s, median, measured on the 2-core host).
         "spark.databricks.delta.snapshotPartitions": "1",
         "spark.sql.warehouse.dir": str(settings.data_path / "warehouse"),
         "spark.sql.session.timeZone": "UTC",
@@ -115,9 +115,8 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # restart that runs a batch again (SPARK-55271, Spark 4.1.1: they read offsets only
         # the next batch's planning sets), which failed the query after that batch with the
         # exception in the log, and the job started the query again (5.6-7.9 s on this
-        # project's machine; the first new delivery did not come measurably sooner without it,
-        # docs/benchmarks.md, "A restart's first deliveries"). The V1 source reports no such
-        # metrics.
+        # project's machine; the first new delivery did not come measurably sooner without
+        # it). The V1 source reports no such metrics.
         "spark.sql.streaming.disabledV2MicroBatchReaders": KAFKA_PROVIDER,
         # Kafka is written through Spark's V2 writer, whose plan holds the written query: an
         # Observation on it (sinks/ready.py counts a batch's rows so, in the write's own job)
@@ -127,14 +126,14 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         # One pool of Python workers instead of two: Spark keeps a daemon and its workers per
         # distinct worker environment, and only some of its Python runners set
         # SPARK_SIMPLIFIED_TRACEBACK in theirs, so the job's executor ran two daemons, each
-        # with its own workers and their imports (docs/benchmarks.md).
+        # with its own workers and their imports.
         # A Python error's traceback then keeps PySpark's own frames.
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         # The JVM and its Python workers talk over a Unix domain socket, not loopback TCP.
         # Neither side of Spark's TCP socket sets TCP_NODELAY, and each side of a task waited
         # on the other with no CPU spent (small writes held by Nagle, most likely): an idle
         # job's batch took 404 ms on TCP and 250 ms on this socket, its Python stages' tasks
-        # 31-61 ms instead of 110-160 (docs/benchmarks.md, "The Python workers' socket").
+        # 31-61 ms instead of 110-160 (measured on the 2-core host).
         PYTHON_UNIX_SOCKET: "true",
         # The driver's Python and the workers' Python must be the same interpreter.
         "spark.pyspark.python": sys.executable,

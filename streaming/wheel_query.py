@@ -246,7 +246,7 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
     They are kept as rows (a lazy local checkpoint, serialized, in memory and spilled to
     disk), not in Spark's cache: `persist` builds the cache's columns row by row, copying each
     payload out of its row to learn its size and again into a column buffer, which took a
-    fifth of the Spark JVM's samples in a drain (docs/benchmarks.md); a kept row is written
+    fifth of the Spark JVM's samples in a drain on the 2-core host; a kept row is written
     whole. Unlike a cached batch, a kept one is never computed again: Spark fails a job that
     finds a local checkpoint's block lost (an executor gone, on a cluster), and the batch then
     runs again from the checkpoint, as after any failed batch (`lost_kept_rows`: the runner

@@ -68,7 +68,7 @@ def test_a_level_shorter_than_the_fire_lead_skips_the_wheels_state(
     is read fires in the batch that reads it: a 6 s level's messages wait in their dispatch task,
     on time and never early, without a trip through the wheel's state (no batch adds them to
     its pending count). With a lead of 4 s each one would wait in the state for a batch or more
-    (docs/benchmarks.md, "A fire lead longer than the short levels")."""
+    (docs/performance.md, `fire_lead_ms`)."""
     settings = job_settings(delay_levels="1s 6s")
     assert settings.fire_lead_ms == 12_000, "the default lead"
     real = new_topic(**LOG_APPEND)

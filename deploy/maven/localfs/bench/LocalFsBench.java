@@ -8,7 +8,7 @@ import org.apache.hadoop.fs.Path;
 /**
  * The cost of one checkpoint file on the local file system: written to a temporary name
  * (with its .crc) and renamed into place, as Spark's FileSystem checkpoint manager does.
- * Run from the project root, once per class, as a single-file program (docs/benchmarks.md):
+ * Run from the project root, once per class, as a single-file program:
  *
  *   java -Xmx4g -cp ".lib/localfs/*:.venv/lib/python3.11/site-packages/pyspark/jars/*" \
  *     deploy/maven/localfs/bench/LocalFsBench.java CLASS FOLDER FILES
