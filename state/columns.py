@@ -89,8 +89,4 @@ WHEEL_OUT = pa.schema([
 # the executors' Java samples in a 20k msg/s profile) but writes ASCII text in one copy.
 STATE = pa.schema([("blob", pa.string()), ("count", pa.int32()), ("earliest_ms", pa.int64())])
 # Bumped whenever STATE or PENDING change: a checkpoint holding another format is refused.
-# Format 4 (the state's text in chunks, state/wheel.py CHUNK_SEP) reads format 3's single
-# chunk as it is; a start on a format 3 checkpoint stamps it 4, after which an older delayq
-# refuses it.
 STATE_FORMAT = 4
-READS_FORMATS = (3, 4)

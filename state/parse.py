@@ -66,8 +66,7 @@ def _printable(edge: pa.Array) -> pa.Array:
 
 def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, values: pa.Array,
             ipart: np.ndarray, ioff: np.ndarray, append: np.ndarray, rules: Rules,
-            slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int,
-            balance_timers: bool = True) -> dict:
+            slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> dict:
     """`parse`, `group_of` and the overdue rule of `parse_batch`, at once, for the batch's
     common rows: REAL_TOPIC once, one delay header (DELAY or a timer's), UNIQ_KEY at most
     once, no other control header, and values the per-row rules take as they are. Returns the
@@ -153,7 +152,7 @@ def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, va
                     np.where(cold, spread_of[BUCKET_COLD], spread_of[BUCKET_NOW]))
     timers = np.nonzero(delay & (level < 0))[0]
     if len(timers):
-        slot[timers] = timer_slots(due[timers], uniq[timers], slot_ms, spread, balance_timers)
+        slot[timers] = timer_slots(due[timers], uniq[timers], slot_ms, spread)
     return {
         "rows": rows, "kind": kind.astype(object), "level": level, "due_ms": due,
         "bucket": np.where(delay, level, np.where(cold, BUCKET_COLD, BUCKET_NOW)),
@@ -162,8 +161,7 @@ def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, va
 
 
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
-                now_ms: int, overdue_before_ms: int = 0, common: bool = True,
-                balance_timers: bool = True) -> pa.RecordBatch:
+                now_ms: int, overdue_before_ms: int = 0, common: bool = True) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns.
 
     A level message due before `overdue_before_ms` (the moment the checkpoint's query first
@@ -178,8 +176,7 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     from the cold tier keep to the wheel.
 
     The common rows are parsed for the whole batch at once (`_common`); with `common=False`
-    every row takes the per-row rules (the tests compare the two). `balance_timers`: see
-    `state.wheel.group_of`."""
+    every row takes the per-row rules (the tests compare the two)."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
     row_of = np.repeat(np.arange(n), counts)
@@ -190,8 +187,7 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     control = pc.fill_null(pc.is_in(names, value_set=_CONTROL), False).to_numpy(
         zero_copy_only=False)
     fast = _common(n, row_of, control, names, values, numbers["ipart"], numbers["ioff"],
-                   numbers["append_ms"], rules, slot_ms, spread, now_ms, overdue_before_ms,
-                   balance_timers) \
+                   numbers["append_ms"], rules, slot_ms, spread, now_ms, overdue_before_ms) \
         if common else {"rows": np.zeros(0, np.int64)}
 
     cols: dict[str, np.ndarray] = {name: np.empty(n, dtype=object) for name in
@@ -218,7 +214,7 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
             kind = Kind.NOW
         cols["bucket"][i], cols["slot"][i] = group_of(
             kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
-            env.cancel_key if kind == Kind.CANCEL else env.uniq_key, balance_timers)
+            env.cancel_key if kind == Kind.CANCEL else env.uniq_key)
         cols["kind"][i] = kind.value
         cols["level"][i] = env.level
         cols["due_ms"][i] = env.due_ms
@@ -252,14 +248,13 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
 
 
 def make_parser(rules: Rules, slot_ms: int, spread: int,
-                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0,
-                balance_timers: bool = True):
+                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0):
     """The function handed to mapInArrow."""
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
         for batch in batches:
             yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000),
-                              overdue_before_ms, balance_timers=balance_timers)
+                              overdue_before_ms)
 
     return parse_batches

@@ -35,13 +35,11 @@ _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKE
 
 
 def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
-             slot_ms: int, spread: int, uniq_key: str = "",
-             balance_timers: bool = True) -> tuple[int, int]:
+             slot_ms: int, spread: int, uniq_key: str = "") -> tuple[int, int]:
     """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A wheel
     group is the due slot times its bucket's parts plus the part of `uniq_key` (for a cancel,
     the UNIQ_KEY it cancels); a level's slot number is its group. A timer's is the group's
-    `balanced_slot`, so a slot's parts take the `spread` state partitions in turn, or, with
-    `balance_timers` off (checkpoints started before it), the group itself. Pass-through rows
+    `balanced_slot`, so a slot's parts take the `spread` state partitions in turn. Pass-through rows
     go, by intake offset, to one of `spread` groups that Spark runs on `spread` different state
     partitions (`spread` is the shuffle partitions; state/placement.py).
 
@@ -53,19 +51,16 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
         return passing, spread_slots(passing, spread)[ioff % spread]
     if parts_of(level) > 1:
         return level, int(timer_slots(np.array([due_ms], np.int64), np.array([uniq_key]),
-                                      slot_ms, spread, balance_timers)[0])
+                                      slot_ms, spread)[0])
     return level, slot_of(due_ms, slot_ms)
 
 
-def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int,
-                balance_timers: bool = True) -> np.ndarray:
+def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int) -> np.ndarray:
     """The slot numbers of timers' wheel groups: a due slot's TIMER_PARTS parts by UNIQ_KEY,
-    each numbered by `balanced_slot` (or, with `balance_timers` off, the group itself). The one
+    each numbered by `balanced_slot`. The one
     rule for both of the parse's paths (`group_of` calls it for one timer)."""
     groups = (due_ms // slot_ms) * TIMER_PARTS + np.fromiter(
         (part_of(k, TIMER_PARTS) for k in uniq_keys), np.int64, len(uniq_keys))
-    if not balance_timers:
-        return groups
     distinct, back = np.unique(groups, return_inverse=True)
     return np.array([balanced_slot(BUCKET_TIMER, int(g), spread) for g in distinct],
                     dtype=np.int64)[back]

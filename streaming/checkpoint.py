@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from conf.settings import Settings
-from state.columns import READS_FORMATS, STATE_FORMAT
+from state.columns import STATE_FORMAT
 from state.errors import JobError
 from sinks import store
 from sinks.store import HadoopPath
@@ -28,10 +28,6 @@ from streaming.offsets import last_committed_batch
 log = logging.getLogger(__name__)
 
 STAMP = "delayq.json"
-# The wheel's operator of a checkpoint stamped before the setting existed: the only one then.
-FIRST_OPERATOR = "applyInPandasWithState"
-# How the checkpoint's timer groups are numbered, by whether they are balanced (`balance_timers`).
-TIMER_GROUPS = {True: "balanced", False: "hashed"}
 # Settings frozen into the checkpoint: the wheel's grouping (levels, slot width), Spark's
 # state partitioning, the watermark's delay and the cold tier's bucket layout.
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "spark_shuffle_partitions",
@@ -110,7 +106,7 @@ def _is_json(line: str) -> bool:
 def format_refusal(stamp: dict, path: Path) -> str | None:
     """Why a checkpoint's wheel state cannot be read by this version, or None."""
     was = stamp.get("state_format", 1)
-    if was in READS_FORMATS:
+    if was == STATE_FORMAT:
         return None
     return (f"checkpoint {path} holds wheel state in format {was}; this delayq reads format "
             f"{STATE_FORMAT}. Let that checkpoint drain with the delayq version that wrote it, "
@@ -165,23 +161,22 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
     return "resume"
 
 
-def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0,
-                balance_timers: bool = True) -> None:
-    """The stamp, with `started_ms` and `balance_timers`: see those functions."""
+def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> None:
+    """The stamp, with `started_ms` (see that function)."""
     store.write_atomic(store.path(checkpoint) / STAMP, json.dumps(
         {"settings": fingerprint(settings), "state_format": STATE_FORMAT,
-         "wheel_operator": settings.wheel_operator, "started_ms": started_ms,
-         "timer_groups": TIMER_GROUPS[balance_timers]}, indent=1) + "\n")
+         "wheel_operator": settings.wheel_operator, "started_ms": started_ms},
+        indent=1) + "\n")
 
 
 def wheel_operator_of(checkpoint: str, default: str) -> str:
-    """The Spark operator that keeps the checkpoint's wheel state, from its stamp (a stamp
-    older than the setting: the only operator then); `default` where there is no stamp."""
+    """The Spark operator that keeps the checkpoint's wheel state, from its stamp; `default`
+    where there is no stamp."""
     stamp_file = store.path(checkpoint) / STAMP
     if not stamp_file.exists():
         return default
     try:
-        return json.loads(stamp_file.read_text()).get("wheel_operator", FIRST_OPERATOR)
+        return json.loads(stamp_file.read_text()).get("wheel_operator", default)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
                               f"{exc}") from None
@@ -207,7 +202,7 @@ def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
     without state (`state.parse`). That keeps due order only if it held from the checkpoint's
     first batch: then the state never held a level message due before it. So it is `now_ms`
     for a fresh checkpoint and the stamp's value for a resumed one; 0 (nothing passes) for a
-    checkpoint stamped before it was kept."""
+    checkpoint without a stamp."""
     if verdict == "fresh":
         return now_ms
     stamp_file = store.path(checkpoint) / STAMP
@@ -216,23 +211,6 @@ def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
     try:
         return int(json.loads(stamp_file.read_text()).get("started_ms", 0))
     except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
-                              f"{exc}") from None
-
-
-def balance_timers(checkpoint: str, verdict: str) -> bool:
-    """Whether this run numbers a timer's wheel group by `state.placement.balanced_slot`
-    (`state.wheel.group_of`). A cancel finds the timer it names by the rule that timer was
-    held under, so a checkpoint keeps the rule it started with: balanced for a fresh
-    checkpoint, the stamp's rule for a resumed one (stamped before there was a choice: hashed)."""
-    if verdict == "fresh":
-        return True
-    stamp_file = store.path(checkpoint) / STAMP
-    if not stamp_file.exists():
-        return False
-    try:
-        return json.loads(stamp_file.read_text()).get("timer_groups") == TIMER_GROUPS[True]
-    except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
                               f"{exc}") from None
 

@@ -116,8 +116,7 @@ class DelayJob:
         operator = ckpt.operator_for(self.settings, self.checkpoint, verdict)
         if operator != self.settings.wheel_operator:
             self.settings = self.settings.model_copy(update={"wheel_operator": operator})
-        balance_timers = ckpt.balance_timers(self.checkpoint, verdict)
-        ckpt.write_stamp(self.settings, self.checkpoint, started_ms, balance_timers)
+        ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
         self._step("checkpoint")
         partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin,
                                                    max(largest, 1_048_576))
@@ -170,8 +169,7 @@ class DelayJob:
                                                self.metrics, name=f"{self.query_name}-ledger")
         self._step("dispatch")
         self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
-                                   first_watermark_ms=now_ms,
-                                   balance_timers=balance_timers).writeStream
+                                   first_watermark_ms=now_ms).writeStream
                       .queryName(self.query_name)
                       .foreachBatch(writer)
                       .option("checkpointLocation", self.checkpoint)

@@ -80,19 +80,17 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
 
 
 def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None,
-                 overdue_before_ms: int = 0, first_watermark_ms: int = 0,
-                 balance_timers: bool = True) -> DataFrame:
+                 overdue_before_ms: int = 0, first_watermark_ms: int = 0) -> DataFrame:
     """The fired output of the wheel: rows of the OUTPUT layout, once per batch. `source`,
     in the layout of `intake_stream`, replaces the intake topic (the class data training).
     Level messages due before `overdue_before_ms` pass through without state (the
     checkpoint's first start: `streaming.checkpoint.started_ms`); `first_watermark_ms` stands
-    in for a new query's missing watermark (`WheelConfig`). Both 0: neither. Timer groups are
-    numbered by `balance_timers`'s rule (`streaming.checkpoint.balance_timers`)."""
+    in for a new query's missing watermark (`WheelConfig`). Both 0: neither."""
     spread = settings.spark_shuffle_partitions
     source = intake_stream(spark, settings) if source is None else source
     parsed = source.mapInArrow(
         make_parser(rules_of(settings), settings.slot_ms, spread,
-                    overdue_before_ms=overdue_before_ms, balance_timers=balance_timers),
+                    overdue_before_ms=overdue_before_ms),
         ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))

@@ -153,57 +153,6 @@ def test_far_future_messages_survive_a_restart_and_the_roll_from_the_cold_tier(
     assert all(k != "DELAYQ_ROLLED" for r in records for k, _ in r.headers)
 
 
-def test_a_checkpoint_stamped_before_balanced_timer_groups_keeps_its_rule_and_cancels_land(
-        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log, work_dir):
-    """A checkpoint whose stamp predates the choice of timer-group rule (no `timer_groups`)
-    holds its timers in hashed groups: a job resumed on it keeps that rule across restarts, so a
-    cancel sent after a restart finds the timer sent before it (under the balanced rule it
-    would name another group: `cancel_unknown`, and the timer would be delivered)."""
-    import json
-    from pathlib import Path
-
-    from state.envelope import Kind
-    from state.wheel import BUCKET_TIMER, group_of
-    from streaming.checkpoint import STAMP
-
-    settings = job_settings()
-    real = new_topic(**LOG_APPEND)
-    checkpoint = str(work_dir / f"ckpt-hashed-{settings.intake_topic}")
-    start_job(settings, checkpoint=checkpoint).stop()
-    stamp = Path(checkpoint) / STAMP
-    fields = json.loads(stamp.read_text())
-    assert fields.pop("timer_groups") == "balanced", "a fresh checkpoint balances"
-    stamp.write_text(json.dumps(fields))       # as a checkpoint stamped before the choice
-    taken = []
-    job = start_job(settings, checkpoint=checkpoint, on_batch=taken.append)
-    with DelayProducer(settings) as producer:
-        handles = [producer.send(real, f"t{i}".encode(), delay_ms=60_000) for i in range(4)]
-    # Held by this run: in its wheel's state, not left in the intake for the next run to read.
-    from tests.support import assert_eventually
-    assert_eventually(lambda: sum(n for s in taken for n in s.received_by_level.values()) >= 4,
-                      timeout_s=60, message="the timers taken into the wheel")
-    job.stop()
-    assert json.loads(stamp.read_text())["timer_groups"] == "hashed", "kept by the restart"
-    summaries = []
-    start_job(settings, checkpoint=checkpoint, on_batch=summaries.append)
-    cancelled, sent = handles[::2], {}
-    for h in cancelled:
-        hashed, balanced = (group_of(Kind.DELAY, BUCKET_TIMER, h.due_ms, 0, 0, settings.slot_ms,
-                                     settings.spark_shuffle_partitions, h.uniq_key, rule)
-                            for rule in (False, True))
-        assert hashed != balanced, "the two rules name different groups"
-    with DelayProducer(settings) as producer:
-        for h in cancelled:
-            producer.cancel(h)
-    for i, h in enumerate(handles):
-        if h not in cancelled:
-            sent[h.uniq_key] = Sent(None, f"t{i}".encode(), [], h.due_ms)
-    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=120, idle_s=4)
-    check_deliveries(records, sent, lateness_log=lateness_log)
-    assert sum(s.count("cancelled") for s in summaries) == len(cancelled)
-    assert sum(s.count("cancel_unknown") for s in summaries) == 0
-
-
 # The cold tier in seconds: timers 30 s out wait there (horizon 14 s, buckets of 2 s) and roll
 # into the wheel 14-16 s before they are due, a batch later; a 2 s fire lead leaves a cancel
 # several seconds to reach a rolled timer in the wheel, on a slow day too.

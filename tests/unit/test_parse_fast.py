@@ -88,12 +88,11 @@ def test_the_common_rows_parse_as_the_per_row_rules_parse_them(
     append = [base_ms + jitter[i] for i in range(len(rows))]
     data = batch(rows, append, partition)
     args = (data, rules, 1_000, spread, base_ms + skew, base_ms + overdue)
-    for balance in (True, False):
-        fast = parse_batch(*args, balance_timers=balance)
-        slow = parse_batch(*args, common=False, balance_timers=balance)
-        assert fast.schema == slow.schema
-        for name in fast.schema.names:
-            assert fast.column(name).to_pylist() == slow.column(name).to_pylist(), name
+    fast = parse_batch(*args)
+    slow = parse_batch(*args, common=False)
+    assert fast.schema == slow.schema
+    for name in fast.schema.names:
+        assert fast.column(name).to_pylist() == slow.column(name).to_pylist(), name
 
 
 def test_a_batch_of_common_rows_takes_the_batch_path():
