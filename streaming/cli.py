@@ -1,4 +1,6 @@
-"""`delayq`: the one entry point. Subcommands: run, demo, produce, offsets, kafka, hdfs.
+"""`delayq`: the one entry point. Its parser, the dispatch and the job commands (run, submit,
+demo) live here; the service commands are in streaming/commands.py, the local tools in
+streaming/tool_commands.py.
 
 Every option can also be set from the environment as DELAYQ_<NAME> (named in --help);
 the defaults shown come from conf/defaults.toml.
@@ -6,13 +8,14 @@ the defaults shown come from conf/defaults.toml.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
-from pathlib import Path
 
-from conf.settings import ENV_PREFIX, load_settings
 from state.errors import DelayqError
+from streaming.arguments import env_name, setting_overrides, settings_of
+from streaming.commands import cmd_cancel, cmd_ledger, cmd_offsets, cmd_produce, cmd_status, cmd_tables
+from streaming.tool_commands import cmd_bench, cmd_cluster, cmd_hdfs, cmd_kafka
+
 
 # What `delayq run` prints once its first batch is done (the bench's restart scenario waits
 # for it).
@@ -36,46 +39,11 @@ def log_to_stderr(level: str) -> None:
         logging.getLogger(package).setLevel(level)
 
 
-def _env(name: str) -> str:
-    return f"{ENV_PREFIX}{name.upper()}"
-
-
 def _common(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("connection and folders")
-    group.add_argument("--bootstrap-servers", help=f"Kafka bootstrap servers; empty = embedded local broker [{_env('bootstrap_servers')}]")
-    group.add_argument("--data-dir", help=f"broker data, checkpoints and tables [{_env('data_dir')}]")
-    group.add_argument("--intake-topic", help=f"intake topic [{_env('intake_topic')}]")
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, str]:
-    return {
-        key: value
-        for key in ("bootstrap_servers", "data_dir", "intake_topic", "delay_levels")
-        if (value := getattr(args, key, None)) is not None
-    }
-
-
-def _settings(args: argparse.Namespace):
-    return load_settings(**_overrides(args))
-
-
-def cmd_kafka(args: argparse.Namespace) -> int:
-    from streaming import broker
-
-    settings = _settings(args)
-    spec = broker.spec_from_settings(settings)
-    if args.action == "start":
-        pid = broker.start(spec)
-        print(f"kafka broker running: pid {pid}, bootstrap {spec.bootstrap}, data {spec.home}")
-    elif args.action == "stop":
-        stopped = broker.stop(spec)
-        print("kafka broker stopped" if stopped else "kafka broker was not running")
-    else:
-        info = broker.status(spec)
-        for key, value in info.items():
-            print(f"{key:10} {value}")
-        return 0 if info["answers"] else 3
-    return 0
+    group.add_argument("--bootstrap-servers", help=f"Kafka bootstrap servers; empty = embedded local broker [{env_name('bootstrap_servers')}]")
+    group.add_argument("--data-dir", help=f"broker data, checkpoints and tables [{env_name('data_dir')}]")
+    group.add_argument("--intake-topic", help=f"intake topic [{env_name('intake_topic')}]")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -85,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     stop_on_sigterm(stop)
-    settings = _settings(args)
+    settings = settings_of(args)
     log_to_stderr(settings.log_level)
     with running_job(settings, allow_fresh_checkpoint=args.allow_fresh_checkpoint,
                      allow_config_change=args.allow_config_change) as job:
@@ -112,7 +80,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from streaming import cluster
     from streaming.submit import submit, submit_command
 
-    settings = _settings(args)
+    settings = settings_of(args)
     master = args.master or cluster.spec_from_settings(settings).master_url
     options = dict(deploy_mode=args.deploy_mode, total_cores=args.total_executor_cores,
                    run_args=_run_flags(args))
@@ -120,210 +88,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(" ".join(submit_command(settings, master, **options)))
         return 0
     # The driver spark-submit starts reads its settings from the environment, like `run`.
-    os.environ.update({_env(k): str(v) for k, v in _overrides(args).items()})
+    os.environ.update({env_name(k): str(v) for k, v in setting_overrides(args).items()})
     if not master.startswith("local"):
         # Partitions not set: sized for the cluster at a new checkpoint's first start.
-        unset = [k for k in ("spark_shuffle_partitions", "ready_partitions") if _env(k) not in os.environ]
-        os.environ.update({_env(k): "0" for k in unset})
+        unset = [k for k in ("spark_shuffle_partitions", "ready_partitions") if env_name(k) not in os.environ]
+        os.environ.update({env_name(k): "0" for k in unset})
         if unset:
             print(f"delayq submit: {' and '.join(unset)} sized for the task slots the job gets "
-                  f"(at a new checkpoint's first start; set {_env(unset[0])} to choose)", flush=True)
+                  f"(at a new checkpoint's first start; set {env_name(unset[0])} to choose)", flush=True)
     return submit(settings, master, **options)
-
-
-def cmd_cluster(args: argparse.Namespace) -> int:
-    from streaming import cluster
-
-    spec = cluster.spec_from_settings(_settings(args))
-    if args.action == "start":
-        state = cluster.start(spec)
-        print(f"spark cluster running: master {spec.master_url}, web UI {spec.webui}, "
-              f"{cluster.alive_workers(state)} workers alive, {state.get('cores')} cores, "
-              f"logs in {spec.home}")
-    elif args.action == "stop":
-        stopped = cluster.stop(spec)
-        print(f"spark cluster stopped ({', '.join(stopped)})" if stopped
-              else "spark cluster was not running")
-    else:
-        for key, value in cluster.status(spec).items():
-            print(f"{key:15} {value}")
-    return 0
-
-
-def cmd_hdfs(args: argparse.Namespace) -> int:
-    from streaming import hdfs
-
-    spec = hdfs.spec_from_settings(_settings(args))
-    if args.action == "start":
-        pids = hdfs.start(spec)
-        print(f"hdfs running: {spec.uri} (NameNode pid {pids['namenode']}, DataNode pid "
-              f"{pids['datanode']}), web UI http://{spec.host}:{spec.http_port}, data {spec.home}")
-    elif args.action == "stop":
-        stopped = hdfs.stop(spec)
-        print(f"hdfs stopped ({', '.join(stopped)})" if stopped else "hdfs was not running")
-    else:
-        info = hdfs.status(spec)
-        for key, value in info.items():
-            print(f"{key:15} {value}")
-        return 0 if info["state"] == "Operational" else 3
-    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from streaming.demo import run_demo
 
-    settings = _settings(args)
+    settings = settings_of(args)
     log_to_stderr(settings.log_level)
     return run_demo(settings)
-
-
-def cmd_produce(args: argparse.Namespace) -> int:
-    from streaming.admin import ensure_topics
-    from streaming.producer import DelayProducer
-
-    settings = _settings(args)
-    ensure_topics(settings)
-    headers = []
-    for item in args.header:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"delayq produce: --header {item!r} is not NAME=VALUE")
-        headers.append((name, value.encode()))
-    with DelayProducer(settings) as producer:
-        handle = producer.send(
-            args.topic, args.value.encode(), key=args.key.encode() if args.key else None,
-            level=args.level, partition=args.partition, headers=headers,
-            deliver_at_ms=args.deliver_at_ms, delay_ms=args.delay_ms)
-    print(f"UNIQ_KEY {handle.uniq_key}\nhandle   {handle.token()}\n"
-          f"intake   partition {handle.partition} offset {handle.offset}, due {handle.due_ms}")
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    from streaming.producer import DelayProducer, Handle
-
-    settings = _settings(args)
-    try:
-        handle = Handle.parse(args.handle)
-    except ValueError as exc:
-        raise SystemExit(f"delayq cancel: {exc}")
-    with DelayProducer(settings) as producer:
-        producer.cancel(handle)
-    print(f"cancel sent for {handle.uniq_key} (due {handle.due_ms})")
-    return 0
-
-
-def cmd_offsets(args: argparse.Namespace) -> int:
-    from sinks import store
-    from streaming.offsets import delay_offset_table, format_delay_offsets
-
-    settings = _settings(args)
-    checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
-    # A checkpoint on a store is read through Spark's Hadoop client.
-    spark = None if store.is_local(str(checkpoint)) else _reader_session(settings)
-    try:
-        print(format_delay_offsets(delay_offset_table(checkpoint, settings.intake_topic,
-                                                      settings.heartbeat_partition)))
-    finally:
-        if spark is not None:
-            spark.stop()
-    return 0
-
-
-def _ms(text: str | None) -> int | None:
-    if not text:
-        return None
-    from datetime import datetime, timezone
-
-    moment = datetime.fromisoformat(text)
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1000)
-
-
-def _reader_session(settings):
-    from streaming.session import build_session
-
-    return build_session(settings, {"spark.master": "local[1]", "spark.ui.enabled": "false"})
-
-
-def cmd_ledger(args: argparse.Namespace) -> int:
-    from sinks import store
-    from streaming import lookup
-
-    settings = _settings(args)
-    spark = _reader_session(settings)
-    try:
-        if args.summary:
-            rows = lookup.summary(spark, settings.ledger_path, _ms(args.since), _ms(args.until))
-            print(f"{'level':>5} {'delivered':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'early':>6}")
-            for r in rows:
-                print(f"{r['level']:>5} {r['delivered']:>10} {r['p50_ms']:>8} {r['p99_ms']:>8} "
-                      f"{r['max_ms']:>8} {r['early']:>6}")
-            return 0
-        if not args.uniq_key:
-            raise SystemExit("delayq ledger: give a UNIQ_KEY or --summary")
-        checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
-        where = lookup.find(spark, args.uniq_key, settings.ledger_path,
-                            settings.dead_letter_path, checkpoint, settings.cold_path,
-                            recent=lambda key: lookup.in_topics(settings, key))
-        print(f"{args.uniq_key}: {where.status}")
-        for key, value in where.detail.items():
-            print(f"  {key:12} {value}")
-        return 0 if where.status != "unknown" else 1
-    finally:
-        spark.stop()
-
-
-def cmd_tables(args: argparse.Namespace) -> int:
-    from streaming.maintenance import maintain
-
-    settings = _settings(args)
-    spark = _reader_session(settings)
-    try:
-        for path, column in ((settings.ledger_path, "sent_date"),
-                             (settings.dead_letter_path, "dead_date")):
-            print(maintain(spark, path, column, args.retain_days, args.vacuum_hours))
-    finally:
-        spark.stop()
-    return 0
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from streaming.status import fetch, render
-
-    settings = _settings(args)
-    url = args.url or f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
-    try:
-        samples = fetch(url)
-    except OSError as exc:
-        print(f"delayq status: no exporter at {url} ({exc}); is `delayq run` running?",
-              file=sys.stderr)
-        return 3
-    print(render(samples))
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from streaming.bench import Plan, main as bench, scenarios_of
-
-    plan = Plan.short() if args.short else Plan()
-    changes = {name: getattr(args, name) for name in
-               ("size", "drain", "drain_rate", "rate", "seconds", "warmup_s", "burst", "burst_lead_s", "backlog",
-                "backlog_rate", "backlog_seconds", "restart_down_s", "restart_backlog")
-               if getattr(args, name) is not None}
-    if args.scenarios:
-        changes["scenarios"] = scenarios_of(args.scenarios)
-    if args.levels:
-        changes["levels"] = tuple(int(v) for v in args.levels.split(","))
-    plan = dataclasses.replace(plan, **changes)
-    overrides = {**_overrides(args), "spark_driver_memory": args.driver_memory}
-    if args.wheel_operator:
-        overrides["wheel_operator"] = args.wheel_operator
-    if args.no_ledger:
-        overrides["ledger"] = "false"
-    return bench(overrides, plan, Path(args.out) if args.out else None,
-                 Path(args.plot) if args.plot else None, keep_data=args.keep_data)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -333,7 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    # The order here is the order `delayq --help` lists them in.
+    _add_job_parsers(sub)
+    _add_message_parsers(sub)
+    _add_inspect_parsers(sub)
+    _add_bench_parser(sub)
+    _add_tool_parsers(sub)
+    return parser
 
+
+def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
+    """run, submit, cluster (a master for submit) and demo."""
     run = sub.add_parser("run", help="run the delivery job (embedded broker unless Kafka is configured)")
     _common(run)
     run.add_argument("--allow-fresh-checkpoint", action="store_true",
@@ -364,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(demo)
     demo.set_defaults(func=cmd_demo)
 
+
+def _add_message_parsers(sub: argparse._SubParsersAction) -> None:
+    """produce and cancel."""
     produce = sub.add_parser("produce", help="send one delayed message",
                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     produce.add_argument("--topic", required=True, help="the real topic (REAL_TOPIC)")
@@ -384,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
+
+def _add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
+    """offsets, ledger, tables and status."""
     offsets = sub.add_parser("offsets", help="print the delayOffset table of the last committed batch")
     offsets.add_argument("--checkpoint", help="checkpoint folder [default: <data_dir>/checkpoints/delivery]")
     _common(offsets)
@@ -414,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(status)
     status.set_defaults(func=cmd_status)
 
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """bench: the scenarios, their counts and rates, and the job under test."""
     bench = sub.add_parser("bench", help="throughput and lateness against the raw Kafka pipe "
                                          "(own broker unless Kafka is configured)")
     bench.add_argument("--short", action="store_true",
@@ -459,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(bench)
     bench.set_defaults(func=cmd_bench)
 
+
+def _add_tool_parsers(sub: argparse._SubParsersAction) -> None:
+    """kafka and hdfs, the local broker and file system."""
     kafka = sub.add_parser("kafka", help="start, stop or inspect the embedded local Kafka broker")
     kafka.add_argument("action", choices=("start", "stop", "status"))
     _common(kafka)
@@ -469,7 +272,6 @@ def build_parser() -> argparse.ArgumentParser:
     hdfs.add_argument("action", choices=("start", "stop", "status"))
     _common(hdfs)
     hdfs.set_defaults(func=cmd_hdfs)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,135 @@
+"""The `delayq` commands that use or inspect a delivery service: produce, cancel, offsets,
+ledger, tables and status (their options are defined in streaming/cli.py)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from streaming.arguments import settings_of
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    from streaming.admin import ensure_topics
+    from streaming.producer import DelayProducer
+
+    settings = settings_of(args)
+    ensure_topics(settings)
+    headers = []
+    for item in args.header:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"delayq produce: --header {item!r} is not NAME=VALUE")
+        headers.append((name, value.encode()))
+    with DelayProducer(settings) as producer:
+        handle = producer.send(
+            args.topic, args.value.encode(), key=args.key.encode() if args.key else None,
+            level=args.level, partition=args.partition, headers=headers,
+            deliver_at_ms=args.deliver_at_ms, delay_ms=args.delay_ms)
+    print(f"UNIQ_KEY {handle.uniq_key}\nhandle   {handle.token()}\n"
+          f"intake   partition {handle.partition} offset {handle.offset}, due {handle.due_ms}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from streaming.producer import DelayProducer, Handle
+
+    settings = settings_of(args)
+    try:
+        handle = Handle.parse(args.handle)
+    except ValueError as exc:
+        raise SystemExit(f"delayq cancel: {exc}")
+    with DelayProducer(settings) as producer:
+        producer.cancel(handle)
+    print(f"cancel sent for {handle.uniq_key} (due {handle.due_ms})")
+    return 0
+
+
+def cmd_offsets(args: argparse.Namespace) -> int:
+    from sinks import store
+    from streaming.offsets import delay_offset_table, format_delay_offsets
+
+    settings = settings_of(args)
+    checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
+    # A checkpoint on a store is read through Spark's Hadoop client.
+    spark = None if store.is_local(str(checkpoint)) else _reader_session(settings)
+    try:
+        print(format_delay_offsets(delay_offset_table(checkpoint, settings.intake_topic,
+                                                      settings.heartbeat_partition)))
+    finally:
+        if spark is not None:
+            spark.stop()
+    return 0
+
+
+def _ms(text: str | None) -> int | None:
+    if not text:
+        return None
+    from datetime import datetime, timezone
+
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1000)
+
+
+def _reader_session(settings):
+    from streaming.session import build_session
+
+    return build_session(settings, {"spark.master": "local[1]", "spark.ui.enabled": "false"})
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    from sinks import store
+    from streaming import lookup
+
+    settings = settings_of(args)
+    spark = _reader_session(settings)
+    try:
+        if args.summary:
+            rows = lookup.summary(spark, settings.ledger_path, _ms(args.since), _ms(args.until))
+            print(f"{'level':>5} {'delivered':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'early':>6}")
+            for r in rows:
+                print(f"{r['level']:>5} {r['delivered']:>10} {r['p50_ms']:>8} {r['p99_ms']:>8} "
+                      f"{r['max_ms']:>8} {r['early']:>6}")
+            return 0
+        if not args.uniq_key:
+            raise SystemExit("delayq ledger: give a UNIQ_KEY or --summary")
+        checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
+        where = lookup.find(spark, args.uniq_key, settings.ledger_path,
+                            settings.dead_letter_path, checkpoint, settings.cold_path,
+                            recent=lambda key: lookup.in_topics(settings, key))
+        print(f"{args.uniq_key}: {where.status}")
+        for key, value in where.detail.items():
+            print(f"  {key:12} {value}")
+        return 0 if where.status != "unknown" else 1
+    finally:
+        spark.stop()
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    from streaming.maintenance import maintain
+
+    settings = settings_of(args)
+    spark = _reader_session(settings)
+    try:
+        for path, column in ((settings.ledger_path, "sent_date"),
+                             (settings.dead_letter_path, "dead_date")):
+            print(maintain(spark, path, column, args.retain_days, args.vacuum_hours))
+    finally:
+        spark.stop()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from streaming.status import fetch, render
+
+    settings = settings_of(args)
+    url = args.url or f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"
+    try:
+        samples = fetch(url)
+    except OSError as exc:
+        print(f"delayq status: no exporter at {url} ({exc}); is `delayq run` running?",
+              file=sys.stderr)
+        return 3
+    print(render(samples))
+    return 0
