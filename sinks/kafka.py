@@ -35,14 +35,3 @@ class Counts(AccumulatorParam):
     def addInPlace(self, value1, value2):
         value1.extend(value2)
         return value1
-
-
-def write_heartbeat(spark, options: dict[str, str], intake_topic: str, partition: int) -> None:
-    """Write one heartbeat to the intake through a sink's Kafka writer (its warm-up), so the
-    first batch with deliveries does not also pay for creating the executors' producer."""
-    from state import headers as H
-
-    (spark.createDataFrame([(intake_topic, partition, None, b"", [(H.HEARTBEAT, b"1")])],
-                           "topic string, partition int, key binary, value binary, "
-                           "headers array<struct<key:string,value:binary>>")
-     .write.mode("append").format("kafka").options(**options).save())

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary, Sent
 from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
-from sinks.kafka import PRODUCER_OPTIONS, header_struct, write_heartbeat
+from sinks.kafka import PRODUCER_OPTIONS, header_struct
 
 # The kinds of the wheel's rows counted in a summary, besides dead letters and tallies.
 _COUNTED_KINDS = ("deliver", "cold", "cancelled", "cancel_unknown")
@@ -86,9 +86,6 @@ class ReadySink:
             F.when(deliver, ready_headers()).otherwise(F.col("headers")).alias("headers"),
         ]
         self._counts = observed_counts()
-
-    def warm_up(self, spark, intake_topic: str, partition: int) -> None:
-        write_heartbeat(spark, self._options, intake_topic, partition)
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
         """Fired rows to the ready topic and dead letters to theirs, in the batch's one Spark

@@ -30,13 +30,3 @@ def settle() -> None:
     if os.environ.get("SPARK_REUSE_WORKER"):
         gc.collect()
         gc.freeze()
-
-
-def warm(batches):
-    """The Python workers' warm-up (`mapInArrow`, streaming/job.py): imports the modules of the
-    functions the job hands to its workers and settles the worker, then passes its input
-    through. A worker forked for the job's first batch instead paid for both in that batch."""
-    import state.parse  # noqa: F401
-    import state.processor  # noqa: F401
-    settle()
-    yield from batches

@@ -25,7 +25,6 @@ from sinks.ledger import DeadLetterTable
 from sinks.metrics import Metrics
 from sinks.ready import ReadySink
 from state.errors import JobError
-from state.worker import warm
 from streaming import admin as kadmin
 from streaming import checkpoint as ckpt
 from streaming import sizing
@@ -40,8 +39,6 @@ from streaming.wheel_query import BatchWriter, pending_by_level, wheel_stream
 
 log = logging.getLogger(__name__)
 QUERY_NAME = "delayq"
-# The Spark job group of the Python workers' warm-up (DelayJob.start).
-WARM_UP_GROUP = "delayq-python-warm-up"
 
 
 # How long the stop waits for the query's thread to park in the writer before interrupting it.
@@ -83,7 +80,6 @@ class DelayJob:
         self.first_batch_s: dict[str, float] = {}   # the first batch's steps
         self._seeder: threading.Thread | None = None
         self._writer: BatchWriter | None = None
-        self._warm_up: threading.Thread | None = None   # the Python workers' warm-up
         self._dispatcher: Dispatcher | None = None
         self.ledger_query = None   # ledger topic → Delta
 
@@ -95,11 +91,6 @@ class DelayJob:
     def start(self, first_batch_timeout_s: float = 180.0):
         """Start the query and return it once its first batch completed."""
         self._step_t = time.monotonic()
-        # The Python workers start while the driver does the steps below and plans the query,
-        # instead of inside the first batch's Python stages.
-        self._warm_up = threading.Thread(target=self._warm_python_workers,
-                                         name="delayq-python-warm-up", daemon=True)
-        self._warm_up.start()
         self._admin = kadmin.admin_client(self.settings)
         largest = kadmin.ensure_topics(self.settings, self._admin)
         kadmin.check_intake(self.settings, self._admin)
@@ -139,15 +130,9 @@ class DelayJob:
             if hasattr(sink, "ensure_table"):
                 sink.ensure_table(self.spark, sent_schema(OUTPUT_SPARK))
         self._step("tables")
-        # A new checkpoint's first deliveries do not pay for the executors' Kafka producer:
-        # it is made here, before there is anything to deliver. A restart has a backlog
-        # waiting, and there its first batch makes the producer rather than a job in front.
         # The pending gauge starts from the state as of the last committed batch; the batches
         # of this run add their deltas on top.
         seed_batch = last_committed_batch(store.path(self.checkpoint))
-        if seed_batch is None:
-            kafka.warm_up(self.spark, self.settings.intake_topic, self.settings.heartbeat_partition)
-        self._step("kafka_writer")
         if self.metrics is not None:
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
@@ -223,21 +208,6 @@ class DelayJob:
     def failure(self) -> str | None:
         """Why the job cannot go on though its query runs (a dispatch stage that gave up)."""
         return self._dispatcher.failure if self._dispatcher is not None else None
-
-    def _warm_python_workers(self) -> None:
-        """One task per core that starts a Python worker (and, on a new JVM, their daemon) and
-        imports the job's modules in it (state.worker.warm): a restarted job's first batch
-        spent 2.6 s of its 13.9 s there, in its parse stage (measured on the 2-core host). Spark reuses the workers for the query's
-        tasks. A failure here costs only that time again, so it is logged, never raised."""
-        began = time.monotonic()
-        context = self.spark.sparkContext
-        try:
-            context.setJobGroup(WARM_UP_GROUP, "delayq: the Python workers' warm-up")
-            cores = context.defaultParallelism
-            self.spark.range(0, cores, 1, cores).mapInArrow(warm, "id long").collect()
-            log.info("Python workers started in %.1f s", time.monotonic() - began)
-        except Exception as exc:   # noqa: BLE001 (the query starts the workers itself)
-            log.warning("the Python workers' warm-up failed: %s", exc)
 
     def restart(self) -> None:
         """Start again from the checkpoint, as a restarted driver would: what is left of this

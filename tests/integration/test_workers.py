@@ -67,19 +67,6 @@ def test_the_parse_the_wheel_and_the_hold_share_one_pool_of_python_workers(
     assert len(_python_daemons()) == 1
 
 
-def test_a_job_starts_its_python_workers_beside_its_start_up(job_settings, start_job):
-    """DelayJob.start runs a warm-up job that starts a Python worker per core and imports the
-    job's modules in it while the driver plans the query (state.worker.warm)."""
-    from streaming.job import WARM_UP_GROUP
-
-    job = start_job(job_settings())
-    job._warm_up.join(timeout=60)
-    tracker = job.spark.sparkContext.statusTracker()
-    ran = tracker.getJobIdsForGroup(WARM_UP_GROUP)
-    assert ran, "no warm-up job"
-    assert tracker.getJobInfo(max(ran)).status == "SUCCEEDED"
-
-
 def _python_daemons() -> list:
     """The PySpark daemons under this test session's Spark JVM."""
     jvms = [child for child in psutil.Process().children()

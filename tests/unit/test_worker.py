@@ -50,16 +50,3 @@ def test_the_parse_and_the_wheel_each_settle_their_worker(settles):
     assert list(make_parser(RULES, 1_000, 2)(iter([batch])))
     list(make_wheel(CONFIG)((2, 0), iter([]), group_state(NOW)))
     assert settles == ["state.parse", "state.wheel"]
-
-
-WARM = """
-from state.worker import warm
-before = [m for m in ("state.parse", "state.processor", "pandas") if m in sys.modules]
-out = list(warm(iter(["a", "b"])))
-after = [m for m in ("state.parse", "state.processor", "pandas") if m in sys.modules]
-print(out == ["a", "b"], before, after, sep="|")
-"""
-
-
-def test_the_warm_up_imports_the_job_s_modules_and_passes_its_input_through():
-    assert fresh_python(WARM) == "True|[]|['state.parse', 'state.processor', 'pandas']"
