@@ -33,7 +33,7 @@ def admin_client(settings: Settings) -> KafkaAdminClient:
 def unreachable_reason(settings: Settings, exc: Exception) -> str:
     """Why a client could not bootstrap: nothing listens, or the handshake failed (kafka-python
     reports a failed SASL login or TLS handshake only as a bootstrap timeout)."""
-    from streaming.broker import port_open
+    from streaming.tools.broker import port_open
 
     who = f"security_protocol={settings.security_protocol}"
     if settings.security_protocol.startswith("SASL"):

@@ -1,6 +1,6 @@
 """`delayq`: the one entry point. Its parser, the dispatch and the job commands (run, submit,
 demo) live here; the service commands are in streaming/commands.py, the local tools in
-streaming/tool_commands.py.
+streaming/tools/tool_commands.py.
 
 Every option can also be set from the environment as DELAYQ_<NAME> (named in --help);
 the defaults shown come from conf/defaults.toml.
@@ -14,7 +14,7 @@ import sys
 from state.errors import DelayqError
 from streaming.arguments import env_name, setting_overrides, settings_of
 from streaming.commands import cmd_cancel, cmd_ledger, cmd_offsets, cmd_produce, cmd_status, cmd_tables
-from streaming.tool_commands import cmd_bench, cmd_cluster, cmd_hdfs, cmd_kafka
+from streaming.tools.tool_commands import cmd_bench, cmd_cluster, cmd_hdfs, cmd_kafka
 
 
 # What `delayq run` prints once its first batch is done (the bench's restart scenario waits
@@ -77,7 +77,7 @@ def _run_flags(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from streaming import cluster
+    from streaming.tools import cluster
     from streaming.submit import submit, submit_command
 
     settings = settings_of(args)
@@ -100,7 +100,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from streaming.demo import run_demo
+    from streaming.tools.demo import run_demo
 
     settings = settings_of(args)
     log_to_stderr(settings.log_level)

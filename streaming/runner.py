@@ -12,7 +12,7 @@ import time
 from typing import Iterator
 
 from conf.settings import Settings
-from streaming import broker
+from streaming.tools import broker
 from streaming.job import DelayJob
 from streaming.session import STOPPING, build_session
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from conf.settings import CONF_DIR, Settings
 from streaming import supervise
-from streaming.cluster import spark_home
+from streaming.tools.cluster import spark_home
 from streaming.session import DRIVER_STACK_OPTION, LOG4J_OPTION, local_fs_jar, spark_jars
 
 PROJECT = CONF_DIR.parent

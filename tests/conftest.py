@@ -40,7 +40,7 @@ def kafka_bootstrap(work_dir):
     if external:
         yield external
         return
-    from streaming import broker
+    from streaming.tools import broker
 
     port, controller_port = free_ports(2)
     spec = broker.BrokerSpec(
@@ -89,7 +89,7 @@ def new_topic(admin, request):
 def hdfs_uri(work_dir):
     """A real HDFS (NameNode + DataNode, from .lib/hdfs) for the tests of a store, started at
     the first test that asks for it."""
-    from streaming import hdfs
+    from streaming.tools import hdfs
 
     rpc, http, data, data_http, ipc = free_ports(5)
     spec = hdfs.HdfsSpec(home=work_dir / "hdfs", jars=PROJECT / ".lib" / "hdfs", port=rpc,

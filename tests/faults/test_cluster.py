@@ -11,8 +11,9 @@ import uuid
 
 import pytest
 
-from streaming import bench_cluster, cluster, process
-from streaming.bench_cluster import deliveries_by_sender
+from streaming import process
+from streaming.tools import bench_cluster, cluster
+from streaming.tools.bench_cluster import deliveries_by_sender
 from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.faults.conftest import SteadyLoad, check_all_delivered

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from streaming import broker
+from streaming.tools import broker
 from streaming.admin import create_topic
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from streaming.bench import Plan
+from streaming.tools.bench import Plan
 from tests.conftest import PROJECT
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streaming.bench_load import Load
+from streaming.tools.bench_load import Load
 
 pytestmark = pytest.mark.integration
 

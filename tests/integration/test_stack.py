@@ -8,7 +8,7 @@ from tests.support import consume_all, free_ports
 
 
 def test_broker_starts_stops_and_restarts_with_its_data(work_dir):
-    from streaming import broker
+    from streaming.tools import broker
     from tests.conftest import PROJECT
 
     ports = free_ports(2)

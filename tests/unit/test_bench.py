@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from state.errors import ConfigError
-from streaming.bench import Result, scenarios_of, tidy
-from streaming.bench_figures import after_warmup, join
-from streaming.bench_load import PROJECT
+from streaming.tools.bench import Result, scenarios_of, tidy
+from streaming.tools.bench_figures import after_warmup, join
+from streaming.tools.bench_load import PROJECT
 
 
 def test_join_counts_lost_early_and_duplicates():
@@ -87,7 +87,7 @@ def test_memory_peaks_tell_the_driver_jvm_from_the_driver_python_and_the_workers
     script = """
 import json, os, signal, subprocess, sys
 import psutil
-from streaming.bench_load import MemoryPeaks
+from streaming.tools.bench_load import MemoryPeaks
 hold = ("import os, sys, time; b = bytearray({} * 2**20); b[::4096] = b'x' * len(b[::4096]); "
         "print(1, flush=True); os.fork(); time.sleep(30)")
 jvm = subprocess.Popen([sys.executable, "-c", hold.format(200), "org.apache.spark.deploy.SparkSubmit"],
@@ -147,7 +147,7 @@ def test_the_burst_waits_for_a_batch_that_ended_after_its_last_delivery():
     delivery; the bench waits until a batch ended at or after it, so that one has reported."""
     from types import SimpleNamespace
 
-    from streaming.bench_figures import ended_since
+    from streaming.tools.bench_figures import ended_since
 
     start = "2026-11-25T21:00:00.000Z"   # 1795640400000 ms
     query = SimpleNamespace(lastProgress={"timestamp": start,
@@ -158,7 +158,7 @@ def test_the_burst_waits_for_a_batch_that_ended_after_its_last_delivery():
 
 
 def test_the_cluster_scenario_counts_deliveries_by_executor_folder(tmp_path):
-    from streaming.bench_cluster import per_executor
+    from streaming.tools.bench_cluster import per_executor
 
     home = tmp_path / "spark-cluster"
     senders = {f"h:11:{home}/worker-1/app-1/0": 5, f"h:12:{home}/worker-1/app-1/0": 2,
@@ -180,7 +180,7 @@ def test_scenarios_run_in_their_own_order_and_unknown_names_are_refused():
 
 
 def test_an_outage_s_backlog_is_timed_from_the_restart():
-    from streaming.bench_figures import outage_figures
+    from streaming.tools.bench_figures import outage_figures
 
     # Three messages due at 1,000 ms: one out before the restart (at 9,000), two after.
     held = join(np.array([0, 0, 0]), np.array([1000, 1000, 1000]), np.array([0, 1, 2]),
@@ -193,7 +193,7 @@ def test_an_outage_s_backlog_is_timed_from_the_restart():
 
 
 def test_the_restart_s_job_has_the_bench_s_settings():
-    from streaming.bench_load import child_env
+    from streaming.tools.bench_load import child_env
 
     env = child_env({"PATH": "/bin", "DELAYQ_MAX_OFFSETS_PER_TRIGGER": "50000",
                      "DELAYQ_DATA_DIR": "/theirs"}, {"data_dir": "/bench/data", "ledger": "false"})
@@ -203,7 +203,7 @@ def test_the_restart_s_job_has_the_bench_s_settings():
 
 
 def test_the_lateness_floor_is_the_raw_pipe_s_transit_less_each_level_s_delay():
-    from streaming.bench_figures import lateness_floor
+    from streaming.tools.bench_figures import lateness_floor
 
     delays = (1_000, 5_000, 10_000)
     # A transit of 1,800 ms at p99: a 1 s message can be no less than 800 ms late, a 5 s one
@@ -216,7 +216,7 @@ def test_the_lateness_floor_is_the_raw_pipe_s_transit_less_each_level_s_delay():
 
 
 def test_a_process_s_role_is_its_first_match():
-    from streaming.bench_load import MemoryPeaks
+    from streaming.tools.bench_load import MemoryPeaks
 
     jars = "java -cp /v/site-packages/pyspark/jars/* "
     assert MemoryPeaks.role(jars + "org.apache.spark.deploy.SparkSubmit deploy/spark/main.py") == "spark_jvm"

@@ -1,4 +1,4 @@
-from streaming.broker import BrokerSpec, new_cluster_id, server_properties
+from streaming.tools.broker import BrokerSpec, new_cluster_id, server_properties
 
 
 def test_cluster_ids_never_look_like_options():

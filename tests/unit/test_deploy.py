@@ -119,7 +119,7 @@ def test_entrypoint_starts_executors_with_a_class_pyspark_ships():
                      text), "the driver branch runs spark-submit under streaming.supervise"
     assert "${DELAYQ_JARS_DIR}/localfs/*" in text    # executors resolve fs.file.impl too
     backend = re.search(r"org\.apache\.spark\.scheduler\.cluster\.k8s\.(\w+)", text).group(0)
-    from streaming.cluster import spark_home
+    from streaming.tools.cluster import spark_home
     jar = next((spark_home() / "jars").glob("spark-kubernetes_*.jar"))
     with zipfile.ZipFile(jar) as archive:
         assert backend.replace(".", "/") + ".class" in archive.namelist()

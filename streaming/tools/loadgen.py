@@ -2,8 +2,8 @@
 takes the driver's Python (and its GIL) from the job it measures. Both use librdkafka
 (confluent-kafka): a pure-Python client would spend the cores it is measuring.
 
-    python -m streaming.loadgen produce --bootstrap B --intake T --real R --count N ...
-    python -m streaming.loadgen consume --bootstrap B --topic R --out F.npz ...
+    python -m streaming.tools.loadgen produce --bootstrap B --intake T --real R --count N ...
+    python -m streaming.tools.loadgen consume --bootstrap B --topic R --out F.npz ...
 
 A message's value starts with its sequence number (8 bytes, big-endian); the producer records
 each one's broker append time and due time, the reader each delivery's broker timestamp, and
@@ -148,7 +148,7 @@ def consume(args) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m streaming.loadgen")
+    parser = argparse.ArgumentParser(prog="python -m streaming.tools.loadgen")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("produce")
     p.add_argument("--bootstrap", required=True)

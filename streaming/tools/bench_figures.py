@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from streaming.bench import Result
+    from streaming.tools.bench import Result
 
 def du(path: Path) -> int:
     """Bytes of the files under `path` (0 if it does not exist)."""

@@ -1,4 +1,4 @@
-"""The bench's load and child processes: the load generator and reader (streaming/loadgen.py),
+"""The bench's load and child processes: the load generator and reader (streaming/tools/loadgen.py),
 the memory and CPU sampler, `delayq run` children and their stop."""
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from conf.settings import Settings
-from streaming.bench_figures import join
+from streaming.tools.bench_figures import join
 from streaming.kafka_config import librdkafka_config
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 
 class Load:
     """One load generator and one reader for a real topic, as child processes. Loads that
@@ -33,7 +33,7 @@ class Load:
 
     def start_reader(self, timeout_s: float, idle_s: float = 120.0, count: int = 0) -> None:
         self.reader = subprocess.Popen(
-            [sys.executable, "-m", "streaming.loadgen", "consume",
+            [sys.executable, "-m", "streaming.tools.loadgen", "consume",
              "--bootstrap", self.settings.bootstrap, "--topic", self.real,
              "--out", self.out + "-read.npz", "--timeout", str(timeout_s), "--idle", str(idle_s),
              "--seq-base", str(self.seq_base), "--seq-count", str(count)],
@@ -47,7 +47,7 @@ class Load:
         its append, or at its append with `no_delay` (the raw pipe, which keeps nothing)."""
         delays = ",".join("0" if no_delay else str(d) for d in self.settings.level_delays_ms)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streaming.loadgen", "produce",
+            [sys.executable, "-m", "streaming.tools.loadgen", "produce",
              "--bootstrap", self.settings.bootstrap, "--intake", intake, "--real", self.real,
              "--count", str(count), "--rate", str(rate), "--size", str(size),
              "--levels", ",".join(map(str, levels)), "--delays", delays,
@@ -103,8 +103,8 @@ class MemoryPeaks(threading.Thread):
              ("CoarseGrainedExecutorBackend", "executor_jvms"),
              ("org.apache.spark.deploy.", "cluster_daemons"),
              ("deploy/spark/main.py", "cluster_driver_python"), ("pyspark", "python_workers"),
-             ("kafka.Kafka", "broker"), ("streaming.loadgen produce", "load_generator"),
-             ("streaming.loadgen consume", "reader"))
+             ("kafka.Kafka", "broker"), ("streaming.tools.loadgen produce", "load_generator"),
+             ("streaming.tools.loadgen consume", "reader"))
     # What the peaks are reported as, in the order `sample` measures them.
     PEAKS = ("driver_rss_peak_mb", "driver_jvm_rss_peak_mb", "driver_python_rss_peak_mb",
              "python_workers_pss_peak_mb")

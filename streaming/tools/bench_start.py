@@ -19,7 +19,7 @@ FIRST_LOAD_S = 60.0
 
 
 def run(bench) -> dict:
-    from streaming.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
+    from streaming.tools.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
     from streaming.cli import STARTED
     from streaming.process import free_ports
 
@@ -35,7 +35,7 @@ def run(bench) -> dict:
     try:
         with open(log, "ab") as out:
             job = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
-                                   cwd=Path(__file__).resolve().parents[1], stdout=out,
+                                   cwd=Path(__file__).resolve().parents[2], stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_line(job, log, STARTED, timeout_s=300)
         started = re.findall(rb"delayq started in ([\d.]+) s", log.read_bytes())

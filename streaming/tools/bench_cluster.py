@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from streaming import cluster
+from streaming.tools import cluster
 
 WORKERS, SLOTS = 2, 4   # the cluster: two Workers of four task slots each
 
@@ -52,7 +52,7 @@ def per_executor(senders: dict[str, int], cluster_home: Path) -> dict[str, int]:
 
 
 def run(bench) -> dict:
-    from streaming.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
+    from streaming.tools.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
     from streaming.cli import STARTED
     from streaming.process import free_ports
 
@@ -72,7 +72,7 @@ def run(bench) -> dict:
             job = subprocess.Popen(
                 [sys.executable, "-m", "streaming.cli", "submit", "--master", spec.master_url,
                  "--total-executor-cores", str(WORKERS * SLOTS)],
-                env=env, cwd=Path(__file__).resolve().parents[1], stdout=out,
+                env=env, cwd=Path(__file__).resolve().parents[2], stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_line(job, log, STARTED, timeout_s=300)
         load = Load(settings, work, fresh_topic(bench.admin, "bench-cluster"), "cluster")

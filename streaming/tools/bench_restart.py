@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from streaming.bench_figures import outage_figures, stamps_of
-from streaming.bench_load import PROJECT, Load, child_env, fresh_topic, stop_child, wait_for_line
+from streaming.tools.bench_figures import outage_figures, stamps_of
+from streaming.tools.bench_load import PROJECT, Load, child_env, fresh_topic, stop_child, wait_for_line
 from streaming.cli import STARTED
 
 def run(bench) -> dict:

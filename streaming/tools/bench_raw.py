@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
-from streaming.bench_figures import (after_warmup, batch_figures, last_batch, last_delivery_ms,
+from streaming.tools.bench_figures import (after_warmup, batch_figures, last_batch, last_delivery_ms,
                                      processing_rate, timeline)
-from streaming.bench_load import Load, fresh_topic
+from streaming.tools.bench_load import Load, fresh_topic
 
 
 def raw_query(bench, intake: str, real: str, name: str):

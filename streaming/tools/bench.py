@@ -20,10 +20,10 @@ Scenarios, in one run on one broker and one Spark session:
           optionally after a downtime with a backlog sent meanwhile, and how soon it is out.
   first-minute
           a fresh `delayq run`, a minute of the steady load from 30 s after it started: the
-          lateness a deploy's first minute gives (streaming/bench_start.py).
+          lateness a deploy's first minute gives (streaming/tools/bench_start.py).
 Lateness is the delivered record's broker timestamp minus its due time (the intake append
 time plus the level's delay, or the timer's deliver time). The load generator and the reader
-run as child processes (streaming/loadgen.py). Writes a JSON result and a PNG of lateness.
+run as child processes (streaming/tools/loadgen.py). Writes a JSON result and a PNG of lateness.
 """
 from __future__ import annotations
 
@@ -41,23 +41,23 @@ import numpy as np
 
 from conf.settings import Settings
 from state.errors import ConfigError
-from streaming.bench_figures import (after_warmup, batch_figures, cpu_probe_ms, cpu_used,
+from streaming.tools.bench_figures import (after_warmup, batch_figures, cpu_probe_ms, cpu_used,
                                      driver_cost, du, ended_since, last_batch,
                                      last_delivery_ms, lateness_floor, processing_rate,
                                      public, step_figures, timeline, write)
-from streaming.bench_load import Load, MemoryPeaks, fresh_topic
+from streaming.tools.bench_load import Load, MemoryPeaks, fresh_topic
 
 
 # The order the scenarios run in: the raw pipe's queries first, then the drain, which needs a
 # new job on a backlog; the steady load, burst and backlog run on the job it leaves (or start
 # one); restart and first-minute run their own, and cluster its own on a local standalone
-# cluster (asked for by name: streaming/bench_cluster.py).
+# cluster (asked for by name: streaming/tools/bench_cluster.py).
 SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "backlog", "restart",
              "first-minute", "cluster")
 # The scenarios in modules of their own.
-SCENARIO_MODULES = {"raw": "streaming.bench_raw", "raw-steady": "streaming.bench_raw",
-                    "restart": "streaming.bench_restart", "first-minute": "streaming.bench_start",
-                    "cluster": "streaming.bench_cluster"}
+SCENARIO_MODULES = {"raw": "streaming.tools.bench_raw", "raw-steady": "streaming.tools.bench_raw",
+                    "restart": "streaming.tools.bench_restart", "first-minute": "streaming.tools.bench_start",
+                    "cluster": "streaming.tools.bench_cluster"}
 
 
 def scenarios_of(text: str) -> tuple[str, ...]:
@@ -356,7 +356,7 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None,
     import tempfile
 
     from conf import load_settings
-    from streaming import broker
+    from streaming.tools import broker
     from streaming.process import free_ports
     from streaming.session import build_session
 

@@ -10,7 +10,7 @@ from streaming.arguments import setting_overrides, settings_of
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    from streaming import broker
+    from streaming.tools import broker
 
     settings = settings_of(args)
     spec = broker.spec_from_settings(settings)
@@ -29,7 +29,7 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from streaming import cluster
+    from streaming.tools import cluster
 
     spec = cluster.spec_from_settings(settings_of(args))
     if args.action == "start":
@@ -48,7 +48,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_hdfs(args: argparse.Namespace) -> int:
-    from streaming import hdfs
+    from streaming.tools import hdfs
 
     spec = hdfs.spec_from_settings(settings_of(args))
     if args.action == "start":
@@ -67,7 +67,7 @@ def cmd_hdfs(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from streaming.bench import Plan, main as bench, scenarios_of
+    from streaming.tools.bench import Plan, main as bench, scenarios_of
 
     plan = Plan.short() if args.short else Plan()
     changes = {name: getattr(args, name) for name in
