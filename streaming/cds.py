@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from conf.settings import Settings
+from streaming.jars import local_fs_jar, spark_jars
 
 
 def _java() -> Path | None:
@@ -37,8 +38,6 @@ def _java() -> Path | None:
 def archive_path(settings: Settings) -> Path | None:
     """Where the archive for this Java and these jars lives (None without a Java)."""
     import pyspark
-
-    from streaming.session import local_fs_jar, spark_jars
 
     java = _java()
     if java is None:

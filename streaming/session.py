@@ -9,48 +9,18 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 from conf.settings import CONF_DIR, Settings
-from state.errors import ConfigError
+from streaming import cds
+from streaming.jars import local_fs_jar, spark_jars
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 FILE_SYSTEM_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
                            "FileSystemBasedCheckpointFileManager")
-# Jars the job cannot run without; the rest of .lib/spark are their runtime dependencies.
-REQUIRED_JARS = ("spark-sql-kafka-0-10_2.13-", "delta-spark_", "kafka-clients-")
 # Hadoop's local file system with file modes set in the JVM (deploy/maven/localfs).
 LOCAL_FS_CLASS = "io.delayq.hadoop.NioLocalFileSystem"
 PYTHON_UNIX_SOCKET = "spark.python.unix.domain.socket.enabled"
-
-
-def spark_jars(settings: Settings) -> list[Path]:
-    folder = settings.jars_path / "spark"
-    jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
-    for prefix in REQUIRED_JARS:
-        if not any(jar.name.startswith(prefix) for jar in jars):
-            raise ConfigError(
-                f"no {prefix}*.jar in {folder}; run deploy/setup.sh once to resolve the "
-                f"Spark jars with Maven (or set DELAYQ_JARS_DIR to a folder holding spark/)"
-            )
-    return jars
-
-
-def local_fs_jar(settings: Settings) -> Path:
-    jar = settings.jars_path / "localfs" / "delayq-localfs.jar"
-    if not jar.is_file():
-        raise ConfigError(
-            f"no {jar}; run deploy/setup.sh once to build it with Maven "
-            f"(or set DELAYQ_JARS_DIR to a folder holding localfs/)"
-        )
-    return jar
-
-
-def java_options(settings: Settings) -> str:
-    from streaming import cds
-
-    return cds.java_options(settings)
 
 
 # The project's log4j2 configuration (conf/log4j2.properties), for every JVM of the job.
@@ -85,7 +55,7 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.ui.port": str(settings.spark_ui_port),
         # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
         "spark.driver.extraJavaOptions":
-            f"{log4j} {DRIVER_STACK_OPTION} {java_options(settings)}".rstrip(),
+            f"{log4j} {DRIVER_STACK_OPTION} {cds.java_options(settings)}".rstrip(),
         "spark.executor.extraJavaOptions": log4j,
         # Without Hadoop's native library (PyPI's pyspark has none), Hadoop's local file
         # system sets each new file's mode by running `chmod` in a child process of the JVM:

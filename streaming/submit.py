@@ -18,7 +18,8 @@ from pathlib import Path
 from conf.settings import CONF_DIR, Settings
 from streaming import supervise
 from streaming.tools.cluster import spark_home
-from streaming.session import DRIVER_STACK_OPTION, LOG4J_OPTION, local_fs_jar, spark_jars
+from streaming.jars import local_fs_jar, spark_jars
+from streaming.session import DRIVER_STACK_OPTION, LOG4J_OPTION
 
 PROJECT = CONF_DIR.parent
 PACKAGES = ("conf", "state", "streaming", "sinks")

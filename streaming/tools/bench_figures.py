@@ -6,12 +6,9 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from streaming.tools.bench import Result
 
 def du(path: Path) -> int:
     """Bytes of the files under `path` (0 if it does not exist)."""
@@ -247,7 +244,7 @@ def public(figures: dict) -> dict:
     return {k: v for k, v in figures.items() if not k.startswith("_")}
 
 
-def write(result: Result, json_path: Path, plot_path: Path | None) -> None:
+def write(result, json_path: Path, plot_path: Path | None) -> None:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     body = {"plan": result.plan, "machine": result.machine,
             "scenarios": {k: public(v) for k, v in result.scenarios.items()},

@@ -17,7 +17,8 @@ import pytest
 
 from conf import load_settings
 from streaming.cds import _java
-from streaming.session import LOCAL_FS_CLASS, local_fs_jar
+from streaming.jars import local_fs_jar
+from streaming.session import LOCAL_FS_CLASS
 
 PROBE = Path(__file__).resolve().parent / "java" / "LocalFsProbe.java"
 
