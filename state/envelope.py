@@ -6,7 +6,7 @@ side (`streaming/source.py`) only maps these functions over Arrow batches.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
 
 from state import headers as H
@@ -31,18 +31,20 @@ class Kind(str, Enum):
 
 @dataclass(frozen=True)
 class Rules:
-    """What parsing needs to know of the configuration."""
+    """What parsing needs to know of the configuration (conf/defaults.toml, through
+    streaming/wheel_query.py rules_of): no defaults of its own."""
 
     level_delays_ms: tuple[int, ...]
     intake_topic: str
     dlq_topic: str
-    allowed_topics: frozenset[str] = frozenset()
-    max_delay_ms: int = 30 * 86_400_000
-    clock_tolerance_ms: int = 60_000
+    _: KW_ONLY
+    allowed_topics: frozenset[str]
+    max_delay_ms: int
+    clock_tolerance_ms: int
     # The wheel holds messages due within near_horizon_ms of their append time; later ones
     # wait in the cold tier, in buckets of cold_bucket_ms, until their bucket comes near.
-    near_horizon_ms: int = 10 * 60_000
-    cold_bucket_ms: int = 3_600_000
+    near_horizon_ms: int
+    cold_bucket_ms: int
 
 
 @dataclass(frozen=True)

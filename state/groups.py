@@ -8,7 +8,7 @@ wheel's imports that was 0.34-0.50 s more of a start's planning on an idle 2-cor
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 BUCKET_NOW = 0
 BUCKET_DEAD = -2
@@ -18,24 +18,27 @@ BUCKET_COLD = -3   # pass-through: to the cold tier
 
 @dataclass(frozen=True)
 class WheelConfig:
+    """The wheel's settings (conf/defaults.toml, through streaming/wheel_query.py
+    wheel_config_of): no defaults of its own."""
     level_delays_ms: tuple[int, ...]
-    slot_ms: int = 1_000
-    lead_ms: int = 2_000
+    _: KW_ONLY
+    slot_ms: int
+    lead_ms: int
     # A group fires this much earlier again per message it holds: a large group (a burst of
     # timers due in the same second) needs a batch of its own size to leave, and its dispatch
     # task keeps every message until due, so firing it early costs nothing but memory.
-    lead_per_message_us: int = 0
+    lead_per_message_us: int
     # The Spark watermark trails the newest append time by this much (see streaming/job.py);
     # the wheel adds it back so its own arithmetic is in real time.
-    watermark_delay_ms: int = 0
+    watermark_delay_ms: int
     # The driver's clock when the query was built (epoch ms; 0 = none). A new query's first
     # batch has no watermark yet (Spark passes 0): this stands in for it, so messages already
     # overdue when a job starts on a backlog fire in that batch instead of waiting a batch in
     # state. It is one value for every group of the batch, and a new query holds no state, so
     # every group with messages is called in it: due order is kept (see fire_horizon).
+    max_delay_ms: int
+    dlq_topic: str
     first_watermark_ms: int = 0
-    max_delay_ms: int = 30 * 86_400_000
-    dlq_topic: str = "SCHEDULE_TOPIC_XXXX.DLQ"
 
     def lead_for(self, messages: int, bucket: int) -> int:
         """How long before its earliest due time a group of this many messages fires. The

@@ -1,5 +1,6 @@
 """The wheel function, driven through PySpark's own GroupState class (pure Python, no JVM)."""
 import base64
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -21,9 +22,12 @@ from state.columns import WHEEL_OUT
 from streaming.schema import STATE_SPARK
 
 NOW = 1_700_000_000_000
-RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ")
-CONFIG = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500,
-                     watermark_delay_ms=10_000, dlq_topic="in.DLQ")
+RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),
+              max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
+              cold_bucket_ms=3_600_000)
+CONFIG = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500, lead_per_message_us=0,
+                     watermark_delay_ms=10_000, max_delay_ms=30 * 86_400_000,
+                     dlq_topic="in.DLQ")
 
 
 def intake(*rows):
@@ -164,8 +168,7 @@ def test_due_times_are_corrected_as_one_rule_for_arrays_and_scalars():
 
 
 def test_a_large_group_fires_ahead_by_its_size_and_its_timer_releases_it():
-    config = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500,
-                         lead_per_message_us=1_000, watermark_delay_ms=10_000)
+    config = replace(CONFIG, lead_per_message_us=1_000)
     assert config.lead_for(10, -1) == 500 + 10 * TIMER_PARTS
     assert config.lead_for(10, 2) == 500 + 10, "a level slot is one group"
     rows = [([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 60_000).encode()),
@@ -305,8 +308,7 @@ def test_a_new_query_s_first_batch_takes_the_job_s_start_for_its_missing_waterma
     """Spark's first batch of a new query has no watermark yet (it passes 0). The job's start
     stands in for it: a message overdue at the start fires in that batch, one due later waits
     in state with its timer; once Spark has a watermark, the start is ignored."""
-    config = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500,
-                         watermark_delay_ms=10_000, first_watermark_ms=NOW + 5_000)
+    config = replace(CONFIG, first_watermark_ms=NOW + 5_000)
     wheel = make_wheel(config, clock=lambda: (NOW + 5_000) / 1000)
     overdue = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"old")], 1))
     later = envelopes(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 9_000).encode()),
