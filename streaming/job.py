@@ -92,63 +92,22 @@ class DelayJob:
         """Start the query and return it once its first batch completed."""
         self._step_t = time.monotonic()
         self._admin = kadmin.admin_client(self.settings)
-        largest = kadmin.ensure_topics(self.settings, self._admin)
+        largest = max(kadmin.ensure_topics(self.settings, self._admin), 1_048_576)
         kadmin.check_intake(self.settings, self._admin)
         self._step("topics")
         self._size_partitions()
-        verdict = ckpt.check(self.settings, self.checkpoint,
-                             ckpt.read_group_offsets(self._admin, self.settings),
-                             allow_fresh=self._allow_fresh,
-                             allow_config_change=self._allow_config_change)
-        # This run's start: the stand-in for a new query's first watermark, and, on a fresh
-        # checkpoint, the moment before which level messages pass through for good.
-        now_ms = int(time.time() * 1000)
-        started_ms = ckpt.started_ms(self.checkpoint, verdict, now_ms)
-        operator = ckpt.operator_for(self.settings, self.checkpoint, verdict)
-        if operator != self.settings.wheel_operator:
-            self.settings = self.settings.model_copy(update={"wheel_operator": operator})
-        ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
+        started_ms, now_ms = self._check_checkpoint()
         self._step("checkpoint")
-        partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin,
-                                                   max(largest, 1_048_576))
+        partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin, largest)
         self._check_slots(partitions)
-        kafka = ReadySink(self.spark, spark_options(self.settings), self.settings.ready_topic,
-                          partitions, max_request_bytes=max(largest, 1_048_576))
-        self._step("dispatch_topics")
-        cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint,
-                        self.settings.intake_topic,
-                        kadmin.topic_partitions(self._admin, [self.settings.intake_topic])[
-                            self.settings.intake_topic]
-                        or len(self.settings.level_delays_ms),
-                        spark_options(self.settings), self.settings.cold_bucket_ms,
-                        self.settings.near_horizon_ms)
-        writer = self._writer = BatchWriter(kafka, self._extra_sinks, self._observer(), cold)
-        self._step("cold_tier")
-        # First-batch costs paid here, not by the first deliveries: Delta tables, and on a new
-        # checkpoint the executors' Kafka producer (below).
-        for sink in self._extra_sinks:
-            if hasattr(sink, "ensure_table"):
-                sink.ensure_table(self.spark, sent_schema(OUTPUT_SPARK))
-        self._step("tables")
+        writer = self._writer = self._batch_writer(partitions, largest)
         # The pending gauge starts from the state as of the last committed batch; the batches
         # of this run add their deltas on top.
         seed_batch = last_committed_batch(store.path(self.checkpoint))
-        if self.metrics is not None:
-            self._listener = ProgressListener(self.metrics, self.query_name,
-                                              self.settings.late_tolerance_ms,
-                                              self.settings.intake_topic,
-                                              self.settings.heartbeat_partition)
-            self.spark.streams.addListener(self._listener)
-        self._mirror_admin = kadmin.admin_client(self.settings)
-        self._mirror = OffsetMirror(
-            self.query_name, self.settings.intake_topic,
-            self._mirror_commit)
-        self.spark.streams.addListener(self._mirror)
-        self._heartbeat = Heartbeat(self.settings)
-        self._heartbeat.start()
+        self._listen()
         self._step("listeners")
         self._dispatcher = Dispatcher(
-            self.spark, self.settings, partitions, max(largest, 1_048_576),
+            self.spark, self.settings, partitions, largest,
             on_held=self.metrics.set_dispatch_held if self.metrics else None).start()
         self.ledger_query = start_ledger_query(self.spark, self.settings, self.checkpoint,
                                                self.metrics, name=f"{self.query_name}-ledger")
@@ -173,6 +132,58 @@ class DelayJob:
         if self.metrics is not None and seed_batch is not None:
             self._seed_pending(seed_batch)
         return self.query
+
+    def _check_checkpoint(self) -> tuple[int, int]:
+        """The checkpoint's guards (streaming/checkpoint.py), its operator and its stamp. Returns
+        (started_ms, now_ms): the moment before which level messages pass through for good (on
+        a fresh checkpoint, this run's start), and the stand-in for a new query's first
+        watermark."""
+        verdict = ckpt.check(self.settings, self.checkpoint,
+                             ckpt.read_group_offsets(self._admin, self.settings),
+                             allow_fresh=self._allow_fresh,
+                             allow_config_change=self._allow_config_change)
+        now_ms = int(time.time() * 1000)
+        started_ms = ckpt.started_ms(self.checkpoint, verdict, now_ms)
+        operator = ckpt.operator_for(self.settings, self.checkpoint, verdict)
+        if operator != self.settings.wheel_operator:
+            self.settings = self.settings.model_copy(update={"wheel_operator": operator})
+        ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
+        return started_ms, now_ms
+
+    def _batch_writer(self, partitions: int, largest: int) -> BatchWriter:
+        """The wheel query's foreachBatch: the ready topic's writer, the cold tier and the other
+        sinks, their Delta tables created before the first batch."""
+        kafka = ReadySink(self.spark, spark_options(self.settings), self.settings.ready_topic,
+                          partitions, max_request_bytes=largest)
+        self._step("dispatch_topics")
+        intake = self.settings.intake_topic
+        cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint, intake,
+                        kadmin.topic_partitions(self._admin, [intake])[intake]
+                        or len(self.settings.level_delays_ms),
+                        spark_options(self.settings), self.settings.cold_bucket_ms,
+                        self.settings.near_horizon_ms)
+        writer = BatchWriter(kafka, self._extra_sinks, self._observer(), cold)
+        self._step("cold_tier")
+        for sink in self._extra_sinks:
+            if hasattr(sink, "ensure_table"):
+                sink.ensure_table(self.spark, sent_schema(OUTPUT_SPARK))
+        self._step("tables")
+        return writer
+
+    def _listen(self) -> None:
+        """The progress listener (metrics), the consumer-group mirror and the heartbeat."""
+        if self.metrics is not None:
+            self._listener = ProgressListener(self.metrics, self.query_name,
+                                              self.settings.late_tolerance_ms,
+                                              self.settings.intake_topic,
+                                              self.settings.heartbeat_partition)
+            self.spark.streams.addListener(self._listener)
+        self._mirror_admin = kadmin.admin_client(self.settings)
+        self._mirror = OffsetMirror(self.query_name, self.settings.intake_topic,
+                                    self._mirror_commit)
+        self.spark.streams.addListener(self._mirror)
+        self._heartbeat = Heartbeat(self.settings)
+        self._heartbeat.start()
 
     def _size_partitions(self) -> None:
         """Partitions set to 0: the checkpoint's own, or sized for the slots the job was

@@ -44,6 +44,50 @@ def spark_master(settings: Settings) -> str:
     return f"local[{cores + 2 * (settings.ready_partitions or 2)}]"
 
 
+# What the engine needs whatever the settings: RocksDB state, Delta, the metrics, and the ways
+# of Spark's Kafka connector and Python runners this job was measured with.
+ENGINE_CONF = {
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    # Delta rebuilds the ledger's snapshot after every commit with this many tasks
+    # (default 50). Its state is a few thousand log actions: one task does it (a ledger
+    # commit's step fell from 3.4 s to 0.9 s, median, measured on the 2-core host).
+    "spark.databricks.delta.snapshotPartitions": "1",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.ui.prometheus.enabled": "true",
+    "spark.sql.streaming.metricsEnabled": "true",
+    # Kafka is read through Spark's V1 source (KafkaSource), not its V2 stream: the two
+    # read the same offsets the same way and keep them in the same checkpoint format, but
+    # the V2 stream's progress metrics throw a NullPointerException on the first batch of a
+    # restart that runs a batch again (SPARK-55271, Spark 4.1.1: they read offsets only
+    # the next batch's planning sets), which failed the query after that batch with the
+    # exception in the log, and the job started the query again (5.6-7.9 s on this
+    # project's machine; the first new delivery did not come measurably sooner without
+    # it). The V1 source reports no such metrics.
+    "spark.sql.streaming.disabledV2MicroBatchReaders": KAFKA_PROVIDER,
+    # Kafka is written through Spark's V2 writer, whose plan holds the written query: an
+    # Observation on it (sinks/ready.py counts a batch's rows so, in the write's own job)
+    # gets its metrics; through the V1 writer (Spark's default list below with "kafka")
+    # it waits for them forever. Both writers send with the same KafkaDataWriter.
+    "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
+    # One pool of Python workers instead of two: Spark keeps a daemon and its workers per
+    # distinct worker environment, and only some of its Python runners set
+    # SPARK_SIMPLIFIED_TRACEBACK in theirs, so the job's executor ran two daemons, each
+    # with its own workers and their imports.
+    # A Python error's traceback then keeps PySpark's own frames.
+    "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
+    # The JVM and its Python workers talk over a Unix domain socket, not loopback TCP.
+    # Neither side of Spark's TCP socket sets TCP_NODELAY, and each side of a task waited
+    # on the other with no CPU spent (small writes held by Nagle, most likely): an idle
+    # job's batch took 404 ms on TCP and 250 ms on this socket, its Python stages' tasks
+    # 31-61 ms instead of 110-160 (measured on the 2-core host).
+    PYTHON_UNIX_SOCKET: "true",
+}
+
+
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
     log4j = LOG4J_OPTION
     local_fs = str(local_fs_jar(settings))
@@ -53,6 +97,7 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.jars": ",".join(str(jar) for jar in spark_jars(settings)),
         "spark.driver.memory": settings.spark_driver_memory,
         "spark.ui.port": str(settings.spark_ui_port),
+        **ENGINE_CONF,
         # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
         "spark.driver.extraJavaOptions":
             f"{log4j} {DRIVER_STACK_OPTION} {cds.java_options(settings)}".rstrip(),
@@ -65,46 +110,8 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.hadoop.fs.file.impl": LOCAL_FS_CLASS,
         "spark.driver.extraClassPath": local_fs,
         "spark.executor.extraClassPath": local_fs,
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        # Delta rebuilds the ledger's snapshot after every commit with this many tasks
-        # (default 50). Its state is a few thousand log actions: one task does it (a ledger
-        # commit's step fell from 3.4 s to 0.9 s, median, measured on the 2-core host).
-        "spark.databricks.delta.snapshotPartitions": "1",
         "spark.sql.warehouse.dir": str(settings.data_path / "warehouse"),
-        "spark.sql.session.timeZone": "UTC",
-        "spark.ui.showConsoleProgress": "false",
         "spark.metrics.conf": str(CONF_DIR / "spark-metrics.properties"),
-        "spark.ui.prometheus.enabled": "true",
-        "spark.sql.streaming.metricsEnabled": "true",
-        # Kafka is read through Spark's V1 source (KafkaSource), not its V2 stream: the two
-        # read the same offsets the same way and keep them in the same checkpoint format, but
-        # the V2 stream's progress metrics throw a NullPointerException on the first batch of a
-        # restart that runs a batch again (SPARK-55271, Spark 4.1.1: they read offsets only
-        # the next batch's planning sets), which failed the query after that batch with the
-        # exception in the log, and the job started the query again (5.6-7.9 s on this
-        # project's machine; the first new delivery did not come measurably sooner without
-        # it). The V1 source reports no such metrics.
-        "spark.sql.streaming.disabledV2MicroBatchReaders": KAFKA_PROVIDER,
-        # Kafka is written through Spark's V2 writer, whose plan holds the written query: an
-        # Observation on it (sinks/ready.py counts a batch's rows so, in the write's own job)
-        # gets its metrics; through the V1 writer (Spark's default list below with "kafka")
-        # it waits for them forever. Both writers send with the same KafkaDataWriter.
-        "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
-        # One pool of Python workers instead of two: Spark keeps a daemon and its workers per
-        # distinct worker environment, and only some of its Python runners set
-        # SPARK_SIMPLIFIED_TRACEBACK in theirs, so the job's executor ran two daemons, each
-        # with its own workers and their imports.
-        # A Python error's traceback then keeps PySpark's own frames.
-        "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
-        # The JVM and its Python workers talk over a Unix domain socket, not loopback TCP.
-        # Neither side of Spark's TCP socket sets TCP_NODELAY, and each side of a task waited
-        # on the other with no CPU spent (small writes held by Nagle, most likely): an idle
-        # job's batch took 404 ms on TCP and 250 ms on this socket, its Python stages' tasks
-        # 31-61 ms instead of 110-160 (measured on the 2-core host).
-        PYTHON_UNIX_SOCKET: "true",
         # The driver's Python and the workers' Python must be the same interpreter.
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
