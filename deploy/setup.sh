@@ -65,7 +65,7 @@ from conf import load_settings
 from streaming.cds import archive_path
 sys.exit(0 if archive_path(load_settings()).is_file() else 1)' 2>/dev/null; then
   echo "setup: building the Spark JVM class data archive into .lib/cds (about a minute)"
-  .venv/bin/python -m streaming.cds >.lib/cds-build.log 2>&1 || {
+  .venv/bin/python -m streaming.tools.cds_train >.lib/cds-build.log 2>&1 || {
     echo "setup: the class data archive was not built (see .lib/cds-build.log); Spark starts without it" >&2; }
 fi
 echo "setup: ready (.venv, .lib/spark, .lib/kafka, .lib/hdfs, .lib/localfs, .lib/cds)"

@@ -7,6 +7,7 @@ import pytest
 
 from conf import load_settings
 from streaming import cds
+from streaming.tools import cds_train
 from tests.support import fake_jars_dir
 
 
@@ -53,5 +54,5 @@ def test_a_new_archive_removes_the_stale_ones_and_nothing_else(jars):
     partial = archive.parent / "spark-fedcba9876543210.partial"
     for path in (archive, stale, partial):
         path.write_bytes(b"archive")
-    cds.remove_stale(archive)
+    cds_train.remove_stale(archive)
     assert archive.is_file() and partial.is_file() and not stale.exists()
