@@ -12,7 +12,7 @@ Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import numpy as np
 import pandas as pd
@@ -230,27 +230,67 @@ class GroupHeld(Held):
         self._state.remove()
 
 
+def _pass_through(bucket: int, rows: pd.DataFrame, config: WheelConfig,
+                  now_ms: int) -> Iterator[pd.DataFrame]:
+    """A pass-through group's rows (no state): counted by level, then sent on: to the cold
+    tier, the dead-letter topic or the ready topic."""
+    taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
+    if len(taken):
+        cold = taken["kind"] == Kind.COLD
+        counts = taken.groupby("level")["kind"].count()
+        colds = taken[cold].groupby("level")["kind"].count()
+        yield _tally({int(lv): (int(n), int(colds.get(lv, 0))) for lv, n in counts.items()})
+    if bucket == BUCKET_COLD:
+        yield _cold(rows[rows["kind"] == Kind.COLD])
+        return
+    dead = rows[rows["kind"] == Kind.DEAD]
+    if len(dead):
+        yield _dead_letters(dead, config.dlq_topic)
+    ready = rows[rows["kind"] == Kind.NOW]
+    if len(ready):
+        yield _deliveries(ready, config, now_ms)
+
+
+def _arrivals(held_rows: pa.Table, new: pd.DataFrame) -> tuple[pa.Table, pd.DataFrame, int, int]:
+    """A group's new messages beside those it holds: (held, new, received, rolled). A message
+    rolled in twice (a retried roll after a crash) is held once; rolled messages were pending
+    already, in the cold tier, so they count as rolled, not received."""
+    received = len(new) - int(new["rolled"].astype(bool).sum())
+    before = held_rows.num_rows
+    if before:
+        keys = pd.Series(np.concatenate([
+            held_rows.column("uniq_key").to_numpy(zero_copy_only=False),
+            new["uniq_key"].to_numpy()]))
+        first = ~keys.duplicated(keep="first").to_numpy()
+        if not first[:before].all():
+            held_rows = held_rows.filter(pa.array(first[:before]))
+        new = new[first[before:]]
+    return held_rows, new, received, int(new["rolled"].astype(bool).sum())
+
+
+def _cancel(cancels: pd.DataFrame, held_rows: pa.Table,
+            new: pd.DataFrame | None) -> Generator[pd.DataFrame, None, tuple]:
+    """Drop the messages the group's cancels name, held or arriving in this batch; yields the
+    cancels' outcomes and returns (held, new)."""
+    targets = sorted(set(cancels["cancel_key"]))
+    hit = pc.is_in(held_rows.column("uniq_key"), value_set=pa.array(targets, pa.string()))
+    found = set(held_rows.filter(hit).column("uniq_key").to_pylist())
+    held_rows = held_rows.filter(pc.invert(hit))
+    if new is not None and len(new):
+        gone = new["uniq_key"].isin(targets).to_numpy()
+        found.update(new["uniq_key"][gone])
+        new = new[~gone]
+    yield _cancel_outcomes(cancels, found)
+    return held_rows, new
+
+
 def turn(bucket: int, rows: pd.DataFrame | None, held: Held, config: WheelConfig,
          now_ms: int) -> Iterator[pd.DataFrame]:
     """One call of the wheel for one group: its new rows (None: its timer expired) and its
     held state. Yields the output frames and leaves the state and its timer set."""
     if bucket in (BUCKET_NOW, BUCKET_DEAD, BUCKET_COLD):
         if rows is not None:
-            taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
-            if len(taken):
-                cold = taken["kind"] == Kind.COLD
-                counts = taken.groupby("level")["kind"].count()
-                colds = taken[cold].groupby("level")["kind"].count()
-                yield _tally({int(lv): (int(n), int(colds.get(lv, 0))) for lv, n in counts.items()})
-            if bucket == BUCKET_COLD:
-                yield _cold(rows[rows["kind"] == Kind.COLD])
-                return
-            dead = rows[rows["kind"] == Kind.DEAD]
-            if len(dead):
-                yield _dead_letters(dead, config.dlq_topic)
-            ready = rows[rows["kind"] == Kind.NOW]
-            if len(ready):
-                yield _deliveries(ready, config, now_ms)
+            yield from _pass_through(bucket, rows, config, now_ms)
         return
 
     if held.exists and rows is not None:
@@ -258,42 +298,19 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held, config: WheelConfig
         if appended:
             return
 
-    # The group's messages stay in Arrow: only incoming rows (already pandas) and the
-    # rows that fire are converted, so a large group waiting for its time costs a copy of
-    # its stream per batch, not a conversion of every message. Incoming rows that fire at
-    # once (a drain, or a level whose delay is shorter than the batch) go out as they came,
-    # without a round trip through Arrow.
+    # The held messages stay in Arrow: only the rows that fire are converted. Incoming rows
+    # that fire at once (a drain, a delay shorter than the batch) go out as they came.
     held_rows = decode_chunks(held.chunks()) if held.exists else PENDING.empty_table()
     before = held_rows.num_rows
     received = rolled = 0
     new = rows[rows["kind"] == Kind.DELAY] if rows is not None else None
     if new is not None and len(new):
-        received = len(new) - int(new["rolled"].astype(bool).sum())
-        if before:
-            # A message rolled in twice (a retried roll after a crash) is held once.
-            keys = pd.Series(np.concatenate([
-                held_rows.column("uniq_key").to_numpy(zero_copy_only=False),
-                new["uniq_key"].to_numpy()]))
-            first = ~keys.duplicated(keep="first").to_numpy()
-            if not first[:before].all():
-                held_rows = held_rows.filter(pa.array(first[:before]))
-            new = new[first[before:]]
-        # Rolled messages were pending already, in the cold tier; a copy dropped above
-        # was pending once, as the held one.
-        rolled = int(new["rolled"].astype(bool).sum())
+        held_rows, new, received, rolled = _arrivals(held_rows, new)
 
     if rows is not None:
         cancels = rows[rows["kind"] == Kind.CANCEL]
         if len(cancels):
-            targets = sorted(set(cancels["cancel_key"]))
-            hit = pc.is_in(held_rows.column("uniq_key"), value_set=pa.array(targets, pa.string()))
-            found = set(held_rows.filter(hit).column("uniq_key").to_pylist())
-            held_rows = held_rows.filter(pc.invert(hit))
-            if len(new):
-                gone = new["uniq_key"].isin(targets).to_numpy()
-                found.update(new["uniq_key"][gone])
-                new = new[~gone]
-            yield _cancel_outcomes(cancels, found)
+            held_rows, new = yield from _cancel(cancels, held_rows, new)
 
     arriving = len(new) if new is not None else 0
     watermark = real_watermark(held.watermark_ms(), config)
