@@ -160,6 +160,40 @@ def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, va
     }
 
 
+def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
+             names: pa.Array, values: pa.Array, numbers: dict[str, np.ndarray], rules: Rules,
+             slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> np.ndarray:
+    """`parse` and `group_of` for each of `rows` (the batch's rows the common path left),
+    written into `cols`; returns which of the batch's rows are dead letters."""
+    dead = np.zeros(len(starts) - 1, dtype=bool)
+    if not rows:
+        return dead
+    name_list, value_list = names.to_pylist(), values.to_pylist()
+    ipart, ioff, append = (numbers[name].tolist() for name in ("ipart", "ioff", "append_ms"))
+    for i in rows:
+        a, b = starts[i], starts[i + 1]
+        env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
+                    rules, now_ms)
+        kind = env.kind
+        if kind == Kind.DELAY and env.level > 0 and not env.rolled \
+                and env.due_ms < overdue_before_ms:
+            kind = Kind.NOW
+        cols["bucket"][i], cols["slot"][i] = group_of(
+            kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
+            env.cancel_key if kind == Kind.CANCEL else env.uniq_key)
+        cols["kind"][i] = kind.value
+        cols["level"][i] = env.level
+        cols["due_ms"][i] = env.due_ms
+        cols["uniq_key"][i] = env.uniq_key
+        cols["topic"][i] = env.real_topic
+        cols["qid"][i] = env.real_qid
+        cols["reason"][i] = env.reason
+        cols["cancel_key"][i] = env.cancel_key
+        cols["rolled"][i] = env.rolled
+        dead[i] = env.kind == Kind.DEAD
+    return dead
+
+
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
                 now_ms: int, overdue_before_ms: int = 0, common: bool = True) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns.
@@ -168,12 +202,10 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     started) is overdue on arrival: it goes out with the immediate messages, spread over the
     pass-through groups, instead of into its level's wheel group. Since that held from the
     checkpoint's first batch, no such message is ever in the state, so a level still leaves in
-    due order: the ones due before that moment in intake order (which, for a level, is due
-    order), every held one after them. A job started on a backlog (a first deployment, or a
-    checkpoint started over) then sends it as it reads it, instead of storing each batch and
-    firing it in the next, and the wheel's stage is no longer as uneven as a level's few slots
-    hash over the state partitions. Timers (a cancel names their group) and messages rolled in
-    from the cold tier keep to the wheel.
+    due order: the ones due before that moment in intake order (for a level, due order),
+    every held one after them. A job started on a backlog then sends it as it reads it.
+    Timers (a cancel names their group) and messages rolled in from the cold tier keep to
+    the wheel.
 
     The common rows are parsed for the whole batch at once (`_common`); with `common=False`
     every row takes the per-row rules (the tests compare the two)."""
@@ -199,32 +231,8 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     cols["rolled"][fast["rows"]] = False
     slow = np.ones(n, dtype=bool)
     slow[fast["rows"]] = False
-    slow = np.nonzero(slow)[0].tolist()
-    if slow:
-        name_list, value_list = names.to_pylist(), values.to_pylist()
-        ipart, ioff, append = (numbers[name].tolist() for name in ("ipart", "ioff", "append_ms"))
-    dead = np.zeros(n, dtype=bool)
-    for i in slow:
-        a, b = starts[i], starts[i + 1]
-        env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
-                    rules, now_ms)
-        kind = env.kind
-        if kind == Kind.DELAY and env.level > 0 and not env.rolled \
-                and env.due_ms < overdue_before_ms:
-            kind = Kind.NOW
-        cols["bucket"][i], cols["slot"][i] = group_of(
-            kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
-            env.cancel_key if kind == Kind.CANCEL else env.uniq_key)
-        cols["kind"][i] = kind.value
-        cols["level"][i] = env.level
-        cols["due_ms"][i] = env.due_ms
-        cols["uniq_key"][i] = env.uniq_key
-        cols["topic"][i] = env.real_topic
-        cols["qid"][i] = env.real_qid
-        cols["reason"][i] = env.reason
-        cols["cancel_key"][i] = env.cancel_key
-        cols["rolled"][i] = env.rolled
-        dead[i] = env.kind == Kind.DEAD
+    dead = _per_row(np.nonzero(slow)[0].tolist(), cols, starts, names, values, numbers, rules,
+                    slot_ms, spread, now_ms, overdue_before_ms)
 
     # User headers: every header but the contract's control headers, in order; a dead letter
     # keeps all of its original headers.
