@@ -49,7 +49,12 @@ def test_broker_stopped_and_started_under_load_loses_nothing(own_broker, job_pro
     load.stop()
     assert job.proc.poll() is None, f"the job died with the broker:\n{job.log.read_text()[-3000:]}"
     assert len(load.sent) > before, "the producer got through after the restart"
-    outcome = check_all_delivered(settings, real, load.sent, unacknowledged=load.unacknowledged)
+    try:
+        outcome = check_all_delivered(settings, real, load.sent,
+                                      unacknowledged=load.unacknowledged)
+    except AssertionError as e:   # what the job did meanwhile, for the one who reads the failure
+        raise AssertionError(f"{e}\n\nthe job's log, its end:\n"
+                             f"{job.log.read_text(errors='replace')[-8000:]}") from None
     job.stop()
     with capsys.disabled():
         print(f"\nbroker restart: broker down {down_s:.1f} s, {len(load.sent)} messages, lost 0, "
