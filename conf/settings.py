@@ -61,6 +61,7 @@ class Settings(BaseSettings):
     dispatch_topic_wait_ms: int
     dispatch_max_failures: int
     dispatch_replay_window: str
+    dispatch_direct_max_delay_ms: int
     wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
     fire_lead_per_message_us: int
     heartbeat_ms: int

@@ -17,7 +17,7 @@ but not yet in the ledger when the task died.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from state import headers as H
@@ -47,19 +47,31 @@ class DispatchConfig:
     retry_backoff_s: float = 1.0      # a transient send failure is retried this much later
     probe_interval_s: float = 30.0    # an idle task measures its clock against the broker's
     replay_window_s: float = 60.0     # what a restart skips reaches this far before its commit
+    # The intake read of sinks/direct.py: its rules, which levels (-1: none), the partitions'
+    # count of the ready topic (which intake partitions each task reads), and where to start
+    # an intake partition this task never committed (the wheel's position; else the earliest).
+    intake_topic: str = ""
+    rules: object = None
+    direct_max_delay_ms: int = -1
+    ready_partitions: int = 1
+    intake_start: dict = field(default_factory=dict)
+    intake_refresh_s: float = 30.0    # how often a task looks for new intake partitions
 
 
 class Row:
-    """A fired message held by a dispatch task; `offset` is its ready partition's."""
+    """A message held by a dispatch task; `offset` is its offset in `source`: None for the
+    task's ready partition, (intake topic, partition) for a message it read from the intake
+    itself (sinks/direct.py)."""
 
     __slots__ = ("due_ms", "ipart", "ioff", "offset", "topic", "partition", "key", "value",
-                 "headers", "level", "append_ms", "uniq_key")
+                 "headers", "level", "append_ms", "uniq_key", "source")
 
     def __init__(self, due_ms, ipart, ioff, offset, topic, partition, key, value, headers,
-                 level, append_ms, uniq_key):
+                 level, append_ms, uniq_key, source=None):
         self.due_ms, self.ipart, self.ioff, self.offset = due_ms, ipart, ioff, offset
         self.topic, self.partition, self.key, self.value = topic, partition, key, value
         self.headers, self.level, self.append_ms, self.uniq_key = headers, level, append_ms, uniq_key
+        self.source = source
 
     def order(self) -> tuple:
         """Its place in the heap: due time, then intake position (one key's order)."""
@@ -107,10 +119,10 @@ class Offsets:
 
     def read(self, offset: int, ledger_end: int) -> None:
         self._open[offset] = ledger_end
-        self.position = offset + 1
+        self.position = max(self.position, offset + 1)
 
     def skip(self, offset: int) -> None:
-        self.position = offset + 1
+        self.position = max(self.position, offset + 1)
 
     def done(self, offset: int) -> None:
         self._open.pop(offset, None)
@@ -223,7 +235,8 @@ def ledger_row(row: Row, sent_ms: int, status: str = "delivered",
     record = {"uniq_key": row.uniq_key, "topic": row.topic, "partition": row.partition,
               "level": row.level, "ipart": row.ipart, "ioff": row.ioff,
               "append_ms": row.append_ms, "due_ms": row.due_ms, "sent_ms": sent_ms,
-              "ready_offset": row.offset, "status": status, "reason": reason}
+              "ready_offset": row.offset if row.source is None else None, "status": status,
+              "reason": reason}
     if status == "dead":
         record.update(key=row.key, value=row.value,
                       headers=[{"key": k, "value": v} for k, v in row.headers])

@@ -1,5 +1,5 @@
 """The dispatch task's loop (sinks/dispatch.py has its rules and records): consume the ready
-partition, hold rows until due, send them and their ledger rows, commit, and on a restart skip
+partition and the intake partitions it reads itself (sinks/direct.py), hold rows until due, send them and their ledger rows, commit, and on a restart skip
 what the ledger already holds. No Spark import: it runs in a plain Python worker, and is tested
 on a real broker without Spark (tests/integration/test_dispatch.py).
 """
@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Callable, Iterator
 
+from sinks.direct import direct_rows, owned
 from sinks.dispatch import (LEDGER_BATCH, PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
                             Skew, dead_letter_headers, identity, ledger_record, ledger_row,
                             ledger_rows, ready_row, refusal, sender, too_large)
@@ -81,7 +82,8 @@ class _Task:
         self.ledger_end = 0
         self.sent = self.dead = self.skipped = 0
         self.stopping = self.paused = False
-        self.offsets = Offsets(0)
+        self.offsets: dict = {None: Offsets(0)}   # Row.source → its rows read and not done
+        self.intake: list = []   # the intake's TopicPartitions this task reads (sinks/direct.py)
         self._last_ack = 0.0
         self._old_end = 0   # the ready partition's end at the start
         self._unledgered: list[tuple[Row, dict]] = []   # acknowledged, ledger row not yet sent
@@ -90,16 +92,39 @@ class _Task:
         self._alone: set[int] = set()   # offsets of rows sent again alone after "too large"
 
     # ---- start: where to read from, and what the ledger already holds ----------------------
-    def _committed(self) -> tuple[int, int | None]:
+    def _owned(self) -> list:
+        """The intake partitions this task reads itself (none when no level is direct)."""
         from confluent_kafka import TopicPartition
 
-        [got] = self.consumer.committed([TopicPartition(self.ready.topic, self.partition)],
-                                        timeout=60)
-        if got.offset < 0:
-            low, _ = self.consumer.get_watermark_offsets(self.ready, timeout=60)
-            return low, None
-        mark = json.loads(got.metadata).get("ledger") if got.metadata else None
-        return got.offset, mark
+        config = self.config
+        if config.direct_max_delay_ms < 0:
+            return []
+        topic = self.consumer.list_topics(config.intake_topic, timeout=60).topics[
+            config.intake_topic]
+        if topic.error is not None:
+            from confluent_kafka import KafkaException
+            raise KafkaException(topic.error)
+        return [TopicPartition(config.intake_topic, q)
+                for q in owned(len(topic.partitions), config.ready_partitions, self.partition)]
+
+    def _committed(self, parts: list) -> tuple[dict, int | None]:
+        """Where each of `parts` starts (its committed offset; else the ready partition's
+        beginning, an intake partition's `intake_start` or beginning), by Row.source, and the
+        earliest ledger mark of their commits (None: none committed)."""
+        got = self.consumer.committed(parts, timeout=60)
+        starts, marks = {}, []
+        for tp in got:
+            source = None if tp.topic == self.ready.topic else (tp.topic, tp.partition)
+            if tp.offset >= 0:
+                starts[source] = tp.offset
+                meta = json.loads(tp.metadata) if tp.metadata else {}
+                if meta.get("ledger") is not None:
+                    marks.append(meta["ledger"])
+                continue
+            low, _ = self.consumer.get_watermark_offsets(tp, timeout=60)
+            starts[source] = low if source is None else max(
+                low, self.config.intake_start.get(tp.partition, low))
+        return starts, min(marks) if marks else None
 
     def _in_ledger(self, mark: int | None) -> set[int]:
         """The messages (`identity`) this partition's ledger holds from `replay_window_s`
@@ -148,19 +173,18 @@ class _Task:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        from confluent_kafka import TopicPartition
-
-        start, mark = retrying(self._committed)
+        self.intake = retrying(self._owned)
+        starts, mark = retrying(lambda: self._committed([self.ready, *self.intake]))
         done = retrying(lambda: self._in_ledger(mark))
         # The rows already in the ready partition at the start: read again from the commit
         # point, they are remembered too, for a wheel batch fired again after a crash writes
         # copies of them after this end.
         self._old_end = retrying(lambda: self.consumer.get_watermark_offsets(
             self.ready, timeout=60))[1]
-        self.offsets = Offsets(start)
+        self.offsets = {source: Offsets(start) for source, start in starts.items()}
         self._probe(wait=True)
-        self.consumer.assign([TopicPartition(self.ready.topic, self.partition, start)])
-        last_commit = began = time.monotonic()
+        self._assign()
+        last_commit = began = looked = time.monotonic()
         while not self.stopping:
             if done is not None and time.monotonic() - began > DONE_KEPT_S:
                 done = None
@@ -169,14 +193,22 @@ class _Task:
             self.producer.poll(0)
             self._ledger()
             self._pace()
+            intake = []
             for msg in self.consumer.consume(5000, timeout=self._wait_s()):
                 if msg.error():   # the client's own report; it reconnects and goes on
                     if msg.error().fatal():
                         from confluent_kafka import KafkaException
                         raise KafkaException(msg.error())
                     log.warning("dispatch %d: %s", self.partition, msg.error())
-                    continue
-                self._take(msg, done)
+                elif msg.topic() == self.ready.topic:
+                    self._take(msg, done)
+                else:
+                    intake.append(msg)
+            if intake:
+                self._take_intake(intake, done)
+            if self.intake and time.monotonic() - looked >= self.config.intake_refresh_s:
+                self._look_for_partitions()
+                looked = time.monotonic()
             if time.monotonic() - last_commit >= self.config.commit_interval_s:
                 self._commit()
                 last_commit = time.monotonic()
@@ -210,18 +242,61 @@ class _Task:
         """Bounded memory: stop reading while too many rows are held."""
         held = len(self.heap)
         if not self.paused and held >= self.config.max_held:
-            self.consumer.pause([self.ready])
+            self.consumer.pause([self.ready, *self.intake])
             self.paused = True
         elif self.paused and held < self.config.max_held // 2:
-            self.consumer.resume([self.ready])
+            self.consumer.resume([self.ready, *self.intake])
             self.paused = False
+
+    def _assign(self) -> None:
+        """Read the ready partition and the intake partitions from their positions."""
+        from confluent_kafka import TopicPartition
+
+        self.consumer.assign([TopicPartition(tp.topic, tp.partition, self.offsets[source].position)
+                              for tp, source in [(self.ready, None), *(
+                                  (tp, (tp.topic, tp.partition)) for tp in self.intake)]])
+        self.paused = False
+
+    def _look_for_partitions(self) -> None:
+        """Partitions added to the intake since the start: read them from their beginning
+        (the wheel leaves their direct messages out from the start too)."""
+        new = [tp for tp in retrying(self._owned)
+               if (tp.topic, tp.partition) not in self.offsets]
+        if not new:
+            return
+        starts, _ = retrying(lambda: self._committed(new))
+        for source, start in starts.items():
+            self.offsets[source] = Offsets(start)
+        self.intake.extend(new)
+        log.info("dispatch %d: reading new intake partitions %s", self.partition,
+                 [tp.partition for tp in new])
+        self._assign()
+
+    def _take_intake(self, msgs: list, done: set[int] | None) -> None:
+        """Intake records: the direct ones are held like fired rows (or skipped, when the
+        ledger holds them already), every other is the wheel's."""
+        # The due time's correction (state/timing.py) reads this host's clock as the wheel's
+        # parse does; the hold then allows for its error (`_now_ms`).
+        rows, others = direct_rows(msgs, self.config.rules, self.config.direct_max_delay_ms,
+                                   int(self.clock() * 1000), self.config.intake_topic)
+        for part, offset in others:
+            self.offsets[(self.config.intake_topic, part)].skip(offset)
+        for row in rows:
+            offsets = self.offsets[row.source]
+            if done is not None and identity(row.uniq_key, row.due_ms) in done:
+                offsets.skip(row.offset)
+                self.skipped += 1
+                continue
+            offsets.read(row.offset, self.ledger_end)
+            heapq.heappush(self.heap, row.order())
+            self.held[row.level] = self.held.get(row.level, 0) + 1
 
     def _take(self, msg, done: set[int] | None) -> None:
         """One ready record: the run's stop, a message the ledger holds already (skipped), or
         a row to hold until due."""
         offset, headers = msg.offset(), msg.headers() or []
         if headers and headers[-1][0] == READY_STOP:
-            self.offsets.skip(offset)
+            self.offsets[None].skip(offset)
             if (msg.value() or b"").decode() == self.config.run_id:
                 self.stopping = True
             return
@@ -229,12 +304,12 @@ class _Task:
         if done is not None:
             known = identity(row.uniq_key, row.due_ms)
             if known in done:
-                self.offsets.skip(offset)
+                self.offsets[None].skip(offset)
                 self.skipped += 1
                 return
             if offset < self._old_end:
                 done.add(known)
-        self.offsets.read(offset, self.ledger_end)
+        self.offsets[None].read(offset, self.ledger_end)
         heapq.heappush(self.heap, row.order())
         self.held[row.level] = self.held.get(row.level, 0) + 1
 
@@ -335,7 +410,7 @@ class _Task:
             self.skew.observe(stamp)
         self._last_ack = time.monotonic()
         for row in rows:
-            self.offsets.done(row.offset)
+            self.offsets[row.source].done(row.offset)
             self.held[row.level] -= 1
 
     def _probe(self, wait: bool = False) -> None:
@@ -373,12 +448,16 @@ class _Task:
         """Commit the commit point; a transient failure waits for the next commit."""
         from confluent_kafka import KafkaException, TopicPartition
 
-        point, mark = self.offsets.commit_point(self.ledger_end)
+        commits = []
+        for source, offsets in self.offsets.items():
+            point, mark = offsets.commit_point(self.ledger_end)
+            meta = {"ledger": mark}
+            if source is None:   # the task's held rows, for the pending gauge
+                meta["held"] = {str(k): n for k, n in self.held.items() if n}
+            topic, part = (self.ready.topic, self.partition) if source is None else source
+            commits.append(TopicPartition(topic, part, point, metadata=json.dumps(meta)))
         try:
-            self.consumer.commit(offsets=[TopicPartition(
-                self.ready.topic, self.partition, point, metadata=json.dumps(
-                    {"ledger": mark, "held": {str(k): n for k, n in self.held.items() if n}}))],
-                asynchronous=False)
+            self.consumer.commit(offsets=commits, asynchronous=False)
         except KafkaException as e:
             if not transient(e.args[0] if e.args else None):
                 raise

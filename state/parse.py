@@ -194,8 +194,29 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
     return dead
 
 
+def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, rules: Rules,
+                 direct_max_delay_ms: int, spread: int) -> None:
+    """Kind.DIRECT for every good level message (not a timer, not rolled from the cold tier)
+    whose level's delay is at most `direct_max_delay_ms`, immediate ones included: the dispatch
+    tasks read those from the intake themselves (sinks/direct.py), and the wheel only counts
+    them. A rule of the row alone, with no clock in it, so that the wheel and the dispatch
+    tasks always split the intake the same way."""
+    kind = cols["kind"]
+    candidate = np.isin(kind, (Kind.NOW.value, Kind.DELAY.value)) & ~cols["rolled"].astype(bool)
+    level = np.full(len(kind), -1, dtype=np.int64)
+    level[candidate] = cols["level"][candidate].astype(np.int64)
+    delays = np.asarray((0, *rules.level_delays_ms), dtype=np.int64)
+    direct = (level >= 0) & (delays[np.clip(level, 0, len(delays) - 1)] <= direct_max_delay_ms)
+    if direct.any():
+        kind[direct] = Kind.DIRECT.value
+        cols["bucket"][direct] = BUCKET_NOW
+        cols["slot"][direct] = np.asarray(spread_slots(BUCKET_NOW, spread),
+                                          dtype=np.int64)[ioff[direct] % spread]
+
+
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
-                now_ms: int, overdue_before_ms: int = 0, common: bool = True) -> pa.RecordBatch:
+                now_ms: int, overdue_before_ms: int = 0, common: bool = True,
+                direct_max_delay_ms: int = -1) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns.
 
     A level message due before `overdue_before_ms` (the moment the checkpoint's query first
@@ -208,7 +229,8 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     the wheel.
 
     The common rows are parsed for the whole batch at once (`_common`); with `common=False`
-    every row takes the per-row rules (the tests compare the two)."""
+    every row takes the per-row rules (the tests compare the two). With `direct_max_delay_ms`
+    at 0 or more, the short levels' messages are Kind.DIRECT (`_mark_direct`)."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
     row_of = np.repeat(np.arange(n), counts)
@@ -233,6 +255,8 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     slow[fast["rows"]] = False
     dead = _per_row(np.nonzero(slow)[0].tolist(), cols, starts, names, values, numbers, rules,
                     slot_ms, spread, now_ms, overdue_before_ms)
+    if direct_max_delay_ms >= 0:
+        _mark_direct(cols, numbers["ioff"], rules, direct_max_delay_ms, spread)
 
     # User headers: every header but the contract's control headers, in order; a dead letter
     # keeps all of its original headers.
@@ -255,14 +279,29 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     return pa.RecordBatch.from_arrays([arrays[name] for name in ENVELOPE.names], schema=ENVELOPE)
 
 
+def without_payload(parsed: pa.RecordBatch) -> pa.RecordBatch:
+    """The wheel's copy of Kind.DIRECT rows: counted there, sent by the dispatch tasks, so
+    their key, value and headers need not cross the wheel's shuffle."""
+    direct = pc.equal(parsed.column("kind"), Kind.DIRECT.value)
+    if not pc.any(direct).as_py():
+        return parsed
+    cut = {"key", "value", "hkeys", "hvals"}
+    return pa.RecordBatch.from_arrays(
+        [pc.if_else(direct, pa.scalar(None, field.type), parsed.column(field.name))
+         if field.name in cut else parsed.column(field.name) for field in parsed.schema],
+        schema=parsed.schema)
+
+
 def make_parser(rules: Rules, slot_ms: int, spread: int,
-                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0):
+                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0,
+                direct_max_delay_ms: int = -1):
     """The function handed to mapInArrow."""
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
         for batch in batches:
-            yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000),
-                              overdue_before_ms)
+            yield without_payload(parse_batch(batch, rules, slot_ms, spread,
+                                              int(clock() * 1000), overdue_before_ms,
+                                              direct_max_delay_ms=direct_max_delay_ms))
 
     return parse_batches

@@ -29,9 +29,11 @@ log = logging.getLogger(__name__)
 
 STAMP = "delayq.json"
 # Settings frozen into the checkpoint: the wheel's grouping (levels, slot width), Spark's
-# state partitioning, the watermark's delay and the cold tier's bucket layout.
+# state partitioning, the watermark's delay, the cold tier's bucket layout and which levels the
+# dispatch tasks read from the intake themselves (the wheel leaves those out).
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "spark_shuffle_partitions",
-           "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms")
+           "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms",
+           "dispatch_direct_max_delay_ms")
 
 
 class CheckpointError(JobError):

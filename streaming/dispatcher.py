@@ -20,6 +20,7 @@ from conf.settings import Settings
 from sinks.dispatch import READY_STOP, DispatchConfig
 from sinks.dispatch_task import run_partition
 from streaming.kafka_config import dispatch_producer_config, librdkafka_config
+from streaming.wheel_query import rules_of
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,8 @@ BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 JOB_GROUP = "delayq-dispatch-{topic}-{partition}"
 
 
-def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int) -> DispatchConfig:
+def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, partitions: int,
+                    intake_start: dict[int, int]) -> DispatchConfig:
     security = librdkafka_config(settings)
     producer = dispatch_producer_config(settings, max_request_bytes)
     consumer = {"bootstrap.servers": settings.bootstrap, **security,
@@ -39,15 +41,21 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int) -> 
                           dlq_topic=settings.dlq_topic, run_id=run_id,
                           commit_interval_s=settings.dispatch_commit_interval_ms / 1000,
                           max_held=settings.dispatch_max_held,
-                          replay_window_s=settings.dispatch_replay_window_ms / 1000)
+                          replay_window_s=settings.dispatch_replay_window_ms / 1000,
+                          intake_topic=settings.intake_topic, rules=rules_of(settings),
+                          direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
+                          ready_partitions=partitions, intake_start=intake_start)
 
 
 class Dispatcher:
     def __init__(self, spark, settings: Settings, partitions: int, max_request_bytes: int,
-                 on_held=None):
+                 on_held=None, intake_start: dict[int, int] | None = None):
+        """`intake_start`: the wheel's position in the intake (the checkpoint's last committed
+        batch), where a task starts an intake partition it never committed."""
         self.spark, self.settings, self.partitions = spark, settings, partitions
         self.run_id = uuid.uuid4().hex
-        self.config = dispatch_config(settings, self.run_id, max_request_bytes)
+        self.config = dispatch_config(settings, self.run_id, max_request_bytes, partitions,
+                                      intake_start or {})
         self.failure: str | None = None
         self.restarts = 0
         self._stopping = threading.Event()

@@ -33,7 +33,7 @@ from streaming.heartbeat import Heartbeat
 from streaming.kafka_config import spark_options
 from streaming.ledger_query import start_ledger_query
 from streaming.listener import OffsetMirror, ProgressListener
-from streaming.offsets import last_committed_batch
+from streaming.offsets import committed_offsets, last_committed_batch
 from streaming.schema import OUTPUT_SPARK
 from streaming.wheel_query import BatchWriter, pending_by_level, wheel_stream
 
@@ -106,9 +106,12 @@ class DelayJob:
         seed_batch = last_committed_batch(store.path(self.checkpoint))
         self._listen()
         self._step("listeners")
+        intake_start = ({} if seed_batch is None else
+                        committed_offsets(store.path(self.checkpoint), self.settings.intake_topic))
         self._dispatcher = Dispatcher(
             self.spark, self.settings, partitions, largest,
-            on_held=self.metrics.set_dispatch_held if self.metrics else None).start()
+            on_held=self.metrics.set_dispatch_held if self.metrics else None,
+            intake_start=intake_start).start()
         self.ledger_query = start_ledger_query(self.spark, self.settings, self.checkpoint,
                                                self.metrics, name=f"{self.query_name}-ledger")
         self._step("dispatch")

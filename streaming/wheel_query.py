@@ -1,5 +1,5 @@
-"""The wheel query: intake → parse → wheel (transformWithStateInPandas; applyInPandasWithState
-for a checkpoint started with it) → the ready topic, written by `BatchWriter` once per batch;
+"""The wheel query: intake → parse → wheel (applyInPandasWithState, or transformWithStateInPandas
+when `wheel_operator` says so) → the ready topic, written by `BatchWriter` once per batch;
 and the reads of its state (`pending_by_level`, `wheel_state`). DelayJob (streaming/job.py)
 starts it beside the dispatch tasks and the ledger query.
 """
@@ -90,7 +90,8 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
     source = intake_stream(spark, settings) if source is None else source
     parsed = source.mapInArrow(
         make_parser(rules_of(settings), settings.slot_ms, spread,
-                    overdue_before_ms=overdue_before_ms),
+                    overdue_before_ms=overdue_before_ms,
+                    direct_max_delay_ms=settings.dispatch_direct_max_delay_ms),
         ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))

@@ -110,6 +110,9 @@ def test_settings(work_dir, kafka_bootstrap):
         bootstrap_servers=kafka_bootstrap,
         data_dir=work_dir / "data",
         delay_levels="1s 2s 3s",
+        # Immediate and level-1 messages go the dispatch tasks' own way from the intake, levels
+        # 2 and 3 through the wheel: every test of delivery covers both paths.
+        dispatch_direct_max_delay_ms=1000,
         spark_master="local[*]",
         spark_driver_memory="1500m",
         spark_shuffle_partitions=2,

@@ -107,6 +107,9 @@ def job_process(kafka_bootstrap, work_dir):
         values = dict(bootstrap_servers=kafka_bootstrap, data_dir=str(work_dir / f"fault-{tag}"),
                       intake_topic=f"intake-{tag}", dlq_topic=f"intake-{tag}.DLQ",
                       delay_levels="1s 2s 3s", spark_master="local[*]",
+                      # Immediate and level-1 messages go the dispatch tasks' own way from the
+                      # intake, levels 2 and 3 through the wheel: both paths under each fault.
+                      dispatch_direct_max_delay_ms=1000,
                       spark_driver_memory="1g", ledger_interval="10s")
         values.update(overrides)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}

@@ -38,6 +38,7 @@ def job_settings(test_settings, work_dir):
             bootstrap_servers=test_settings.bootstrap_servers,
             data_dir=work_dir / f"data-{tag}",
             delay_levels=test_settings.delay_levels,
+            dispatch_direct_max_delay_ms=test_settings.dispatch_direct_max_delay_ms,
             spark_master=test_settings.spark_master,
             spark_shuffle_partitions=test_settings.spark_shuffle_partitions,
             ledger_interval=test_settings.ledger_interval,

@@ -204,3 +204,71 @@ def test_a_wheel_batch_fired_again_after_a_restart_is_sent_once(dispatch, kafka_
     keys = sorted(header_map(r)["UNIQ_KEY"].decode() for r in records)
     assert keys == sorted(r["uniq"] for r in rows), f"{len(keys)} sent for 20 messages"
     assert result and result[0]["skipped"] == 20
+
+
+def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
+        dispatch, new_topic, kafka_bootstrap):
+    """The task also reads the intake (sinks/direct.py): immediate and 1 s messages leave at
+    their due time (the intake's append time plus the level's delay), never before; 10 s
+    messages and bad input are the wheel's and are left alone. Killed while it holds 5 s
+    messages, a new task sends each message the ledger lacks, and only those."""
+    from state.envelope import Rules
+
+    config, _ = dispatch
+    intake = new_topic(partitions=2, **LOG_APPEND)
+    config.intake_topic, config.direct_max_delay_ms = intake, 5000
+    config.rules = Rules((1000, 5000, 10000), intake, config.dlq_topic,
+                         allowed_topics=frozenset(), max_delay_ms=86_400_000,
+                         clock_tolerance_ms=60_000, near_horizon_ms=600_000,
+                         cold_bucket_ms=3_600_000)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+
+    def send(level: bytes, n: int, tag: str, delay_header: str = H.DELAY) -> None:
+        for i in range(n):
+            producer.send(intake, key=f"k{i % 4}".encode(), value=f"{tag}{i}".encode(),
+                          partition=i % 2, headers=[(H.REAL_TOPIC, config.real.encode()),
+                                                    (delay_header, level),
+                                                    (H.UNIQ_KEY, f"{tag}{i}".encode())])
+        producer.flush()
+
+    send(b"2", 30, "held")                     # 5 s: held when the task is killed
+    send(b"0", 40, "now")
+    send(b"1", 40, "one")
+    send(b"3", 20, "wheel")                    # 10 s: the wheel's
+    send(b"x", 5, "bad")                       # dead: the wheel's
+    task = multiprocessing.get_context("spawn").Process(target=_run, args=(config,))
+    task.start()
+    consume_all(kafka_bootstrap, config.real, expected=80, timeout_s=60)
+    ledger_of(kafka_bootstrap, config.ledger_topic, 80)
+    task.kill()
+    task.join(30)
+    thread, result = in_thread(config)
+    records = consume_all(kafka_bootstrap, config.real, expected=110, timeout_s=60, idle_s=3)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    appended = {r.value.decode(): r.timestamp
+                for r in consume_all(kafka_bootstrap, intake, expected=135, timeout_s=30)}
+    delay = {"now": 0, "one": 1000, "held": 5000}
+    keys = sorted(header_map(r)["UNIQ_KEY"].decode() for r in records)
+    assert keys == sorted(f"{tag}{i}" for tag, n in (("held", 30), ("now", 40), ("one", 40))
+                          for i in range(n)), "each direct message once; none of the wheel's"
+    for r in records:
+        name = r.value.decode()
+        due = appended[name] + delay[name.rstrip("0123456789")]
+        assert int(header_map(r)[H.DELIVER_MS]) == due
+        assert r.timestamp >= due, f"{name} early by {due - r.timestamp} ms"
+    # The commit point stayed below the held rows: the 80 sent before the kill were read
+    # again and skipped, as the ledger holds them.
+    assert result and result[0]["sent"] == 30 and result[0]["skipped"] == 80
+    # One key of one intake partition leaves in intake order.
+    order = [int(r.value.decode()[3:]) for r in records
+             if r.value.startswith(b"one") and r.key == b"k1"]
+    assert order == sorted(order)
+    # Its commits on the intake: past every record the task read.
+    reader = Consumer(config.consumer)
+    got = reader.committed([TopicPartition(intake, 0), TopicPartition(intake, 1)], timeout=10)
+    ends = [reader.get_watermark_offsets(TopicPartition(intake, p), timeout=10)[1]
+            for p in (0, 1)]
+    reader.close()
+    assert [tp.offset for tp in got] == ends
+    producer.close()
