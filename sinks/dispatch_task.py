@@ -1,6 +1,7 @@
 """The dispatch task's loop (sinks/dispatch.py has its rules and records): consume the ready
-partition and the intake partitions it reads itself (sinks/direct.py), hold rows until due, send them and their ledger rows, commit, and on a restart skip
-what the ledger already holds. No Spark import: it runs in a plain Python worker, and is tested
+partition and the intake partitions it reads itself (sinks/direct.py), hold rows until due,
+send them and their ledger rows, commit, and on a restart skip what the ledger already holds
+(sinks/dispatch_start.py). No Spark import: it runs in a plain Python worker, and is tested
 on a real broker without Spark (tests/integration/test_dispatch.py).
 """
 from __future__ import annotations
@@ -11,10 +12,11 @@ import logging
 import time
 from typing import Callable, Iterator
 
-from sinks.direct import direct_rows, owned
+from sinks.direct import direct_rows
 from sinks.dispatch import (LEDGER_BATCH, PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
                             Skew, dead_letter_headers, identity, ledger_record, ledger_row,
-                            ledger_rows, ready_row, refusal, sender, too_large)
+                            ready_row, refusal, sender, too_large)
+from sinks.dispatch_start import committed, in_ledger, owned_partitions, retrying, transient
 
 log = logging.getLogger(__name__)
 
@@ -34,34 +36,6 @@ def run_partition(config: DispatchConfig, partition: int,
     finally:
         task.close()
     yield {"partition": partition, "sent": task.sent, "dead": task.dead, "skipped": task.skipped}
-
-
-def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: float = 1.0):
-    """`call()`, again after a pause while it raises a transient Kafka error (a coordinator
-    still loading, a broker restarting) and `timeout_s` has not passed."""
-    from confluent_kafka import KafkaException
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except KafkaException as e:
-            if not transient(e.args[0] if e.args else None) or time.monotonic() > deadline:
-                raise
-            log.info("dispatch: %s; retrying", e)
-            time.sleep(pause_s)
-
-
-def transient(err) -> bool:
-    """A Kafka error that passes by itself (retriable, or a cluster still starting)."""
-    from confluent_kafka import KafkaError as E
-
-    if err is None or not hasattr(err, "code"):
-        return False
-    return err.retriable() or err.code() in {
-        E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE,
-        E._TIMED_OUT, E._TRANSPORT, E._ALL_BROKERS_DOWN, E.LEADER_NOT_AVAILABLE,
-        E.NOT_LEADER_FOR_PARTITION, E.REQUEST_TIMED_OUT}
 
 
 class _Task:
@@ -91,91 +65,12 @@ class _Task:
         self.held: dict[int, int] = {}   # rows read and not yet in the ledger, by level
         self._alone: set[int] = set()   # offsets of rows sent again alone after "too large"
 
-    # ---- start: where to read from, and what the ledger already holds ----------------------
-    def _owned(self) -> list:
-        """The intake partitions this task reads itself (none when no level is direct)."""
-        from confluent_kafka import TopicPartition
-
-        config = self.config
-        if config.direct_max_delay_ms < 0:
-            return []
-        topic = self.consumer.list_topics(config.intake_topic, timeout=60).topics[
-            config.intake_topic]
-        if topic.error is not None:
-            from confluent_kafka import KafkaException
-            raise KafkaException(topic.error)
-        return [TopicPartition(config.intake_topic, q)
-                for q in owned(len(topic.partitions), config.ready_partitions, self.partition)]
-
-    def _committed(self, parts: list) -> tuple[dict, int | None]:
-        """Where each of `parts` starts (its committed offset; else the ready partition's
-        beginning, an intake partition's `intake_start` or beginning), by Row.source, and the
-        earliest ledger mark of their commits (None: none committed)."""
-        got = self.consumer.committed(parts, timeout=60)
-        starts, marks = {}, []
-        for tp in got:
-            source = None if tp.topic == self.ready.topic else (tp.topic, tp.partition)
-            if tp.offset >= 0:
-                starts[source] = tp.offset
-                meta = json.loads(tp.metadata) if tp.metadata else {}
-                if meta.get("ledger") is not None:
-                    marks.append(meta["ledger"])
-                continue
-            low, _ = self.consumer.get_watermark_offsets(tp, timeout=60)
-            starts[source] = low if source is None else max(
-                low, self.config.intake_start.get(tp.partition, low))
-        return starts, min(marks) if marks else None
-
-    def _in_ledger(self, mark: int | None) -> set[int]:
-        """The messages (`identity`) this partition's ledger holds from `replay_window_s`
-        before the last commit's ledger mark to its end (from its beginning when nothing was
-        committed yet: the partition holds only this ready partition's rows): those a crashed
-        task delivered after its last commit, and those of a wheel batch that a crash makes
-        the wheel fire again (it ran within the window before the crash). Sets `ledger_end`
-        to the partition's end."""
-        from confluent_kafka import TopicPartition
-
-        low, high = self.consumer.get_watermark_offsets(self.ledger, timeout=60)
-        self.ledger_end = high
-        position = low if mark is None else self._before(max(low, min(mark, high) - 1), low)
-        done: set[int] = set()
-        if position >= high:
-            return done
-        self.consumer.assign([TopicPartition(self.ledger.topic, self.partition, position)])
-        deadline = time.monotonic() + 120
-        while position < high and time.monotonic() < deadline:
-            for msg in self.consumer.consume(1000, timeout=1.0):
-                if msg.error():
-                    continue
-                position = msg.offset() + 1
-                if not msg.value():   # a probe
-                    continue
-                rows = ledger_rows(msg.value())
-                for key, due in zip(rows.column("uniq_key").to_pylist(),
-                                    rows.column("due_ms").to_pylist()):
-                    done.add(identity(key, due))
-        self.consumer.unassign()
-        return done
-
-    def _before(self, offset: int, low: int) -> int:
-        """The ledger offset `replay_window_s` before the record at `offset`."""
-        from confluent_kafka import TopicPartition
-
-        self.consumer.assign([TopicPartition(self.ledger.topic, self.partition, offset)])
-        msgs = self.consumer.consume(1, timeout=10.0)
-        self.consumer.unassign()
-        if not msgs or msgs[0].error():
-            return low
-        stamp = msgs[0].timestamp()[1] - int(self.config.replay_window_s * 1000)
-        [found] = self.consumer.offsets_for_times(
-            [TopicPartition(self.ledger.topic, self.partition, stamp)], timeout=30)
-        return found.offset if found.offset >= 0 else offset
-
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        self.intake = retrying(self._owned)
-        starts, mark = retrying(lambda: self._committed([self.ready, *self.intake]))
-        done = retrying(lambda: self._in_ledger(mark))
+        consumer, config = self.consumer, self.config
+        self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
+        starts, mark = retrying(lambda: committed(consumer, config, [self.ready, *self.intake]))
+        done, self.ledger_end = retrying(lambda: in_ledger(consumer, config, self.ledger, mark))
         # The rows already in the ready partition at the start: read again from the commit
         # point, they are remembered too, for a wheel batch fired again after a crash writes
         # copies of them after this end.
@@ -260,11 +155,12 @@ class _Task:
     def _look_for_partitions(self) -> None:
         """Partitions added to the intake since the start: read them from their beginning
         (the wheel leaves their direct messages out from the start too)."""
-        new = [tp for tp in retrying(self._owned)
+        consumer, config = self.consumer, self.config
+        new = [tp for tp in retrying(lambda: owned_partitions(consumer, config, self.partition))
                if (tp.topic, tp.partition) not in self.offsets]
         if not new:
             return
-        starts, _ = retrying(lambda: self._committed(new))
+        starts, _ = retrying(lambda: committed(consumer, config, new))
         for source, start in starts.items():
             self.offsets[source] = Offsets(start)
         self.intake.extend(new)

@@ -1,7 +1,7 @@
 """`delayq ledger`: where is a message? Delivered (the Delta ledger, or the ledger topic for
 the rows the ledger query has not appended yet), dead-lettered (dead-letter table), cancelled
-(cold tier), still pending (the ready topic, or the wheel's state, read with Spark's state data
-source), or unknown.
+(cold tier), still pending (the ready topic, the intake above the dispatch tasks' commits for a short
+level's message, or the wheel's state, read with Spark's state data source), or unknown.
 And `--summary`: counts and lateness percentiles per level over a time range."""
 from __future__ import annotations
 
@@ -159,9 +159,36 @@ def in_topics(settings, uniq_key: str, now_ms: int | None = None) -> Whereabouts
                     "topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
                     "intake": f"{row.ipart}-{row.ioff}",
                     "where": f"the ready topic, partition {msg.partition()}"})
-        return None
+        return _in_intake(consumer, settings, uniq_key)
     finally:
         consumer.close()
+
+
+def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
+    """A short level's message a dispatch task read from the intake itself (sinks/direct.py)
+    and has not finished: from each intake partition's offset the dispatch group committed."""
+    from sinks.direct import direct_rows
+    from state import headers as H
+    from state.envelope import default_uniq_key
+    from streaming.wheel_query import rules_of
+
+    if settings.dispatch_direct_max_delay_ms < 0:
+        return None
+    wanted = (H.UNIQ_KEY, uniq_key.encode())
+    for msg in _records(consumer, settings.intake_topic,
+                        lambda tps: consumer.committed(tps, timeout=30)):
+        if wanted in (msg.headers() or []) or uniq_key == default_uniq_key(msg.partition(),
+                                                                           msg.offset()):
+            rows, _ = direct_rows([msg], rules_of(settings),
+                                  settings.dispatch_direct_max_delay_ms,
+                                  msg.timestamp()[1], settings.intake_topic)
+            if rows and rows[0].uniq_key == uniq_key:
+                row = rows[0]
+                return Whereabouts("pending", {
+                    "topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
+                    "intake": f"{row.ipart}-{row.ioff}",
+                    "where": f"held by the dispatch task of intake partition {row.ipart}"})
+    return None
 
 
 def _records(consumer, topic: str, starts, from_earliest: bool = False):

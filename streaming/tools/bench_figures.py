@@ -80,10 +80,12 @@ def after_warmup(figures: dict, warmup_s: float) -> dict:
 def driver_cost(figures: dict) -> dict:
     """The driver's Python CPU per delivered message (µs): the bench's own process, which runs
     the job's driver in-process and also reads the progress, less its memory sampling; in the
-    cluster scenario the submitted driver's Python process."""
+    cluster scenario the submitted driver's Python process, in `first-minute` and `restart` the
+    `delayq run` child's."""
     delivered = figures.get("delivered")
     cpu = figures.get("cpu_s", {})
-    python_s = cpu.get("cluster_driver_python", cpu.get("bench_python"))
+    python_s = cpu.get("cluster_driver_python", cpu.get("job_driver_python",
+                                                         cpu.get("bench_python")))
     if not delivered or python_s is None:
         return {}
     return {"driver_python_cpu_us_per_msg": round(python_s * 1e6 / delivered, 1)}

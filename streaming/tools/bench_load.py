@@ -102,7 +102,8 @@ class MemoryPeaks(threading.Thread):
     ROLES = (("org.apache.spark.deploy.SparkSubmit", "spark_jvm"),
              ("CoarseGrainedExecutorBackend", "executor_jvms"),
              ("org.apache.spark.deploy.", "cluster_daemons"),
-             ("deploy/spark/main.py", "cluster_driver_python"), ("pyspark", "python_workers"),
+             ("deploy/spark/main.py", "cluster_driver_python"),
+             ("streaming.cli run", "job_driver_python"), ("pyspark", "python_workers"),
              ("kafka.Kafka", "broker"), ("streaming.tools.loadgen produce", "load_generator"),
              ("streaming.tools.loadgen consume", "reader"))
     # What the peaks are reported as, in the order `sample` measures them.
@@ -167,6 +168,8 @@ class MemoryPeaks(threading.Thread):
                 jvm += memory
             elif role == "python_workers":
                 workers += memory
+            elif role == "job_driver_python":   # a `delayq run` child's driver
+                python += memory
         now = (jvm + python, jvm, python, workers)
         with self._lock:
             self._cpu.update(cpu)

@@ -65,6 +65,22 @@ def test_lookup_finds_delivered_pending_and_dead(job_settings, start_job, new_to
     assert real in out.stdout
 
 
+def test_lookup_finds_a_message_its_dispatch_task_read_from_the_intake(
+        job_settings, start_job, new_topic, kafka_bootstrap):
+    """A level the dispatch tasks read from the intake themselves (sinks/direct.py): held by its
+    task, the message is pending, above the task's commit on the intake."""
+    settings = job_settings(delay_levels="1s 2s 60s", dispatch_direct_max_delay_ms=60_000)
+    real = new_topic(**LOG_APPEND)
+    start_job(settings)
+    with DelayProducer(settings) as producer:
+        held = producer.send(real, b"later", level=3)
+    where = assert_eventually(lambda: lookup.in_topics(settings, held.uniq_key), timeout_s=30,
+                              message="the held message in the intake")
+    assert where.status == "pending" and where.detail["level"] == 3
+    assert where.detail["topic"] == real and "dispatch task" in where.detail["where"]
+    assert lookup.in_topics(settings, "never-sent") is None
+
+
 def test_ledger_summary_per_level(job_settings, start_job, new_topic, kafka_bootstrap, spark):
     settings = job_settings()
     real = new_topic(**LOG_APPEND)

@@ -224,3 +224,15 @@ def test_a_process_s_role_is_its_first_match():
     assert MemoryPeaks.role(jars + "org.apache.spark.deploy.worker.Worker") == "cluster_daemons"
     assert MemoryPeaks.role("/v/bin/python /p/deploy/spark/main.py run") == "cluster_driver_python"
     assert MemoryPeaks.role("/v/bin/python -m pyspark.daemon") == "python_workers"
+    # The `delayq run` child of the first-minute and restart scenarios: its driver.
+    assert MemoryPeaks.role("/v/bin/python -m streaming.cli run") == "job_driver_python"
+
+
+def test_the_driver_cost_is_the_driver_process_s_where_there_is_one():
+    from streaming.tools.bench_figures import driver_cost
+
+    cpu = {"bench_python": 0.1, "job_driver_python": 2.0}
+    assert driver_cost({"delivered": 1_000_000, "cpu_s": cpu}) == {
+        "driver_python_cpu_us_per_msg": 2.0}
+    assert driver_cost({"delivered": 100_000, "cpu_s": {"bench_python": 0.5}}) == {
+        "driver_python_cpu_us_per_msg": 5.0}

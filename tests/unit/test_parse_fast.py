@@ -83,14 +83,14 @@ def batch(rows, append_ms, partition):
 @given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
        st.lists(st.integers(-5_000, 5_000), min_size=30, max_size=30),
        st.integers(-120_000, 120_000), st.integers(-10_000, 10_000), st.integers(1, 4),
-       st.sampled_from([RULES, COLD_RULES]), st.integers(0, 17))
+       st.sampled_from([RULES, COLD_RULES]), st.integers(0, 17), st.sampled_from([-1, 0, 5_000]))
 def test_the_common_rows_parse_as_the_per_row_rules_parse_them(
-        rows, base_ms, jitter, skew, overdue, spread, rules, partition):
+        rows, base_ms, jitter, skew, overdue, spread, rules, partition, direct):
     append = [base_ms + jitter[i] for i in range(len(rows))]
     data = batch(rows, append, partition)
     args = (data, rules, 1_000, spread, base_ms + skew, base_ms + overdue)
-    fast = parse_batch(*args)
-    slow = parse_batch(*args, common=False)
+    fast = parse_batch(*args, direct_max_delay_ms=direct)
+    slow = parse_batch(*args, common=False, direct_max_delay_ms=direct)
     assert fast.schema == slow.schema
     for name in fast.schema.names:
         assert fast.column(name).to_pylist() == slow.column(name).to_pylist(), name
@@ -117,3 +117,40 @@ def test_a_batch_of_common_rows_takes_the_batch_path():
     assert list(common["uniq_key"][:2]) == ["k0", "k1"] and common["uniq_key"][50] == "0-50"
     assert set(common["kind"][100:]) == {"delay"} and set(common["level"][100:]) == {-1}
     assert set(common["due_ms"][100:]) == {10**12 + 30_000}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
+       st.tuples(st.integers(-120_000, 120_000), st.integers(-120_000, 120_000)),
+       st.tuples(st.integers(-10_000, 10_000), st.integers(-10_000, 10_000)),
+       st.sampled_from([0, 1_000, 5_000, 10_000]))
+def test_the_direct_rows_are_the_short_levels_whatever_the_clock(rows, base_ms, skews, overdues,
+                                                                 direct):
+    """The wheel (at its batch's time) and a dispatch task (at its own) split the intake the
+    same way: Kind.DIRECT is every good level message whose level's delay is at most the
+    setting, immediate ones included, and nothing else, whatever the clock says."""
+    data = batch(rows, [base_ms] * len(rows), 0)
+    kinds = [parse_batch(data, RULES, 1_000, 2, base_ms + skew, base_ms + overdue,
+                         direct_max_delay_ms=direct).column("kind").to_pylist()
+             for skew, overdue in zip(skews, overdues)]
+    assert [k == "direct" for k in kinds[0]] == [k == "direct" for k in kinds[1]]
+    plain = parse_batch(data, RULES, 1_000, 2, base_ms, 0)
+    delays = (0, *RULES.level_delays_ms)
+    for was, now, level in zip(plain.column("kind").to_pylist(), kinds[0],
+                               plain.column("level").to_pylist()):
+        short = was in ("now", "delay") and level is not None and 0 <= level \
+            and delays[level] <= direct
+        assert (now == "direct") == short
+
+
+def test_the_wheels_copy_of_a_direct_row_carries_no_payload():
+    from state.parse import without_payload
+
+    rows = [[(H.REAL_TOPIC, b"orders"), (H.DELAY, level), ("trace", b"t")]
+            for level in (b"1", b"3")]
+    parsed = without_payload(parse_batch(batch(rows, [10**12] * 2, 0), RULES, 1_000, 2, 10**12,
+                                         direct_max_delay_ms=5_000))
+    assert parsed.column("kind").to_pylist() == ["direct", "delay"]
+    for name in ("value", "hkeys", "hvals"):
+        assert parsed.column(name)[0].as_py() is None and parsed.column(name)[1].as_py()
+    assert parsed.column("level").to_pylist() == [1, 3]

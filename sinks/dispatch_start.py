@@ -1,0 +1,123 @@
+"""Where a dispatch task (sinks/dispatch_task.py) starts: the partitions it reads, their
+committed offsets, and the messages its ledger partition already holds, which a restart skips
+(sinks/dispatch.py says why). Plain Kafka calls on the task's consumer, with `retrying` for a
+cluster still starting.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Callable
+
+from sinks.direct import owned
+from sinks.dispatch import DispatchConfig, identity, ledger_rows
+
+log = logging.getLogger(__name__)
+
+
+def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: float = 1.0):
+    """`call()`, again after a pause while it raises a transient Kafka error (a coordinator
+    still loading, a broker restarting) and `timeout_s` has not passed."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except KafkaException as e:
+            if not transient(e.args[0] if e.args else None) or time.monotonic() > deadline:
+                raise
+            log.info("dispatch: %s; retrying", e)
+            time.sleep(pause_s)
+
+
+def transient(err) -> bool:
+    """A Kafka error that passes by itself (retriable, or a cluster still starting)."""
+    from confluent_kafka import KafkaError as E
+
+    if err is None or not hasattr(err, "code"):
+        return False
+    return err.retriable() or err.code() in {
+        E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE,
+        E._TIMED_OUT, E._TRANSPORT, E._ALL_BROKERS_DOWN, E.LEADER_NOT_AVAILABLE,
+        E.NOT_LEADER_FOR_PARTITION, E.REQUEST_TIMED_OUT}
+
+
+def owned_partitions(consumer, config: DispatchConfig, task: int) -> list:
+    """The intake partitions ready partition `task`'s dispatch task reads itself (none when no
+    level is direct)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    if config.direct_max_delay_ms < 0:
+        return []
+    topic = consumer.list_topics(config.intake_topic, timeout=60).topics[config.intake_topic]
+    if topic.error is not None:
+        raise KafkaException(topic.error)
+    return [TopicPartition(config.intake_topic, q)
+            for q in owned(len(topic.partitions), config.ready_partitions, task)]
+
+
+def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int | None]:
+    """Where each of `parts` starts (its committed offset; else the ready partition's
+    beginning, an intake partition's `intake_start` or beginning), by Row.source, and the
+    earliest ledger mark of their commits (None: none committed)."""
+    starts, marks = {}, []
+    for tp in consumer.committed(parts, timeout=60):
+        source = None if tp.topic == config.ready_topic else (tp.topic, tp.partition)
+        if tp.offset >= 0:
+            starts[source] = tp.offset
+            meta = json.loads(tp.metadata) if tp.metadata else {}
+            if meta.get("ledger") is not None:
+                marks.append(meta["ledger"])
+            continue
+        low, _ = consumer.get_watermark_offsets(tp, timeout=60)
+        starts[source] = low if source is None else max(
+            low, config.intake_start.get(tp.partition, low))
+    return starts, min(marks) if marks else None
+
+
+def in_ledger(consumer, config: DispatchConfig, ledger, mark: int | None) -> tuple[set[int], int]:
+    """The messages (`identity`) the task's ledger partition `ledger` holds from
+    `replay_window_s` before the last commit's ledger mark to its end (from its beginning when
+    nothing was committed yet: the partition holds only this task's rows): those a crashed task
+    delivered after its last commit, and those of a wheel batch that a crash makes the wheel
+    fire again (it ran within the window before the crash); and the partition's end."""
+    from confluent_kafka import TopicPartition
+
+    low, high = consumer.get_watermark_offsets(ledger, timeout=60)
+    position = low if mark is None else _before(consumer, config, ledger,
+                                                max(low, min(mark, high) - 1), low)
+    done: set[int] = set()
+    if position >= high:
+        return done, high
+    consumer.assign([TopicPartition(ledger.topic, ledger.partition, position)])
+    deadline = time.monotonic() + 120
+    while position < high and time.monotonic() < deadline:
+        for msg in consumer.consume(1000, timeout=1.0):
+            if msg.error():
+                continue
+            position = msg.offset() + 1
+            if not msg.value():   # a probe
+                continue
+            rows = ledger_rows(msg.value())
+            for key, due in zip(rows.column("uniq_key").to_pylist(),
+                                rows.column("due_ms").to_pylist()):
+                done.add(identity(key, due))
+    consumer.unassign()
+    return done, high
+
+
+def _before(consumer, config: DispatchConfig, ledger, offset: int, low: int) -> int:
+    """The ledger offset `replay_window_s` before the record at `offset`."""
+    from confluent_kafka import TopicPartition
+
+    consumer.assign([TopicPartition(ledger.topic, ledger.partition, offset)])
+    msgs = consumer.consume(1, timeout=10.0)
+    consumer.unassign()
+    if not msgs or msgs[0].error():
+        return low
+    stamp = msgs[0].timestamp()[1] - int(config.replay_window_s * 1000)
+    [found] = consumer.offsets_for_times(
+        [TopicPartition(ledger.topic, ledger.partition, stamp)], timeout=30)
+    return found.offset if found.offset >= 0 else offset
