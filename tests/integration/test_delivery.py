@@ -263,8 +263,8 @@ def stop_during_a_write(job, settings, real: str, sent: dict, *, hold, after_wri
 
     kafka.write_batch = write_batch
     with DelayProducer(settings) as producer:
-        for i in range(20):
-            send(producer, sent, real, f"stop {i}".encode(), level=i % 2)
+        for i in range(20):   # levels 2 and 3: the wheel's (level 1's go around it)
+            send(producer, sent, real, f"stop {i}".encode(), level=2 + i % 2)
     assert_eventually(lambda: asked, timeout_s=30, message="a batch under way")
     stopper.join(timeout=90)
     assert not stopper.is_alive(), "the stop returned"
@@ -443,7 +443,9 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
 
     fired: list = []
     now_ms = int(time.time() * 1000)
-    query = (wheel_stream(spark, settings, overdue_before_ms=now_ms, first_watermark_ms=now_ms)
+    # The wheel alone, every level through it (the dispatch tasks read level 0 themselves).
+    alone = settings.model_copy(update={"dispatch_direct_max_delay_ms": -1})
+    query = (wheel_stream(spark, alone, overdue_before_ms=now_ms, first_watermark_ms=now_ms)
              .writeStream.queryName(f"replay-{settings.intake_topic}")
              .foreachBatch(lambda batch, _: fired.extend(
                  r.uniq_key for r in batch.filter(F.col("kind") == "deliver")

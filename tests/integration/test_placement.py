@@ -30,8 +30,9 @@ def test_placement_is_spark_s_hash_partitioning(spark):
 def test_immediate_messages_are_spread_over_every_state_partition(spark, job_settings, work_dir):
     """The wheel's own output, tagged with the partition its stateful task ran in: each
     immediate message leaves from the state partition its intake offset picks, so from both
-    (they all left from partition 1 when they were spread by intake offset modulo 2)."""
-    settings = job_settings()
+    (they all left from partition 1 when they were spread by intake offset modulo 2). Every
+    level through the wheel: the dispatch tasks would read immediate messages themselves."""
+    settings = job_settings(dispatch_direct_max_delay_ms=-1)
     assert settings.spark_shuffle_partitions == 2
     ensure_topics(settings)
     count = 40
