@@ -63,7 +63,7 @@ class _Task:
         self._unledgered: list[tuple[Row, dict]] = []   # acknowledged, ledger row not yet sent
         self._sender = [(SENDER, sender())]
         self.held: dict[int, int] = {}   # rows read and not yet in the ledger, by level
-        self._alone: set[int] = set()   # offsets of rows sent again alone after "too large"
+        self._alone: set[tuple] = set()   # (source, offset) of rows sent again alone after "too large"
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -101,7 +101,8 @@ class _Task:
                     intake.append(msg)
             if intake:
                 self._take_intake(intake, done)
-            if self.intake and time.monotonic() - looked >= self.config.intake_refresh_s:
+            if self.config.direct_max_delay_ms >= 0 \
+                    and time.monotonic() - looked >= self.config.intake_refresh_s:
                 self._look_for_partitions()
                 looked = time.monotonic()
             if time.monotonic() - last_commit >= self.config.commit_interval_s:
@@ -150,7 +151,8 @@ class _Task:
         self.consumer.assign([TopicPartition(tp.topic, tp.partition, self.offsets[source].position)
                               for tp, source in [(self.ready, None), *(
                                   (tp, (tp.topic, tp.partition)) for tp in self.intake)]])
-        self.paused = False
+        if self.paused:   # a task holding its most keeps every partition paused (`_pace`)
+            self.consumer.pause([self.ready, *self.intake])
 
     def _look_for_partitions(self) -> None:
         """Partitions added to the intake since the start: read them from their beginning
@@ -240,11 +242,11 @@ class _Task:
             self._unledgered.append((row, ledger_row(row, sent_ms)))
             return
         reason = refusal(err, row)
-        if reason is not None and too_large(err) and row.offset not in self._alone:
+        if reason is not None and too_large(err) and (row.source, row.offset) not in self._alone:
             # The broker refuses a whole record batch too large for the topic: a row may only
             # have shared one with a larger one. Sent again alone, it is refused only when it
             # is too large itself (Kafka's Java producer splits such a batch the same way).
-            self._alone.add(row.offset)
+            self._alone.add((row.source, row.offset))
             self._later(lambda: self._send_alone(row), 0.0)
             return
         if reason is None:

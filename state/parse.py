@@ -194,13 +194,18 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
     return dead
 
 
-def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, rules: Rules,
-                 direct_max_delay_ms: int, spread: int) -> None:
+def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, append: np.ndarray,
+                 rules: Rules, direct_max_delay_ms: int, spread: int, now_ms: int) -> None:
     """Kind.DIRECT for every good level message (not a timer, not rolled from the cold tier)
     whose level's delay is at most `direct_max_delay_ms`, immediate ones included: the dispatch
     tasks read those from the intake themselves (sinks/direct.py), and the wheel only counts
     them. A rule of the row alone, with no clock in it, so that the wheel and the dispatch
-    tasks always split the intake the same way."""
+    tasks always split the intake the same way.
+
+    Their due time is the row's too, append time plus delay: the dispatch reads a message
+    milliseconds after its append, so a host clock a little behind the broker's would make
+    correctDeliverTimestamp's "deliver now" an early delivery. Only a clock behind by more than
+    `clock_tolerance_ms` (it moved) delivers at once, as the rule says."""
     kind = cols["kind"]
     candidate = np.isin(kind, (Kind.NOW.value, Kind.DELAY.value)) & ~cols["rolled"].astype(bool)
     level = np.full(len(kind), -1, dtype=np.int64)
@@ -208,6 +213,9 @@ def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, rules: Rules,
     delays = np.asarray((0, *rules.level_delays_ms), dtype=np.int64)
     direct = (level >= 0) & (delays[np.clip(level, 0, len(delays) - 1)] <= direct_max_delay_ms)
     if direct.any():
+        due = append[direct] + delays[level[direct]]
+        moved = append[direct] > now_ms + rules.clock_tolerance_ms
+        cols["due_ms"][direct] = np.where(moved, now_ms, due)
         kind[direct] = Kind.DIRECT.value
         cols["bucket"][direct] = BUCKET_NOW
         cols["slot"][direct] = np.asarray(spread_slots(BUCKET_NOW, spread),
@@ -256,7 +264,8 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     dead = _per_row(np.nonzero(slow)[0].tolist(), cols, starts, names, values, numbers, rules,
                     slot_ms, spread, now_ms, overdue_before_ms)
     if direct_max_delay_ms >= 0:
-        _mark_direct(cols, numbers["ioff"], rules, direct_max_delay_ms, spread)
+        _mark_direct(cols, numbers["ioff"], numbers["append_ms"], rules, direct_max_delay_ms,
+                     spread, now_ms)
 
     # User headers: every header but the contract's control headers, in order; a dead letter
     # keeps all of its original headers.

@@ -29,11 +29,12 @@ log = logging.getLogger(__name__)
 
 STAMP = "delayq.json"
 # Settings frozen into the checkpoint: the wheel's grouping (levels, slot width), Spark's
-# state partitioning, the watermark's delay, the cold tier's bucket layout and which levels the
-# dispatch tasks read from the intake themselves (the wheel leaves those out).
+# state partitioning, the watermark's delay, the cold tier's bucket layout, and which messages
+# the dispatch tasks read from the intake themselves (the wheel leaves those out; a held one read
+# again after a restart must be judged as it was, so what makes a message bad is frozen too).
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "spark_shuffle_partitions",
            "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms",
-           "dispatch_direct_max_delay_ms")
+           "dispatch_direct_max_delay_ms", "allowed_topics", "dlq_topic")
 
 
 class CheckpointError(JobError):
@@ -195,6 +196,23 @@ def operator_for(settings: Settings, checkpoint: str, verdict: str) -> str:
         log.warning("checkpoint %s keeps the wheel's state with %s; wheel_operator = %r applies "
                     "to new checkpoints only", checkpoint, was, settings.wheel_operator)
     return was
+
+
+def direct_was_on(checkpoint: str, verdict: str) -> bool:
+    """Whether the dispatch tasks already read the short levels from the intake in this
+    checkpoint's earlier runs (its stamp, before this run writes it). If not, a task starts an
+    intake partition it never committed at the wheel's position: the wheel sent what lies
+    before it. If so, at the partition's beginning: one it never committed is new (the ledger's
+    skip drops what a crash before its first commit had sent)."""
+    stamp_file = store.path(checkpoint) / STAMP
+    if verdict != "resume" or not stamp_file.exists():
+        return False
+    try:
+        was = json.loads(stamp_file.read_text()).get("settings", {})
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
+                              f"{exc}") from None
+    return was.get("dispatch_direct_max_delay_ms", -1) >= 0
 
 
 def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:

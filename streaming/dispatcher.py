@@ -35,7 +35,10 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
     producer = dispatch_producer_config(settings, max_request_bytes)
     consumer = {"bootstrap.servers": settings.bootstrap, **security,
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
-                "fetch.wait.max.ms": 10, "enable.partition.eof": False}
+                "fetch.wait.max.ms": 10, "enable.partition.eof": False,
+                # What Spark's Kafka source reads (its default): the wheel and the dispatch
+                # tasks see the same intake records.
+                "isolation.level": "read_uncommitted"}
     return DispatchConfig(consumer=consumer, producer=producer,
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
                           dlq_topic=settings.dlq_topic, run_id=run_id,

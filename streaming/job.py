@@ -81,6 +81,7 @@ class DelayJob:
         self._seeder: threading.Thread | None = None
         self._writer: BatchWriter | None = None
         self._dispatcher: Dispatcher | None = None
+        self._direct_was_on = False   # see streaming/checkpoint.py direct_was_on
         self.ledger_query = None   # ledger topic → Delta
 
     def _step(self, name: str) -> None:
@@ -106,7 +107,7 @@ class DelayJob:
         seed_batch = last_committed_batch(store.path(self.checkpoint))
         self._listen()
         self._step("listeners")
-        intake_start = ({} if seed_batch is None else
+        intake_start = ({} if seed_batch is None or self._direct_was_on else
                         committed_offsets(store.path(self.checkpoint), self.settings.intake_topic))
         self._dispatcher = Dispatcher(
             self.spark, self.settings, partitions, largest,
@@ -147,6 +148,7 @@ class DelayJob:
                              allow_config_change=self._allow_config_change)
         now_ms = int(time.time() * 1000)
         started_ms = ckpt.started_ms(self.checkpoint, verdict, now_ms)
+        self._direct_was_on = ckpt.direct_was_on(self.checkpoint, verdict)
         operator = ckpt.operator_for(self.settings, self.checkpoint, verdict)
         if operator != self.settings.wheel_operator:
             self.settings = self.settings.model_copy(update={"wheel_operator": operator})

@@ -154,3 +154,18 @@ def test_the_wheels_copy_of_a_direct_row_carries_no_payload():
     for name in ("value", "hkeys", "hvals"):
         assert parsed.column(name)[0].as_py() is None and parsed.column(name)[1].as_py()
     assert parsed.column("level").to_pylist() == [1, 3]
+
+
+def test_a_direct_rows_due_time_is_its_own_whatever_the_hosts_clock():
+    """A host clock behind the broker's by less than clock_tolerance leaves the due time at
+    append time plus delay (correctDeliverTimestamp's "deliver now" would be early: the
+    dispatch reads a message milliseconds after its append); behind by more, the clock moved,
+    and the message is due now."""
+    rows = [[(H.REAL_TOPIC, b"orders"), (H.DELAY, b"2")]]
+    append = 10**12
+    for behind, due in ((40, append + 5_000), (RULES.clock_tolerance_ms + 1,
+                                               append - RULES.clock_tolerance_ms - 1)):
+        parsed = parse_batch(batch(rows, [append], 0), RULES, 1_000, 2, append - behind,
+                             direct_max_delay_ms=5_000)
+        assert parsed.column("kind").to_pylist() == ["direct"]
+        assert parsed.column("due_ms").to_pylist() == [due]
