@@ -42,7 +42,8 @@ def test_the_dispatch_tasks_deliver_on_time_and_the_ledger_holds_each_once(
     load = SteadyLoad(settings, real)
     load.start()
     with DelayProducer(settings) as producer:
-        later = producer.send(real, b"later", delay_ms=40_000)
+        # 60 s: time for the checks below while it is held (40 s left -3 s in a busy full run).
+        later = producer.send(real, b"later", delay_ms=60_000)
         lost = producer.send(f"missing-{settings.intake_topic}", b"nowhere", level=1)
     time.sleep(10)
     load.stop()
