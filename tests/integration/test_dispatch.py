@@ -272,3 +272,33 @@ def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
     reader.close()
     assert [tp.offset for tp in got] == ends
     producer.close()
+
+
+def test_a_partition_added_to_the_intake_is_read_from_its_beginning(
+        dispatch, new_topic, kafka_bootstrap, admin):
+    """The task looks for new intake partitions (every `intake_refresh_s`): the short-level
+    messages of a partition added while it runs, which the wheel leaves out, are sent."""
+    from kafka.admin import NewPartitions
+
+    from state.envelope import Rules
+
+    config, _ = dispatch
+    intake = new_topic(partitions=1, **LOG_APPEND)
+    config.intake_topic, config.direct_max_delay_ms, config.intake_refresh_s = intake, 1000, 1.0
+    config.rules = Rules((1000, 5000), intake, config.dlq_topic, allowed_topics=frozenset(),
+                         max_delay_ms=86_400_000, clock_tolerance_ms=60_000,
+                         near_horizon_ms=600_000, cold_bucket_ms=3_600_000)
+    thread, result = in_thread(config)
+    time.sleep(3)
+    admin.create_partitions({intake: NewPartitions(total_count=2)})
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    for i in range(10):
+        producer.send(intake, value=f"new{i}".encode(), partition=1,
+                      headers=[(H.REAL_TOPIC, config.real.encode()), (H.DELAY, b"1")])
+    producer.flush()
+    producer.close()
+    records = consume_all(kafka_bootstrap, config.real, expected=10, timeout_s=60, idle_s=2)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert sorted(r.value for r in records) == sorted(f"new{i}".encode() for i in range(10))
+    assert result and result[0]["sent"] == 10

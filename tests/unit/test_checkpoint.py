@@ -9,7 +9,7 @@ import pytest
 
 from conf import load_settings
 from state.columns import STATE_FORMAT
-from streaming.checkpoint import (STAMP, CheckpointError, check, operator_for,
+from streaming.checkpoint import (STAMP, CheckpointError, check, direct_was_on, operator_for,
                                   started_ms, write_stamp)
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
@@ -132,3 +132,20 @@ def test_a_checkpoint_that_is_not_a_folder_is_refused(tmp_path):
     (tmp_path / "ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match="not a folder"):
         check(SETTINGS, str(tmp_path / "ckpt"), {0: 1})
+
+
+def test_an_uncommitted_intake_partition_starts_at_the_wheel_only_where_the_wheel_had_it(tmp_path):
+    """`direct_was_on`: a checkpoint whose earlier runs sent every level through the wheel (no
+    stamp value, or -1) hands the dispatch tasks the wheel's position; one that already had the
+    short levels around the wheel, or a fresh one, does not."""
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    assert not direct_was_on(ckpt, "resume")   # no stamp yet
+    write_stamp(SETTINGS.model_copy(update={"dispatch_direct_max_delay_ms": -1}), ckpt)
+    assert not direct_was_on(ckpt, "resume")
+    write_stamp(SETTINGS, ckpt)
+    assert SETTINGS.dispatch_direct_max_delay_ms >= 0
+    assert direct_was_on(ckpt, "resume") and not direct_was_on(ckpt, "fresh")
+    stamp = json.loads((tmp_path / "ckpt" / STAMP).read_text())
+    del stamp["settings"]["dispatch_direct_max_delay_ms"]   # written before the setting existed
+    (tmp_path / "ckpt" / STAMP).write_text(json.dumps(stamp))
+    assert not direct_was_on(ckpt, "resume")
