@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -243,3 +244,20 @@ def child_env(environ, overrides: dict) -> dict[str, str]:
     environment's DELAYQ_* values under the bench's overrides, so a setting given in the
     environment holds for the restart scenario's job as for the other scenarios."""
     return {**environ, **{f"DELAYQ_{k.upper()}": str(v) for k, v in overrides.items()}}
+
+
+def tidy(work: Path, keep: bool, problems: list[str] | None) -> str:
+    """What becomes of a run's folder (its broker's log, the job's checkpoint and tables, the
+    sent and read arrays: gigabytes for the default scenarios). Removed after a clean run,
+    unless asked to keep it; kept when the run found lost or early messages, or did not finish
+    (problems None), since its arrays and topics are what shows which ones. Returns the line
+    to print."""
+    if keep:
+        return f"bench: kept the run's data in {work}"
+    if problems is None or problems:
+        why = "the run did not finish" if problems is None else "lost or early messages"
+        return f"bench: kept the run's data in {work} ({why}); remove it when done"
+    shutil.rmtree(work, ignore_errors=True)
+    if work.exists():
+        return f"bench: could not remove all of {work}"
+    return f"bench: removed the run's data ({work}); --keep-data keeps it"

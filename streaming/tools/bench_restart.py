@@ -43,13 +43,10 @@ def run(bench) -> dict:
                                 start_new_session=True)
     # The load runs 20 s before the kill, through the downtime, and 12 s after the restart.
     count = int(plan.restart_rate * (32 + plan.restart_down_s))
-    load.start_reader(timeout_s=600 + plan.restart_down_s, count=count)
     # The outage's backlog: the same real topic (one the killed run delivered to), its own
     # sequence numbers after the load's.
     outage = (Load(bench.settings, bench.work, real, "restart-outage", seq_base=count)
               if plan.restart_backlog else None)
-    if outage:
-        outage.start_reader(timeout_s=900 + plan.restart_down_s, count=plan.restart_backlog)
     job = run()
     # Up and delivering before the kill: its first batch done ("delayq started in", which
     # `delayq run` prints then) and 20 s of the load behind it. A fixed wait from the
@@ -57,6 +54,10 @@ def run(bench) -> dict:
     # still in its first batches (start-up 25-33 s that day), with none of its messages
     # fired ahead yet: the scenario measured a job killed during its start.
     wait_for_line(job, bench.work / "restart-job.log", STARTED, timeout_s=300)
+    # The readers read from the topic's start: started now, they leave the job's start alone.
+    load.start_reader(timeout_s=600 + plan.restart_down_s, count=count)
+    if outage:
+        outage.start_reader(timeout_s=900 + plan.restart_down_s, count=plan.restart_backlog)
     producer = load.produce(intake, count, plan.restart_rate,
                             plan.size, levels=(2,),
                             partitions=len(bench.settings.level_delays_ms), wait=False)

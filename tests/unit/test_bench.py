@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from state.errors import ConfigError
-from streaming.tools.bench import Result, scenarios_of, tidy
+from streaming.tools.bench import Result, scenarios_of
+from streaming.tools.bench_load import tidy
 from streaming.tools.bench_figures import after_warmup, join
 from streaming.tools.bench_load import PROJECT
 
