@@ -35,7 +35,9 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
     producer = dispatch_producer_config(settings, max_request_bytes)
     consumer = {"bootstrap.servers": settings.bootstrap, **security,
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
-                "fetch.wait.max.ms": 10, "enable.partition.eof": False,
+                "enable.partition.eof": False,
+                # The client's own fetch wait (500 ms): a fetch returns once a record comes;
+                # 10 ms fetches of idle tasks cost the broker a fifth of a core.
                 # What Spark's Kafka source reads (its default): the wheel and the dispatch
                 # tasks see the same intake records.
                 "isolation.level": "read_uncommitted"}

@@ -30,8 +30,7 @@ def dispatch(new_topic, kafka_bootstrap):
     ready, ledger = new_topic(), new_topic(**LOG_APPEND)
     real, dlq = new_topic(**LOG_APPEND), new_topic(**LOG_APPEND)
     config = DispatchConfig(
-        consumer={"bootstrap.servers": kafka_bootstrap, "group.id": f"dispatch-{uuid.uuid4().hex}",
-                  "fetch.wait.max.ms": 10},
+        consumer={"bootstrap.servers": kafka_bootstrap, "group.id": f"dispatch-{uuid.uuid4().hex}"},
         producer={"bootstrap.servers": kafka_bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "topic.metadata.propagation.max.ms": 2000},
         ready_topic=ready, ledger_topic=ledger, dlq_topic=dlq, run_id="run-1",
