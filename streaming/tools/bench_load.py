@@ -120,7 +120,7 @@ class MemoryPeaks(threading.Thread):
         # otherwise count as the driver's: reported apart as "bench_sampler".
         self._sampler_cpu = 0.0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     @classmethod
     def role(cls, cmdline: str) -> str | None:
@@ -130,7 +130,7 @@ class MemoryPeaks(threading.Thread):
         return None
 
     def run(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._halt.wait(0.5):
             self.sample()
 
     def sample(self) -> None:
@@ -200,7 +200,7 @@ class MemoryPeaks(threading.Thread):
         return totals
 
     def stop(self) -> dict:
-        self._stop.set()
+        self._halt.set()
         with self._lock:
             return self._report(self.peaks)
 
