@@ -130,6 +130,7 @@ class Bench:
         self.admin = admin_client(settings)
         self.log = log
         self.job = None
+        self.memory: MemoryPeaks | None = None   # the run's sampler (`run`)
         self.summaries: list = []   # every delivery batch's BatchSummary (step timings)
 
     @property
@@ -194,6 +195,7 @@ class Bench:
             after, first_summary = last_batch(self.job.query), len(self.summaries)
         ledger_after = last_batch(self.job.ledger_query) if self.job.ledger_query else -1
         done = load.wait_producer(produced)
+        analysis = time.thread_time()
         figures = load.finish(count)
         if warmup_s:
             figures.update(after_warmup(figures, warmup_s))
@@ -206,6 +208,7 @@ class Bench:
                 for p in ledger.recentProgress if p["batchId"] > ledger_after]}
         figures["step_p50_s"] = step_figures(self.summaries[first_summary:])
         figures["timeline"] = timeline(self.job.query, after, self.summaries[first_summary:])
+        self.memory.exclude(time.thread_time() - analysis)
         return figures
 
     def burst(self) -> dict:
@@ -309,7 +312,7 @@ class Bench:
                    "ledger": self.settings.ledger,
                    "wheel_operator": self.settings.wheel_operator, "cpu_probe_ms": {"before": cpu_probe_ms()}}
         result = Result(plan=self.plan.__dict__.copy(), machine=machine)
-        memory = MemoryPeaks()
+        memory = self.memory = MemoryPeaks()
         memory.start()
         try:
             for name in self.plan.scenarios:

@@ -79,7 +79,7 @@ def after_warmup(figures: dict, warmup_s: float) -> dict:
 
 def driver_cost(figures: dict) -> dict:
     """The driver's Python CPU per delivered message (µs): the bench's own process, which runs
-    the job's driver in-process and also reads the progress, less its memory sampling; in the
+    the job's driver in-process, less its memory sampling and its analysis; in the
     cluster scenario the submitted driver's Python process, in `first-minute` and `restart` the
     `delayq run` child's."""
     delivered = figures.get("delivered")

@@ -119,6 +119,9 @@ class MemoryPeaks(threading.Thread):
         # The sampling's own CPU (reading every child's memory maps for its PSS), which would
         # otherwise count as the driver's: reported apart as "bench_sampler".
         self._sampler_cpu = 0.0
+        # The bench's own analysis in this process (joining sends and deliveries, reading the
+        # progress), which is not the driver's either: reported apart as "bench_analysis".
+        self._analysis_cpu = 0.0
         self._lock = threading.Lock()
         self._halt = threading.Event()
 
@@ -180,6 +183,11 @@ class MemoryPeaks(threading.Thread):
     def _report(self, peaks: list[int]) -> dict:
         return {name: round(value / 2**20) for name, value in zip(self.PEAKS, peaks)}
 
+    def exclude(self, thread_cpu_s: float) -> None:
+        """CPU seconds the bench's analysis took (`time.thread_time` of its thread)."""
+        with self._lock:
+            self._analysis_cpu += thread_cpu_s
+
     def window_peaks(self) -> dict:
         """Peaks since the last call (a scenario's own), and start a new window."""
         self.sample()
@@ -195,8 +203,10 @@ class MemoryPeaks(threading.Thread):
         with self._lock:
             for role, seconds in self._cpu.values():
                 totals[role] = totals.get(role, 0.0) + seconds
-            totals["bench_python"] = totals.get("bench_python", 0.0) - self._sampler_cpu
+            totals["bench_python"] = (totals.get("bench_python", 0.0) - self._sampler_cpu
+                                      - self._analysis_cpu)
             totals["bench_sampler"] = self._sampler_cpu
+            totals["bench_analysis"] = self._analysis_cpu
         return totals
 
     def stop(self) -> dict:

@@ -237,3 +237,14 @@ def test_the_driver_cost_is_the_driver_process_s_where_there_is_one():
         "driver_python_cpu_us_per_msg": 2.0}
     assert driver_cost({"delivered": 100_000, "cpu_s": {"bench_python": 0.5}}) == {
         "driver_python_cpu_us_per_msg": 5.0}
+
+
+def test_the_bench_s_own_analysis_is_not_counted_as_the_driver_s():
+    from streaming.tools.bench_load import MemoryPeaks
+
+    peaks = MemoryPeaks()
+    before = peaks.cpu_seconds()
+    peaks.exclude(5.0)
+    after = peaks.cpu_seconds()
+    assert after["bench_analysis"] == 5.0
+    assert after["bench_python"] < before["bench_python"] - 4.5
