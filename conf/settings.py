@@ -8,7 +8,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -149,6 +149,18 @@ class Settings(BaseSettings):
         if value < 0:
             raise ValueError(f"must not be negative, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _direct_levels_are_near(self) -> "Settings":
+        # A level message is cold only when its level's delay exceeds near_horizon; up to it,
+        # whether the dispatch tasks or the wheel take it is a rule of the row alone.
+        if self.dispatch_direct_max_delay_ms > self.near_horizon_ms:
+            raise ConfigError(
+                f"setting dispatch_direct_max_delay_ms={self.dispatch_direct_max_delay_ms} is "
+                f"beyond near_horizon={self.near_horizon!r}: the levels between them would go "
+                f"to the cold tier or the dispatch tasks depending on the clock; keep it at "
+                f"most near_horizon")
+        return self
 
     # ---- derived values -------------------------------------------------------------
     @cached_property

@@ -63,3 +63,12 @@ def test_settings_are_frozen():
     settings = load_settings()
     with pytest.raises(Exception):
         settings.intake_topic = "other"
+
+
+def test_the_short_levels_split_must_stay_within_the_near_horizon():
+    """Past near_horizon a level's messages may be cold, by the clock; the split would not be a
+    rule of the row alone."""
+    with pytest.raises(ConfigError, match="dispatch_direct_max_delay_ms"):
+        load_settings(near_horizon="10s", dispatch_direct_max_delay_ms=12000)
+    assert load_settings(near_horizon="12s", dispatch_direct_max_delay_ms=12000)
+    assert load_settings(near_horizon="10s", dispatch_direct_max_delay_ms=-1)
