@@ -13,14 +13,12 @@ Scenarios, in one run on one broker and one Spark session:
           lost, duplicates, throughput in and out, batch durations.
   burst   many timer messages due in the same second: how long after it the last one left.
   backlog many timers pending over 2 h … 30 days (cold tier), taken in between two runs of
-          the same near load: the near load's lateness with the backlog against without it,
-          the rate it was taken in, its bytes on disk, memory peaks.
-  restart the job, once up and 20 s into a load, killed (SIGKILL) and started again: time
-          from the restart to its first delivery, and to that of a message sent after it;
-          optionally after a downtime with a backlog sent meanwhile, and how soon it is out.
+          a near load: its lateness with and without the backlog, take-in rate, disk, memory.
+  restart a `delayq run` child SIGKILLed 20 s into a load and started again: start-up, first
+          deliveries after it, optionally after a downtime's backlog (bench_restart.py).
   first-minute
-          a fresh `delayq run`, a minute of the steady load from 30 s after it started: the
-          lateness a deploy's first minute gives (streaming/tools/bench_start.py).
+          a fresh `delayq run`, a minute of the steady load from 30 s after it started
+          (streaming/tools/bench_start.py).
 Lateness is the delivered record's broker timestamp minus its due time (the intake append
 time plus the level's delay, or the timer's deliver time). The load generator and the reader
 run as child processes (streaming/tools/loadgen.py). Writes a JSON result and a PNG of lateness.
@@ -194,11 +192,15 @@ class Bench:
             time.sleep(warmup_s)
             after, first_summary = last_batch(self.job.query), len(self.summaries)
         ledger_after = last_batch(self.job.ledger_query) if self.job.ledger_query else -1
+        cpu_from = self.memory.cpu_seconds()["bench_python"]   # the driver's, after the warm-up
         done = load.wait_producer(produced)
+        loaded_cpu_s = self.memory.cpu_seconds()["bench_python"] - cpu_from
         analysis = time.thread_time()
         figures = load.finish(count)
         if warmup_s:
             figures.update(after_warmup(figures, warmup_s))
+            figures["driver_python_cpu_us_per_msg_loaded"] = round(loaded_cpu_s * 1e6 / max(
+                1, figures["measured_messages"]), 1)   # without the job's start
         figures.update(in_msg_s=done["rate"], **batch_figures(self.job.query, after))
         ledger = self.job.ledger_query
         if ledger is not None:   # the ledger query, over the same window
@@ -299,8 +301,7 @@ class Bench:
             if self.job is not None:
                 self.job.stop()
                 self.job = None
-            # An idle Spark session of this process made the child's start 1.3-1.7 s slower
-            # (16.6 and 17.0 s against 15.3 s, alternating, one broker).
+            # An idle session here made the child's start 1.3-1.7 s slower (16.6, 17.0 : 15.3 s).
             self.stop_session()
         function = "run" if name not in ("raw", "raw-steady") else name.replace("-", "_")
         return getattr(importlib.import_module(module), function)(self)
