@@ -1,5 +1,6 @@
-"""Kafka client settings, one source for every client: kafka-python (producer, admin,
-heartbeat) and Spark's Kafka source and sink (options prefixed `kafka.`)."""
+"""Kafka client settings, one source for every client: kafka-python (producer, admin),
+librdkafka (heartbeat, dispatch tasks) and Spark's Kafka source and sink (options prefixed
+`kafka.`)."""
 from __future__ import annotations
 
 from conf.settings import Settings
