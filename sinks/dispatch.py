@@ -261,7 +261,9 @@ def ledger_rows(record: bytes):
 
 
 def dead_letter_headers(row: Row, reason: str) -> list:
-    extra = [(H.REAL_TOPIC, row.topic.encode())]
+    """A refused row's headers, its real topic and partition back, then DLQ_REASON; a row
+    without a topic is bad input (sinks/direct.py), its headers all there as they came."""
+    extra = [] if row.topic is None else [(H.REAL_TOPIC, row.topic.encode())]
     if row.partition is not None:
         extra.append((H.REAL_QID, str(row.partition).encode()))
     return row.headers + extra + [(H.DLQ_REASON, reason.encode())]

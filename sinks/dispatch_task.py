@@ -175,19 +175,23 @@ class _Task:
         ledger holds them already), every other is the wheel's."""
         # The due time's correction (state/timing.py) reads this host's clock as the wheel's
         # parse does; the hold then allows for its error (`_now_ms`).
-        rows, others = direct_rows(msgs, self.config.rules, self.config.direct_max_delay_ms,
-                                   int(self.clock() * 1000), self.config.intake_topic)
+        rows, dead, others = direct_rows(msgs, self.config.rules,
+                                         self.config.direct_max_delay_ms,
+                                         int(self.clock() * 1000), self.config.intake_topic)
         for part, offset in others:
             self.offsets[(self.config.intake_topic, part)].skip(offset)
-        for row in rows:
+        for row, reason in [*((row, None) for row in rows), *dead]:
             offsets = self.offsets[row.source]
             if done is not None and identity(row.uniq_key, row.due_ms) in done:
                 offsets.skip(row.offset)
                 self.skipped += 1
                 continue
             offsets.read(row.offset, self.ledger_end)
-            heapq.heappush(self.heap, row.order())
             self.held[row.level] = self.held.get(row.level, 0) + 1
+            if reason is None:
+                heapq.heappush(self.heap, row.order())
+            else:   # bad input: its dead letter now, with the wheel's reason
+                self._dead_letter(row, reason)
 
     def _take(self, msg, done: set[int] | None) -> None:
         """One ready record: the run's stop, a message the ledger holds already (skipped), or

@@ -198,9 +198,7 @@ def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, append: np.ndarr
                  rules: Rules, direct_max_delay_ms: int, spread: int, now_ms: int) -> None:
     """Kind.DIRECT for every good level message (not a timer, not rolled from the cold tier)
     whose level's delay is at most `direct_max_delay_ms`, immediate ones included: the dispatch
-    tasks read those from the intake themselves (sinks/direct.py), and the wheel only counts
-    them. A rule of the row alone, with no clock in it, so that the wheel and the dispatch
-    tasks always split the intake the same way.
+    tasks parse the records sinks/direct.py `is_direct` gives them with it, and hold these.
 
     Their due time is the row's too, append time plus delay: the dispatch reads a message
     milliseconds after its append, so a host clock a little behind the broker's would make
@@ -288,29 +286,14 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     return pa.RecordBatch.from_arrays([arrays[name] for name in ENVELOPE.names], schema=ENVELOPE)
 
 
-def without_payload(parsed: pa.RecordBatch) -> pa.RecordBatch:
-    """The wheel's copy of Kind.DIRECT rows: counted there, sent by the dispatch tasks, so
-    their key, value and headers need not cross the wheel's shuffle."""
-    direct = pc.equal(parsed.column("kind"), Kind.DIRECT.value)
-    if not pc.any(direct).as_py():
-        return parsed
-    cut = {"key", "value", "hkeys", "hvals"}
-    return pa.RecordBatch.from_arrays(
-        [pc.if_else(direct, pa.scalar(None, field.type), parsed.column(field.name))
-         if field.name in cut else parsed.column(field.name) for field in parsed.schema],
-        schema=parsed.schema)
-
-
 def make_parser(rules: Rules, slot_ms: int, spread: int,
-                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0,
-                direct_max_delay_ms: int = -1):
+                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0):
     """The function handed to mapInArrow."""
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
         for batch in batches:
-            yield without_payload(parse_batch(batch, rules, slot_ms, spread,
-                                              int(clock() * 1000), overdue_before_ms,
-                                              direct_max_delay_ms=direct_max_delay_ms))
+            yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000),
+                              overdue_before_ms)
 
     return parse_batches

@@ -31,7 +31,7 @@ from state.worker import settle
 
 # The pass-through bucket of each kind that keeps no state in the wheel.
 _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKET_NOW,
-                 Kind.HEARTBEAT: BUCKET_NOW, Kind.DIRECT: BUCKET_NOW}
+                 Kind.HEARTBEAT: BUCKET_NOW}
 
 
 def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
@@ -233,8 +233,7 @@ class GroupHeld(Held):
 def _pass_through(bucket: int, rows: pd.DataFrame, config: WheelConfig,
                   now_ms: int) -> Iterator[pd.DataFrame]:
     """A pass-through group's rows (no state): counted by level, then sent on: to the cold
-    tier, the dead-letter topic or the ready topic (Kind.DIRECT rows: only counted, the
-    dispatch tasks send them)."""
+    tier, the dead-letter topic or the ready topic."""
     taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
     if len(taken):
         cold = taken["kind"] == Kind.COLD

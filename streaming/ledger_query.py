@@ -23,7 +23,9 @@ from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.kafka_config import spark_options
 
 log = logging.getLogger(__name__)
-_GROUP = ("status", "level", "reason")
+# A ledger row's group in the counts; "direct": a message the dispatch read from the intake
+# itself (sinks/direct.py), which the wheel never saw, so it is counted as received here.
+_GROUP = ("status", "level", "reason", "direct")
 
 
 def ledger_checkpoint(checkpoint: str) -> str:
@@ -64,7 +66,8 @@ def decoding(counts=None):
 
 def _count(table, pc) -> list[dict]:
     lateness = pc.subtract(table.column("sent_ms"), table.column("due_ms"))
-    keyed = table.select(list(_GROUP)).append_column("lateness", lateness)
+    keyed = (table.select(list(_GROUP[:-1])).append_column(
+        "direct", pc.is_null(table.column("ready_offset"))).append_column("lateness", lateness))
     for i, bound in enumerate(LATENESS_BUCKETS):
         keyed = keyed.append_column(f"le{i}", pc.cast(pc.less_equal(lateness, int(bound * 1000)), "int64"))
     aggs = [([], "count_all"), ("lateness", "sum")] + [
@@ -117,6 +120,8 @@ class LedgerWriter:
             self._dead_letters(batch.mapInArrow(decoding(), self._schema), batch_id)
         if self.metrics is not None:
             self.metrics.observe_sent(summary.delivered_by_level, summary.lateness)
+            for level, n in summary.received_by_level.items():
+                self.metrics.received.labels(level=str(level)).inc(n)
             for reason, n in summary.dead_by_reason.items():
                 self.metrics.dead.labels(reason=reason).inc(n)
         if self.on_batch is not None:
@@ -141,6 +146,8 @@ class LedgerWriter:
         for row in counted:
             if row["status"] == "dead":
                 summary.add("dead", None, row["reason"], row["count_all"])
+            if row["direct"]:
+                summary.add("tally", row["level"], None, 1, row["count_all"])
         if delivered:
             buckets = [sum(row[f"le{i}_sum"] for row in delivered)
                        for i in range(len(LATENESS_BUCKETS))]

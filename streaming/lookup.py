@@ -179,9 +179,9 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
                         lambda tps: consumer.committed(tps, timeout=30)):
         if wanted in (msg.headers() or []) or uniq_key == default_uniq_key(msg.partition(),
                                                                            msg.offset()):
-            rows, _ = direct_rows([msg], rules_of(settings),
-                                  settings.dispatch_direct_max_delay_ms,
-                                  msg.timestamp()[1], settings.intake_topic)
+            rows, _, _ = direct_rows([msg], rules_of(settings),
+                                     settings.dispatch_direct_max_delay_ms,
+                                     msg.timestamp()[1], settings.intake_topic)
             if rows and rows[0].uniq_key == uniq_key:
                 row = rows[0]
                 return Whereabouts("pending", {

@@ -19,6 +19,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from conf.settings import Settings
 from sinks.base import BatchSink, BatchSummary
+from sinks.direct import WHEEL_HEADERS, direct_values
 from sinks.kafka import header_struct
 from sinks.ready import ReadySink
 from state import headers as H
@@ -88,10 +89,10 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
     in for a new query's missing watermark (`WheelConfig`). Both 0: neither."""
     spread = settings.spark_shuffle_partitions
     source = intake_stream(spark, settings) if source is None else source
-    parsed = source.mapInArrow(
-        make_parser(rules_of(settings), settings.slot_ms, spread,
-                    overdue_before_ms=overdue_before_ms,
-                    direct_max_delay_ms=settings.dispatch_direct_max_delay_ms),
+    rules = rules_of(settings)
+    direct = direct_values(rules, settings.dispatch_direct_max_delay_ms)
+    parsed = (source.filter(~direct_column(direct)) if direct else source).mapInArrow(
+        make_parser(rules, settings.slot_ms, spread, overdue_before_ms=overdue_before_ms),
         ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
@@ -105,6 +106,15 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
         fired = groups.applyInPandasWithState(make_wheel(config), WHEEL_OUT_SPARK, STATE_SPARK,
                                               "append", GroupStateTimeout.EventTimeTimeout)
     return with_kafka_headers(fired)
+
+
+def direct_column(values: frozenset[bytes]) -> F.Column:
+    """sinks/direct.py `is_direct` as a Spark column over the intake's headers: the records
+    the dispatch tasks send themselves, which the wheel leaves out before its parse."""
+    texts = sorted(v.decode() for v in values)
+    wheel = F.exists("headers", lambda h: h["key"].isin(*sorted(WHEEL_HEADERS)) | (
+        (h["key"] == H.DELAY) & ~F.coalesce(h["value"].cast("string").isin(*texts), F.lit(False))))
+    return ~F.coalesce(wheel, F.lit(False))
 
 
 def with_kafka_headers(fired: DataFrame) -> DataFrame:

@@ -130,3 +130,31 @@ def test_any_input_is_delivered_on_time_or_dead_lettered_with_its_reason(data, b
         due = expected[record.value][1]
         assert int(header_map(record)[H.DELIVER_MS]) == due
         assert record.timestamp >= due, f"{due - record.timestamp} ms early"
+
+
+def test_the_wheel_leaves_out_exactly_the_records_the_dispatch_takes(spark, job_settings):
+    """The split of the intake between the wheel and the dispatch tasks, computed twice: by
+    the wheel in the JVM (streaming/wheel_query.py `direct_column`) and by a dispatch task in
+    Python (sinks/direct.py `is_direct`). Every record must have exactly one owner."""
+    import itertools
+
+    from sinks.direct import direct_values, is_direct
+    from streaming.wheel_query import direct_column
+
+    settings = job_settings(delay_levels="1s 5s 10s 30s", dispatch_direct_max_delay_ms=10_000)
+    values = direct_values(rules_of(settings), settings.dispatch_direct_max_delay_ms)
+    parts = [(H.DELAY, v) for v in (b"0", b"1", b"3", b"4", b"9", b"02", b" 1", b"", None,
+                                    b"\xff", "１".encode())]
+    parts += [(name, b"1") for name in (H.TIMER_DELAY_MS, H.TIMER_DELAY_SEC, H.TIMER_DELIVER_MS,
+                                        H.TIMER_DEL_UNIQKEY, H.HEARTBEAT, H.ROLLED, "delay",
+                                        "trace")]
+    cases = [None, []] + [[(H.REAL_TOPIC, b"t"), *combo]
+                          for n in (0, 1, 2) for combo in itertools.permutations(parts, n)]
+    frame = spark.createDataFrame([(i, None if c is None else [(k, v) for k, v in c])
+                                   for i, c in enumerate(cases)],
+                                  "i int, headers array<struct<key:string,value:binary>>")
+    jvm = {r["i"]: r["direct"] for r in
+           frame.select("i", direct_column(values).alias("direct")).collect()}
+    python = {i: is_direct(c, values) for i, c in enumerate(cases)}
+    assert jvm == python
+    assert 0 < sum(python.values()) < len(cases)

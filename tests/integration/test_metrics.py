@@ -146,12 +146,14 @@ def test_pending_gauge_after_a_restart_counts_every_message_once(job_settings, s
     second = build_metrics()
     job = start_job(settings, checkpoint=checkpoint, metrics=second)
     consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
-    assert_eventually(lambda: pending(second, 3) == 6 and pending(second, 1) == 0,
+    # Level 1's message is a dispatch task's own (sinks/direct.py): its level shows in the
+    # gauge only if a commit caught it held.
+    assert_eventually(lambda: pending(second, 3) == 6 and not pending(second, 1),
                       timeout_s=60, message="6 pending at level 3, none at level 1")
     job._seeder.join(timeout=60)
     assert not job._seeder.is_alive()
     time.sleep(2)   # a few more (heartbeat) batches: nothing counted twice
-    assert (pending(second, 3), pending(second, 1)) == (6, 0)
+    assert (pending(second, 3), pending(second, 1) or 0) == (6, 0)
 
 
 def test_exported_metrics_pass_promtool(job_settings):

@@ -143,17 +143,44 @@ def test_the_direct_rows_are_the_short_levels_whatever_the_clock(rows, base_ms, 
         assert (now == "direct") == short
 
 
-def test_the_wheels_copy_of_a_direct_row_carries_no_payload():
-    from state.parse import without_payload
+@settings(max_examples=300, deadline=None)
+@given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
+       st.sampled_from([-1, 0, 1_000, 5_000, 10_000]), st.booleans())
+def test_the_records_the_dispatch_takes_parse_as_direct_or_dead(
+        rows, base_ms, direct, immediate):
+    """sinks/direct.py `is_direct` (and the wheel's JVM copy of it, tested against it in
+    tests/integration/test_delivery.py) splits the intake by headers alone: a dispatch task
+    holds or dead-letters each record it takes, never one of the wheel's kinds."""
+    from sinks.direct import direct_values, is_direct
 
-    rows = [[(H.REAL_TOPIC, b"orders"), (H.DELAY, level), ("trace", b"t")]
-            for level in (b"1", b"3")]
-    parsed = without_payload(parse_batch(batch(rows, [10**12] * 2, 0), RULES, 1_000, 2, 10**12,
-                                         direct_max_delay_ms=5_000))
-    assert parsed.column("kind").to_pylist() == ["direct", "delay"]
-    for name in ("value", "hkeys", "hvals"):
-        assert parsed.column(name)[0].as_py() is None and parsed.column(name)[1].as_py()
-    assert parsed.column("level").to_pylist() == [1, 3]
+    if immediate:   # the common immediate message: REAL_TOPIC and maybe UNIQ_KEY only
+        rows = [[h for h in r if h[0] not in H.DELAY_HEADERS] for r in rows]
+    data = batch(rows, [base_ms] * len(rows), 0)
+    values = direct_values(RULES, direct)
+    mine = [is_direct([(h["key"], h["value"]) for h in r or []], values)
+            for r in data.column("headers").to_pylist()]
+    kinds = parse_batch(data, RULES, 1_000, 2, base_ms, direct_max_delay_ms=direct
+                        ).column("kind").to_pylist()
+    for taken, kind in zip(mine, kinds):
+        if taken:
+            assert kind in ("direct", "dead")
+    assert direct >= 0 or not any(mine)
+
+
+def test_the_split_takes_the_plain_short_levels_and_immediate_messages():
+    from sinks.direct import direct_values, is_direct
+
+    values = direct_values(RULES, 5_000)
+    assert values == {b"0", b"1", b"2"}
+    topic = (H.REAL_TOPIC, b"orders")
+    assert is_direct([topic, (H.DELAY, b"2"), ("trace", b"t")], values)
+    assert is_direct([topic], values) and is_direct(None, values)
+    assert is_direct([topic, (H.DELAY, b"1"), (H.DELAY, b"1")], values)   # a dead letter's
+    for other in ([(H.DELAY, b"3")], [(H.DELAY, b"02")], [(H.DELAY, None)],
+                  [(H.TIMER_DELAY_MS, b"100")], [(H.DELAY, b"1"), (H.TIMER_DEL_UNIQKEY, b"k")],
+                  [(H.HEARTBEAT, b"1")], [(H.ROLLED, b"1"), (H.DELAY, b"1")]):
+        assert not is_direct([topic, *other], values), other
+    assert not is_direct([topic], direct_values(RULES, -1))
 
 
 def test_a_direct_rows_due_time_is_its_own_whatever_the_hosts_clock():
