@@ -58,6 +58,7 @@ class Settings(BaseSettings):
     ready_partitions: int
     dispatch_commit_interval_ms: int
     dispatch_max_held: int
+    dispatch_gather_ms: int
     dispatch_topic_wait_ms: int
     dispatch_max_failures: int
     dispatch_replay_window: str
@@ -133,7 +134,7 @@ class Settings(BaseSettings):
 
     @field_validator("kafka_port", "kafka_controller_port",
                      "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
-                     "dispatch_commit_interval_ms", "dispatch_max_held",
+                     "dispatch_commit_interval_ms", "dispatch_max_held", "dispatch_gather_ms",
                      "dispatch_topic_wait_ms", "dispatch_max_failures",
                      "cluster_workers", "cluster_worker_cores")
     @classmethod

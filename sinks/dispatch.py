@@ -44,6 +44,7 @@ class DispatchConfig:
     run_id: str
     commit_interval_s: float = 1.0
     max_held: int = 500_000           # rows held before consumption pauses
+    gather_s: float = 0.1             # intake records parsed, ledger rows sent, this often
     retry_backoff_s: float = 1.0      # a transient send failure is retried this much later
     probe_interval_s: float = 30.0    # an idle task measures its clock against the broker's
     replay_window_s: float = 60.0     # what a restart skips reaches this far before its commit
@@ -228,29 +229,32 @@ def ledger_schema():
         ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))])
 
 
-def ledger_row(row: Row, sent_ms: int, status: str = "delivered",
-               reason: str | None = None) -> dict:
-    """The ledger row of a sent row (`ledger_schema`); a dead letter's carries the message for
-    the dead-letter table."""
-    record = {"uniq_key": row.uniq_key, "topic": row.topic, "partition": row.partition,
-              "level": row.level, "ipart": row.ipart, "ioff": row.ioff,
-              "append_ms": row.append_ms, "due_ms": row.due_ms, "sent_ms": sent_ms,
-              "ready_offset": row.offset if row.source is None else None, "status": status,
-              "reason": reason}
-    if status == "dead":
-        record.update(key=row.key, value=row.value,
-                      headers=[{"key": k, "value": v} for k, v in row.headers])
-    return record
-
-
-def ledger_record(rows: list[dict]) -> bytes:
-    """Ledger rows as one Arrow IPC stream."""
+def ledger_record(sent: list[tuple[Row, int, str | None]]) -> bytes:
+    """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, None) when delivered
+    or (row, sent_ms, reason) when dead-lettered, as one Arrow IPC stream built a column at a
+    time; a dead letter's row carries the message for the dead-letter table."""
     import pyarrow as pa
 
+    rows = [row for row, _, _ in sent]
+    reasons = [reason for _, _, reason in sent]
+    dead = [(row, reason is not None) for row, reason in zip(rows, reasons)]
+    columns = {
+        "uniq_key": [r.uniq_key for r in rows], "topic": [r.topic for r in rows],
+        "partition": [r.partition for r in rows], "level": [r.level for r in rows],
+        "ipart": [r.ipart for r in rows], "ioff": [r.ioff for r in rows],
+        "append_ms": [r.append_ms for r in rows], "due_ms": [r.due_ms for r in rows],
+        "sent_ms": [sent_ms for _, sent_ms, _ in sent],
+        "ready_offset": [r.offset if r.source is None else None for r in rows],
+        "status": ["delivered" if reason is None else "dead" for reason in reasons],
+        "reason": reasons,
+        "key": [r.key if d else None for r, d in dead],
+        "value": [r.value if d else None for r, d in dead],
+        "headers": [[{"key": k, "value": v} for k, v in r.headers] if d else None
+                    for r, d in dead]}
     schema = ledger_schema()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
-        writer.write_table(pa.Table.from_pylist(rows, schema=schema))
+        writer.write_table(pa.Table.from_pydict(columns, schema=schema))
     return sink.getvalue().to_pybytes()
 
 

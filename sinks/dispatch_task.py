@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from sinks.direct import direct_rows
 from sinks.dispatch import (LEDGER_BATCH, PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
-                            Skew, dead_letter_headers, identity, ledger_record, ledger_row,
+                            Skew, dead_letter_headers, identity, ledger_record,
                             ready_row, refusal, sender, too_large)
 from sinks.dispatch_start import committed, in_ledger, owned_partitions, retrying, transient
 
@@ -42,9 +42,10 @@ class _Task:
     """One run of a dispatch task over its ready partition (see `run_partition`)."""
 
     def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float]):
-        from confluent_kafka import Consumer, Producer, TopicPartition
+        from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
         self.config, self.partition, self.clock = config, partition, clock
+        self._kafka_exception = KafkaException
         self.ready = TopicPartition(config.ready_topic, partition)
         self.ledger = TopicPartition(config.ledger_topic, partition)
         self.consumer = Consumer({**config.consumer, "enable.auto.commit": False,
@@ -60,7 +61,11 @@ class _Task:
         self.intake: list = []   # the intake's TopicPartitions this task reads (sinks/direct.py)
         self._last_ack = 0.0
         self._old_end = 0   # the ready partition's end at the start
-        self._unledgered: list[tuple[Row, dict]] = []   # acknowledged, ledger row not yet sent
+        # Acknowledged, ledger row not yet sent: (row, sent_ms, dead letter's reason or None).
+        self._unledgered: list[tuple[Row, int, str | None]] = []
+        self._unledgered_since = 0.0   # when the first of them was acknowledged (monotonic)
+        self._gathered: list = []   # intake records read and not yet parsed (`gather_s`)
+        self._gathered_since = 0.0
         self._sender = [(SENDER, sender())]
         self.held: dict[int, int] = {}   # rows read and not yet in the ledger, by level
         self._alone: set[tuple] = set()   # (source, offset) of rows sent again alone after "too large"
@@ -88,7 +93,6 @@ class _Task:
             self.producer.poll(0)
             self._ledger()
             self._pace()
-            intake = []
             for msg in self.consumer.consume(5000, timeout=self._wait_s()):
                 if msg.error():   # the client's own report; it reconnects and goes on
                     if msg.error().fatal():
@@ -98,8 +102,12 @@ class _Task:
                 elif msg.topic() == self.ready.topic:
                     self._take(msg, done)
                 else:
-                    intake.append(msg)
-            if intake:
+                    if not self._gathered:
+                        self._gathered_since = time.monotonic()
+                    self._gathered.append(msg)
+            if self._gathered and (len(self._gathered) >= LEDGER_BATCH or time.monotonic()
+                                 - self._gathered_since >= self.config.gather_s):
+                intake, self._gathered = self._gathered, []
                 self._take_intake(intake, done)
             if self.config.direct_max_delay_ms >= 0 \
                     and time.monotonic() - looked >= self.config.intake_refresh_s:
@@ -115,7 +123,7 @@ class _Task:
         # the commit point and are read again.
         for _ in range(3):
             self.producer.flush(30)
-            self._ledger()
+            self._ledger(force=True)
             self._release(force=True)
         self._commit()
 
@@ -216,26 +224,27 @@ class _Task:
         self.held[row.level] = self.held.get(row.level, 0) + 1
 
     def _send_due(self) -> None:
-        now = self._now_ms()
-        while self.heap and self.heap[0][0] <= now:
-            row = heapq.heappop(self.heap)[-1]
-            if not self._produce(row.topic, row.partition, row, row.headers, self._delivered):
-                heapq.heappush(self.heap, row.order())   # the producer's queue is full: later
+        heap, pop, produce, delivered = self.heap, heapq.heappop, self._produce, self._delivered
+        ahead = self.skew.ahead_ms()
+        while heap and heap[0][0] <= self.clock() * 1000 - ahead:
+            row = pop(heap)[-1]
+            if not produce(row.topic, row.partition, row, row.headers, delivered):
+                heapq.heappush(heap, row.order())   # the producer's queue is full: later
                 return
 
     def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
-        from confluent_kafka import KafkaException
-
         sent_ms = self._now_ms()
-        kwargs = {} if partition is None else {"partition": partition}
         try:
-            self.producer.produce(topic, value=row.value, key=row.key, headers=headers,
-                                  on_delivery=lambda err, msg: callback(err, msg, row, sent_ms),
-                                  **kwargs)
+            if partition is None:
+                self.producer.produce(topic, row.value, row.key, headers=headers,
+                                      on_delivery=lambda err, msg: callback(err, msg, row, sent_ms))
+            else:
+                self.producer.produce(topic, row.value, row.key, partition, headers=headers,
+                                      on_delivery=lambda err, msg: callback(err, msg, row, sent_ms))
         except BufferError:
             self.producer.poll(0.05)
             return False
-        except KafkaException as e:   # refused before it was queued (e.g. no such partition)
+        except self._kafka_exception as e:   # refused before it was queued (no such partition)
             callback(e.args[0], None, row, sent_ms)
         return True
 
@@ -243,7 +252,7 @@ class _Task:
     def _delivered(self, err, msg, row: Row, sent_ms: int) -> None:
         if err is None:
             self.sent += 1
-            self._unledgered.append((row, ledger_row(row, sent_ms)))
+            self._acked(row, sent_ms, None)
             return
         reason = refusal(err, row)
         if reason is not None and too_large(err) and (row.source, row.offset) not in self._alone:
@@ -280,16 +289,25 @@ class _Task:
             self._later(lambda: self._dead_letter(row, reason))
             return
         self.dead += 1
-        self._unledgered.append((row, ledger_row(row, sent_ms, "dead", reason)))
+        self._acked(row, sent_ms, reason)
 
-    def _ledger(self) -> None:
-        """The ledger rows of what was acknowledged since the last call, as records of up to
-        LEDGER_BATCH rows; their rows are done once the ledger has them."""
-        while self._unledgered:
-            chunk, self._unledgered = (self._unledgered[:LEDGER_BATCH],
-                                       self._unledgered[LEDGER_BATCH:])
-            rows = [row for row, _ in chunk]
-            record = ledger_record([entry for _, entry in chunk])
+    def _acked(self, row: Row, sent_ms: int, reason: str | None) -> None:
+        if not self._unledgered:
+            self._unledgered_since = time.monotonic()
+        self._unledgered.append((row, sent_ms, reason))
+
+    def _ledger(self, force: bool = False) -> None:
+        """The ledger rows of what was acknowledged, as records of up to LEDGER_BATCH rows,
+        once `gather_s` has passed since the first of them or LEDGER_BATCH are waiting; their
+        rows are done once the ledger has them."""
+        if not self._unledgered or not force and len(self._unledgered) < LEDGER_BATCH and \
+                time.monotonic() - self._unledgered_since < self.config.gather_s:
+            return
+        acked, self._unledgered = self._unledgered, []
+        for start in range(0, len(acked), LEDGER_BATCH):
+            chunk = acked[start:start + LEDGER_BATCH]
+            rows = [row for row, _, _ in chunk]
+            record = ledger_record(chunk)
 
             def send(record=record, rows=rows) -> bool:
                 try:

@@ -46,6 +46,7 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           dlq_topic=settings.dlq_topic, run_id=run_id,
                           commit_interval_s=settings.dispatch_commit_interval_ms / 1000,
                           max_held=settings.dispatch_max_held,
+                          gather_s=settings.dispatch_gather_ms / 1000,
                           replay_window_s=settings.dispatch_replay_window_ms / 1000,
                           intake_topic=settings.intake_topic, rules=rules_of(settings),
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
