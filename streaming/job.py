@@ -228,6 +228,11 @@ class DelayJob:
         """Why the job cannot go on though its query runs (a dispatch stage that gave up)."""
         return self._dispatcher.failure if self._dispatcher is not None else None
 
+    def lost_kept_rows(self) -> bool:
+        """Whether the wheel query failed because a batch's kept rows were lost with an
+        executor (streaming/wheel_query.py `kept`): that batch runs again after a restart."""
+        return self._writer is not None and self._writer.lost_kept_rows
+
     def restart(self) -> None:
         """Start again from the checkpoint, as a restarted driver would: what is left of this
         run is stopped (its query has failed; the batch it failed in is not committed and runs

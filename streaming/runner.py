@@ -19,24 +19,6 @@ from streaming.session import STOPPING, build_session
 log = logging.getLogger(__name__)
 
 
-def _failure_text(failure) -> str:
-    """A query's failure as text: PySpark hands the JVM error over as text only (description
-    and stack trace per cause)."""
-    error, texts = failure, []
-    for _ in range(10):
-        if error is None:
-            break
-        texts.append(f"{getattr(error, '_desc', '')}\n{getattr(error, '_stackTrace', '')}")
-        error = getattr(error, "_cause", None)
-    return "\n".join(texts) or str(failure)
-
-
-def lost_kept_rows(failure) -> bool:
-    """`failure` is a batch's kept rows lost with an executor (`kept`): Spark fails the batch,
-    which runs again once the job starts again from its checkpoint."""
-    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in _failure_text(failure)
-
-
 @contextlib.contextmanager
 def embedded_broker(settings: Settings) -> Iterator[None]:
     """Start the local broker when the settings name no Kafka; stop it after only if we
@@ -140,7 +122,7 @@ def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:
     while not stop.is_set():
         if not job.query.isActive:
             exc = job.query.exception()
-            if exc is not None and restarts < RESTARTS and lost_kept_rows(exc):
+            if exc is not None and restarts < RESTARTS and job.lost_kept_rows():
                 restarts += 1
                 log.warning("a batch's kept rows were lost with an executor; starting the job "
                             "again from its checkpoint (%d of %d)", restarts, RESTARTS)

@@ -152,6 +152,8 @@ class BatchWriter:
     stopping: float | None = None
     # Set when a batch that began after the close waits for the stop.
     parked: threading.Event = field(default_factory=threading.Event, repr=False)
+    # Set when a batch failed because its kept rows were lost with an executor (`kept`).
+    lost_kept_rows: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def close(self) -> int | None:
@@ -195,6 +197,10 @@ class BatchWriter:
                     lap(sink.name)
             if self.on_batch:
                 self.on_batch(summary)
+        except Exception as e:
+            if LOST_KEPT_ROWS in error_conditions(e):
+                self.lost_kept_rows = True
+            raise
         finally:
             release()
 
@@ -258,8 +264,8 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
     fifth of the Spark JVM's samples in a drain on the 2-core host; a kept row is written
     whole. Unlike a cached batch, a kept one is never computed again: Spark fails a job that
     finds a local checkpoint's block lost (an executor gone, on a cluster), and the batch then
-    runs again from the checkpoint, as after any failed batch (`lost_kept_rows`: the runner
-    starts the job again in the same process)."""
+    runs again from the checkpoint, as after any failed batch (BatchWriter.lost_kept_rows: the
+    runner starts the job again in the same process)."""
     kept = batch.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
     rows = kept._jdf.queryExecution().logical().rdd()
 
@@ -272,6 +278,40 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
         except Exception as e:
             log.warning("could not drop a batch's kept rows: %s", str(e).splitlines()[0])
     return kept, release
+
+
+# The Spark error condition of a kept batch whose blocks are gone (`kept`).
+LOST_KEPT_ROWS = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+
+
+def error_conditions(error) -> set[str]:
+    """The Spark error conditions (SparkThrowable's error classes) along an error's causes,
+    as PySpark raises it in the driver: a Py4JJavaError (its JVM throwable's causes) or a
+    captured Spark exception (its own causes). A foreachBatch function must read them itself:
+    past it, its error reaches the query as the text of a Python traceback."""
+    found: set[str] = set()
+
+    def note(throwable) -> None:
+        try:
+            condition = throwable.getCondition()
+        except Exception:   # no SparkThrowable
+            condition = None
+        if condition:
+            found.add(condition)
+    java = getattr(error, "java_exception", None)
+    if java is not None:   # a Py4JJavaError: the JVM throwable and its causes
+        for _ in range(20):
+            if java is None:
+                break
+            note(java)
+            java = java.getCause()
+        return found
+    for _ in range(20):   # a captured Spark exception and its causes
+        if error is None:
+            break
+        note(error)
+        error = getattr(error, "_cause", None)
+    return found
 
 
 def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None,

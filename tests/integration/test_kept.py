@@ -65,3 +65,20 @@ def test_the_warning_of_a_clean_stop_is_filtered_and_no_other(spark):
     assert not filtered(spark, name, "Failed to cancel job group 0f4ca958. Job 3 is not "
                                      "cancellable.")
     assert not filtered(spark, name, "Broadcasting large task binary with size 1.1 MiB")
+
+
+def test_a_batch_whose_kept_rows_are_gone_fails_with_the_condition_the_runner_restarts_on(spark):
+    """Blocks of a kept batch lost (as with an executor) fail its next action with Spark's
+    CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND, which the batch writer reads off the error
+    (streaming/runner.py starts the job again on it)."""
+    import pytest
+
+    from streaming.wheel_query import LOST_KEPT_ROWS, error_conditions
+
+    batch, _ = kept(spark.range(0, 100, numPartitions=2))
+    assert batch.count() == 100
+    batch._jdf.queryExecution().logical().rdd().unpersist(True)   # the blocks, gone
+    with pytest.raises(Exception) as failure:
+        batch.count()
+    assert LOST_KEPT_ROWS in error_conditions(failure.value)
+    assert error_conditions(ValueError("other")) == set()
