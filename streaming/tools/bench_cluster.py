@@ -1,7 +1,9 @@
 """The bench's `cluster` scenario: `delayq submit` on a local Spark
 standalone cluster of two Workers, a constant load at the plan's rate over its levels, and
 where the deliveries left from: the ledger topic's records name the process that sent their
-rows (sinks/dispatch.py SENDER), whose working folder is an executor's.
+rows (sinks/dispatch.py SENDER), whose working folder is an executor's. Then the plan's burst
+of timers due together: the driver's memory peak in it against the constant load's, where the
+driver is a process of its own (in `local[*]` it is also the executor that holds the burst).
 """
 from __future__ import annotations
 
@@ -51,6 +53,24 @@ def per_executor(senders: dict[str, int], cluster_home: Path) -> dict[str, int]:
     return counts
 
 
+def _burst(bench, intake: str) -> dict:
+    """The plan's burst of timers due together, `burst_lead_s` after it is sent."""
+    import numpy as np
+
+    from streaming.tools.bench_load import Load, fresh_topic
+
+    settings, plan = bench.settings, bench.plan
+    load = Load(settings, bench.work, fresh_topic(bench.admin, "bench-cluster-burst"),
+                "cluster-burst")
+    due = int((time.time() + plan.burst_lead_s) * 1000) // 1000 * 1000
+    load.start_reader(timeout_s=plan.burst_lead_s + 900)
+    load.produce(intake, plan.burst, 0, plan.size, deliver_at_ms=due,
+                 partitions=len(settings.level_delays_ms))
+    figures = load.finish(plan.burst)
+    figures["within_10s"] = int(np.sum(figures["_series"][1] <= 10_000))
+    return {k: v for k, v in figures.items() if not k.startswith("_")}
+
+
 def run(bench) -> dict:
     from streaming.tools.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
     from streaming.cli import STARTED
@@ -88,6 +108,15 @@ def run(bench) -> dict:
         figures["deliveries_per_executor"] = per_executor(
             deliveries_by_sender(settings, f"{intake}.LEDGER"), spec.home)
         figures["cluster"] = f"{WORKERS} workers x {SLOTS} slots"
+        if plan.burst:
+            figures["load_memory"] = bench.memory.window_peaks()
+            figures["burst"] = burst = _burst(bench, intake)
+            for what in ("lost", "early"):   # the run's checks read the scenario's own
+                figures[what] += burst[what]
+            figures["burst_memory"] = bench.memory.window_peaks()
+            figures["driver_rss_burst_to_load"] = round(
+                figures["burst_memory"]["driver_rss_peak_mb"]
+                / max(1, figures["load_memory"]["driver_rss_peak_mb"]), 2)
         return figures
     finally:
         stop_child(job)

@@ -87,9 +87,10 @@ class Load:
 
 
 class MemoryPeaks(threading.Thread):
-    """Peak memory of the driver (its JVM and this Python process, together and each alone)
-    and of the Python workers, and CPU seconds per role (driver JVM, Python workers, broker,
-    load generator, reader, this process), sampled twice a second from /proc.
+    """Peak memory of the driver (its JVM and its Python process, this one unless a child runs
+    the job; together and each alone) and of the Python workers, and CPU seconds per role
+    (driver JVM, Python workers, broker, load generator, reader, this process), sampled twice
+    a second from /proc.
 
     The JVM and this process are measured by their resident set (RSS). The Python workers are
     forks of one daemon that share its pages, so they are measured by their proportional set
@@ -148,7 +149,8 @@ class MemoryPeaks(threading.Thread):
         import psutil
 
         me = psutil.Process()
-        python, jvm, workers, cpu = me.memory_info().rss, 0, 0, {}
+        # The driver's Python: this process, unless a `delayq run` or `submit` child is the job.
+        python, own, jvm, workers, cpu = 0, me.memory_info().rss, 0, 0, {}
         times = me.cpu_times()
         cpu[me.pid] = ("bench_python", times.user + times.system)
         children = []
@@ -172,8 +174,9 @@ class MemoryPeaks(threading.Thread):
                 jvm += memory
             elif role == "python_workers":
                 workers += memory
-            elif role == "job_driver_python":   # a `delayq run` child's driver
+            elif role in ("job_driver_python", "cluster_driver_python"):   # a child's driver
                 python += memory
+        python = python or own
         now = (jvm + python, jvm, python, workers)
         with self._lock:
             self._cpu.update(cpu)
