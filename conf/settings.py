@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
     fire_lead_per_message_us: int
     heartbeat_ms: int
+    wheel_trigger_ms: int
     late_tolerance: str
     max_offsets_per_trigger: int
 
@@ -144,7 +145,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("fire_lead_ms", "fire_lead_per_message_us", "spark_shuffle_partitions",
-                     "ready_partitions")
+                     "ready_partitions", "wheel_trigger_ms")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:

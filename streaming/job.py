@@ -119,7 +119,7 @@ class DelayJob:
                       .queryName(self.query_name)
                       .foreachBatch(writer)
                       .option("checkpointLocation", self.checkpoint)
-                      .trigger(processingTime="0 seconds")
+                      .trigger(processingTime=f"{self.settings.wheel_trigger_ms} milliseconds")
                       .start())
         query_start = time.monotonic()
         failure = self._first_batch(first_batch_timeout_s)
