@@ -234,13 +234,10 @@ class _Task:
 
     def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
         sent_ms = self._now_ms()
-        try:
-            if partition is None:
-                self.producer.produce(topic, row.value, row.key, headers=headers,
-                                      on_delivery=lambda err, msg: callback(err, msg, row, sent_ms))
-            else:
-                self.producer.produce(topic, row.value, row.key, partition, headers=headers,
-                                      on_delivery=lambda err, msg: callback(err, msg, row, sent_ms))
+        try:   # partition -1: librdkafka's partitioner places it
+            self.producer.produce(topic, row.value, row.key, -1 if partition is None else partition,
+                                  on_delivery=lambda err, msg: callback(err, msg, row, sent_ms),
+                                  headers=headers)
         except BufferError:
             self.producer.poll(0.05)
             return False

@@ -86,6 +86,11 @@ def test_any_input_is_delivered_on_time_or_dead_lettered_with_its_reason(data, b
     records += [{"headers": [(H.REAL_TOPIC, small.encode()), (H.DELAY, level)], "key": b"k",
                  "body": body, "timestamp_ms": None}
                 for level, body in ((b"1", b"ok"), (b"1", b"x" * 3072), (b"2", b"ok"))]
+    # Always among them too: bad records of a short level, which a dispatch task reads from
+    # the intake itself and dead-letters (sinks/direct.py), not the wheel.
+    records += [{"headers": headers, "key": None, "body": b"short", "timestamp_ms": None}
+                for headers in ([(H.DELAY, b"1")], [(H.REAL_TOPIC, real.encode()), (H.DELAY, b"1"),
+                                                    (H.REAL_QID, b"x")])]
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=8192)
     tag = f"{time.time_ns()}"
     futures = []
