@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     dispatch_replay_window: str
     dispatch_direct_max_delay_ms: int
     wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
+    wheel_chunk_kb: int
     fire_lead_per_message_us: int
     heartbeat_ms: int
     wheel_trigger_ms: int
@@ -136,7 +137,7 @@ class Settings(BaseSettings):
     @field_validator("kafka_port", "kafka_controller_port",
                      "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
                      "dispatch_commit_interval_ms", "dispatch_max_held", "dispatch_gather_ms",
-                     "dispatch_topic_wait_ms", "dispatch_max_failures",
+                     "dispatch_topic_wait_ms", "dispatch_max_failures", "wheel_chunk_kb",
                      "cluster_workers", "cluster_worker_cores")
     @classmethod
     def _positive(cls, value: int) -> int:

@@ -38,6 +38,8 @@ class WheelConfig:
     # every group with messages is called in it: due order is kept (see fire_horizon).
     max_delay_ms: int
     dlq_topic: str
+    # A state chunk's bound in bytes of messages (state/wheel.py encode).
+    chunk_bytes: int
     first_watermark_ms: int = 0
 
     def lead_for(self, messages: int, bucket: int) -> int:
@@ -67,13 +69,13 @@ def part_of(uniq_key: str, parts: int) -> int:
 class Held:
     """A wheel group's state as the wheel sees it, whichever Spark operator keeps it: whether
     it holds messages, their count and earliest due time, their chunks, the watermark, and
-    `keep` (new chunk appended or all replaced, count, earliest, timer) or `remove`."""
+    `keep` (new chunks appended or all replaced, count, earliest, timer) or `remove`."""
 
     exists: bool
 
     def meta(self) -> tuple[int, int]: ...
     def chunks(self) -> list[str]: ...
     def watermark_ms(self) -> int: ...
-    def keep(self, count: int, earliest: int, timer_ms: int, chunk: str | None,
+    def keep(self, count: int, earliest: int, timer_ms: int, chunks: list[str],
              append: bool) -> None: ...
     def remove(self) -> None: ...

@@ -55,12 +55,13 @@ class ListHeld(Held):
     def watermark_ms(self) -> int:
         return self._watermark
 
-    def keep(self, count, earliest, timer_ms, chunk, append) -> None:
-        if chunk is not None:
-            if append:
-                self._chunks.appendValue((chunk,))
-            else:
-                self._chunks.put([(chunk,)])
+    def keep(self, count, earliest, timer_ms, chunks, append) -> None:
+        # A chunk a call: Spark's state server reads each call's message whole into the
+        # executor's heap, so a call of many chunks would cost what one large chunk did.
+        if chunks and not append:
+            self._chunks.put([(chunks[0],)])
+        for chunk in chunks[0 if append else 1:]:
+            self._chunks.appendValue((chunk,))
         if timer_ms != self._timer:
             if self._timer is not None:
                 self._handle.deleteTimer(self._timer)

@@ -79,16 +79,25 @@ def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
 # not fire appends a chunk of its own rows instead of decoding and encoding the whole group
 # again: a burst of timers read over several batches had each of them rewrite every group it
 # had filled so far. A group that fires, or takes a cancel or a rolled message, is read whole
-# and written back as one chunk. (State format 3 was always one chunk.)
+# and written back. (State format 3 was always one chunk.)
 CHUNK_SEP = "."
 
 
-def encode(pending: pa.Table) -> str:
-    """Pending messages as one chunk of the state's text: base64 of an Arrow IPC stream."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, PENDING) as writer:
-        writer.write_table(pending)
-    return pybase64.b64encode_as_string(sink.getvalue())
+def encode(pending: pa.Table, chunk_bytes: int) -> list[str]:
+    """Pending messages as chunks of the state, each the base64 of an Arrow IPC stream of
+    about `chunk_bytes` of messages at most. Spark moves a state value whole through an
+    executor's heap (pickled, into the JVM and out), so the chunk bounds what one value costs
+    there, whatever the size of a group: a burst's groups of 62,500 messages of 1 KB, kept as
+    one chunk per batch, ran executors of 768 MB out of heap."""
+    count = max(1, -(-pending.nbytes // chunk_bytes))
+    step = max(1, -(-pending.num_rows // count))
+    chunks = []
+    for start in range(0, pending.num_rows, step):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, PENDING) as writer:
+            writer.write_table(pending.slice(start, step))
+        chunks.append(pybase64.b64encode_as_string(sink.getvalue()))
+    return chunks
 
 
 def decode(blob: str) -> pa.Table:
@@ -186,12 +195,13 @@ def _append(rows: pd.DataFrame, held: "Held", bucket: int, config: WheelConfig, 
         yield _deliveries(new[now], config, now_ms)
     later = new[~now]
     yield _tally({bucket: (len(new), len(later))})
-    chunk = None
+    chunks = []
     if len(later):
         count += len(later)
         earliest = min(earliest, int(later["due_ms"].min()))
-        chunk = encode(pa.Table.from_pandas(later, schema=PENDING, preserve_index=False))
-    held.keep(count, earliest, _timer(earliest, count, bucket, watermark, config), chunk,
+        chunks = encode(pa.Table.from_pandas(later, schema=PENDING, preserve_index=False),
+                        config.chunk_bytes)
+    held.keep(count, earliest, _timer(earliest, count, bucket, watermark, config), chunks,
               append=True)
     return True
 
@@ -220,9 +230,10 @@ class GroupHeld(Held):
     def watermark_ms(self) -> int:
         return self._state.getCurrentWatermarkMs()
 
-    def keep(self, count, earliest, timer_ms, chunk, append) -> None:
-        if chunk is not None:
-            self._state.update(((self._state.get[0] + CHUNK_SEP + chunk) if append else chunk,
+    def keep(self, count, earliest, timer_ms, chunks, append) -> None:
+        if chunks:
+            text = CHUNK_SEP.join(chunks)
+            self._state.update(((self._state.get[0] + CHUNK_SEP + text) if append else text,
                                 count, earliest))
         self._state.setTimeoutTimestamp(timer_ms)
 
@@ -338,7 +349,7 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held, config: WheelConfig
         earliest = pc.min(rest.column("due_ms")).as_py()
         held.keep(rest.num_rows, earliest,
                   _timer(earliest, rest.num_rows, bucket, watermark, config),
-                  encode(rest), append=False)
+                  encode(rest, config.chunk_bytes), append=False)
     elif held.exists:
         held.remove()
 

@@ -49,12 +49,19 @@ def spark_master(settings: Settings) -> str:
 ENGINE_CONF = {
     "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # Spark reads a key's whole value before each write only to count the store's keys, which
+    # the job does not report; a wheel group's list state is one value in RocksDB.
+    "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     # Delta rebuilds the ledger's snapshot after every commit with this many tasks
     # (default 50). Its state is a few thousand log actions: one task does it (a ledger
     # commit's step fell from 3.4 s to 0.9 s, median, measured on the 2-core host).
     "spark.databricks.delta.snapshotPartitions": "1",
+    # A wheel group's list state (transformWithState) comes to Python this many chunks at a
+    # time (default 10,000: a burst's whole group, pickled in one message in the executor's
+    # heap); each chunk is at most about wheel_chunk_kb.
+    "spark.sql.execution.arrow.transformWithStateInPySpark.maxStateRecordsPerBatch": "8",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
     "spark.ui.prometheus.enabled": "true",

@@ -58,6 +58,7 @@ def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelCon
         first_watermark_ms=first_watermark_ms,
         max_delay_ms=settings.max_delay_ms,
         dlq_topic=settings.dlq_topic,
+        chunk_bytes=settings.wheel_chunk_kb * 1024,
     )
 
 

@@ -27,7 +27,7 @@ RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),
               cold_bucket_ms=3_600_000)
 CONFIG = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500, lead_per_message_us=0,
                      watermark_delay_ms=10_000, max_delay_ms=30 * 86_400_000,
-                     dlq_topic="in.DLQ")
+                     dlq_topic="in.DLQ", chunk_bytes=1 << 20)
 
 
 def intake(*rows):
@@ -57,8 +57,8 @@ def state(watermark_ms, value=None, timed_out=False):
 SERIALIZER = ApplyInPandasWithStateSerializer("UTC", False, True, STATE_SPARK, 10_000, False, False)
 
 
-def run(frame, st, clock_ms=NOW):
-    wheel = make_wheel(CONFIG, clock=lambda: clock_ms / 1000)
+def run(frame, st, clock_ms=NOW, config=CONFIG):
+    wheel = make_wheel(config, clock=lambda: clock_ms / 1000)
     key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else (2, 0)
     out = list(wheel(key, iter([frame] if len(frame) else []), st))
     for part in out:  # what PySpark's worker does with each frame: every column to Arrow
@@ -245,9 +245,27 @@ def test_a_chunk_is_the_standard_base64_of_an_arrow_stream_both_ways():
     assert base64.b64encode(raw).decode() == chunk
     table = pa.ipc.open_stream(raw).read_all()
     assert decode(base64.b64encode(raw).decode()).equals(table)
-    assert encode(table) == chunk
+    assert encode(table, CONFIG.chunk_bytes) == [chunk]
     with pytest.raises(ValueError):
         decode(chunk[:-5] + "!" + chunk[-4:])
+
+
+def test_a_group_is_kept_in_chunks_of_at_most_the_bound_in_order():
+    """However many messages a group takes in one batch, each chunk of its state holds about
+    chunk_bytes of them at most, and the group reads back whole, in order, and fires whole."""
+    keys = [(f"k{i:04d}", NOW + 30_000 + i) for i in range(3_000)]
+    frame = timers(*keys)
+    frame["value"] = [b"v" * 1_000] * len(frame)
+    config = replace(CONFIG, chunk_bytes=256 * 1024)
+    st = state(NOW - 10_000)
+    assert run(frame, st, config=config).empty
+    chunks = st.get[0].split(CHUNK_SEP)
+    sizes = [decode(c).nbytes for c in chunks]
+    assert len(chunks) >= 12 and max(sizes) <= config.chunk_bytes, sizes
+    assert decode(st.get[0]).column("uniq_key").to_pylist() == [k for k, _ in keys]
+    fired = state(NOW + 40_000 - 10_000, value=st.get, timed_out=True)
+    out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 40_000, config=config)
+    assert list(out["uniq_key"]) == [k for k, _ in keys] and fired._removed
 
 
 def test_a_group_read_whole_again_is_written_back_as_one_chunk():
