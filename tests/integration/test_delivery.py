@@ -10,6 +10,7 @@ import pytest
 from kafka import KafkaProducer
 
 from state.errors import JobError
+from state.wheel import decode
 from streaming.admin import ensure_topics
 from streaming.wheel_query import pending_by_level, wheel_state
 from streaming.offsets import delay_offset_table, last_committed_batch
@@ -398,9 +399,10 @@ def test_timers_added_to_held_groups_in_a_later_batch_are_appended_and_all_deliv
         job_settings, start_job, new_topic, kafka_bootstrap, work_dir, spark, operator):
     """Timers of one slot sent in two batches: the second batch's rows for a group that holds
     the first's, and does not fire yet, are appended to its state as a chunk (state/wheel.py
-    CHUNK_SEP; a list element with transformWithState), as Spark's state store keeps it; the
-    timer releases both chunks, none early."""
-    settings = job_settings(wheel_operator=operator)
+    CHUNK_SEP; a list element with transformWithState), as Spark's state store keeps it, in
+    chunks of wheel_chunk_kb at most (here less than a message: a message a chunk); the timer
+    releases every chunk, none early."""
+    settings = job_settings(wheel_operator=operator, wheel_chunk_kb=1)
     real = new_topic(**LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-chunks-{settings.intake_topic}")
     start_job(settings, checkpoint=checkpoint)
@@ -409,12 +411,16 @@ def test_timers_added_to_held_groups_in_a_later_batch_are_appended_and_all_deliv
     for first in (0, 16):
         with DelayProducer(settings) as producer:
             for i in range(first, first + 16):
-                handle = producer.send(real, f"timer {i}".encode(), deliver_at_ms=due)
-                sent[handle.uniq_key] = Sent(None, f"timer {i}".encode(), [], handle.due_ms)
+                value = f"timer {i} ".encode() + b"x" * 2_000
+                handle = producer.send(real, value, deliver_at_ms=due)
+                sent[handle.uniq_key] = Sent(None, value, [], handle.due_ms)
         assert_eventually(lambda: sum(pending_by_level(spark, checkpoint).values()) >= first + 16,
                           timeout_s=60, message=f"{first + 16} timers held in the state")
-    chunks = wheel_state(spark, checkpoint, "chunk").groupBy("bucket", "slot").count().collect()
+    held = wheel_state(spark, checkpoint, "chunk")
+    chunks = held.groupBy("bucket", "slot").count().collect()
     assert any(r["count"] > 1 for r in chunks), "a group took the second batch as a chunk"
+    sizes = [decode(r["chunk"]).num_rows for r in held.collect()]
+    assert sizes == [1] * len(sent), f"a message a chunk: {sizes}"
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent)
 
