@@ -76,7 +76,7 @@ def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
 
 # A group's state text is one or more chunks, each the base64 of an Arrow IPC stream, joined
 # by CHUNK_SEP (not a base64 character). A batch that only adds messages to a group that does
-# not fire appends a chunk of its own rows instead of decoding and encoding the whole group
+# not fire appends chunks of its own rows instead of decoding and encoding the whole group
 # again: a burst of timers read over several batches had each of them rewrite every group it
 # had filled so far. A group that fires, or takes a cancel or a rolled message, is read whole
 # and written back. (State format 3 was always one chunk.)
