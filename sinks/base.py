@@ -9,32 +9,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable
 
-
-def reason_label(reason: str | None) -> str:
-    """A low-cardinality label for a dead-letter reason (metrics must not carry values)."""
-    if not reason:
-        return "unknown"
-    text = reason.lower()
-    for label, marker in (
-        ("missing_real_topic", "real_topic is missing"),
-        ("unknown_topic", "does not exist"),
-        ("partition_out_of_range", "out of range"),
-        ("illegal_topic", "not a legal kafka topic"),
-        ("topic_not_allowed", "real_topic '"),
-        ("not_utf8", "utf-8"),
-        ("not_an_integer", "not an integer"),
-        ("negative", "negative"),
-        ("several_delay_headers", "more than one delay header"),
-        ("duplicate_header", "appears twice"),
-        ("beyond_max_delay", "beyond the maximum delay"),
-        ("timer_in_past", "in the past"),
-        ("too_large", "too large"),
-        ("not_authorized", "not authorized"),
-        ("invalid_record", "refused the record"),
-    ):
-        if marker in text:
-            return label
-    return "invalid_header"
+from state.reasons import reason_label
 
 
 @dataclass

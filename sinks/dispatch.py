@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from state import headers as H
+from state.reasons import reason
 
 # Headers the wheel appends to a fired row after the message's own, removed here.
 READY_TOPIC = "DELAYQ_READY_TOPIC"
@@ -166,14 +167,18 @@ class Skew:
 # Send failures that will not pass on a retry: the row is dead-lettered with the reason.
 def _permanent_codes():
     from confluent_kafka import KafkaError as E
-    return {E.UNKNOWN_TOPIC_OR_PART: "REAL_TOPIC '{topic}' does not exist",
-            E._UNKNOWN_TOPIC: "REAL_TOPIC '{topic}' does not exist",
-            E._UNKNOWN_PARTITION: "REAL_QID {partition} is out of range for topic '{topic}'",
-            E.MSG_SIZE_TOO_LARGE: "message of {size} bytes is too large for topic '{topic}'",
-            E.RECORD_LIST_TOO_LARGE: "message of {size} bytes is too large for topic '{topic}'",
-            E.TOPIC_AUTHORIZATION_FAILED: "not authorized to write to topic '{topic}'",
-            E.INVALID_RECORD: "topic '{topic}' refused the record as invalid",
-            E.TOPIC_EXCEPTION: "REAL_TOPIC '{topic}' is not a valid topic"}
+    return {E.UNKNOWN_TOPIC_OR_PART: ("unknown_topic", "REAL_TOPIC '{topic}' does not exist"),
+            E._UNKNOWN_TOPIC: ("unknown_topic", "REAL_TOPIC '{topic}' does not exist"),
+            E._UNKNOWN_PARTITION: ("partition_out_of_range",
+                                   "REAL_QID {partition} is out of range for topic '{topic}'"),
+            E.MSG_SIZE_TOO_LARGE: ("too_large",
+                                   "message of {size} bytes is too large for topic '{topic}'"),
+            E.RECORD_LIST_TOO_LARGE: ("too_large",
+                                      "message of {size} bytes is too large for topic '{topic}'"),
+            E.TOPIC_AUTHORIZATION_FAILED: ("not_authorized",
+                                           "not authorized to write to topic '{topic}'"),
+            E.INVALID_RECORD: ("invalid_record", "topic '{topic}' refused the record as invalid"),
+            E.TOPIC_EXCEPTION: ("illegal_topic", "REAL_TOPIC '{topic}' is not a valid topic")}
 
 
 def too_large(err) -> bool:
@@ -189,12 +194,13 @@ def refusal(err, row: Row) -> str | None:
     if err.fatal():
         from confluent_kafka import KafkaException
         raise KafkaException(err)
-    text = _permanent_codes().get(err.code())
-    if text is None:
+    known = _permanent_codes().get(err.code())
+    if known is None:
         return None
     size = len(row.key or b"") + len(row.value or b"") + sum(
         len(k) + len(v or b"") for k, v in row.headers)
-    return text.format(topic=row.topic, partition=row.partition, size=size)
+    label, text = known
+    return reason(label, text.format(topic=row.topic, partition=row.partition, size=size))
 
 
 # Ledger rows per ledger record at most: a task's rows acknowledged together travel as one

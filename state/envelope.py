@@ -11,6 +11,7 @@ from enum import Enum
 
 from state import headers as H
 from state.levels import clamp_level
+from state.reasons import reason
 from state.timing import correct_deliver_timestamp
 
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
@@ -66,37 +67,42 @@ TIMER_LEVEL = -1
 
 
 class BadInput(Exception):
-    """Raised inside parsing; becomes a DEAD envelope carrying its message as the reason."""
+    """Raised inside parsing; becomes a DEAD envelope with its reason (state/reasons.py)."""
+
+    def __init__(self, label: str, text: str):
+        super().__init__(text)
+        self.reason = reason(label, text)
 
 
 def _text(name: str, raw: bytes | None) -> str:
     if raw is None:
-        raise BadInput(f"header {name} has no value")
+        raise BadInput("no_value", f"header {name} has no value")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise BadInput(f"header {name} is not valid UTF-8") from None
+        raise BadInput("not_utf8", f"header {name} is not valid UTF-8") from None
 
 
 def _integer(name: str, raw: bytes | None) -> int:
     text = _text(name, raw).strip()
     if not _INTEGER.fullmatch(text):
-        raise BadInput(f"header {name}={text[:64]!r} is not an integer")
+        raise BadInput("not_an_integer", f"header {name}={text[:64]!r} is not an integer")
     return int(text)
 
 
-def topic_refusal(topic: str, rules: Rules) -> str | None:
-    """Why `topic` may not be a REAL_TOPIC, or None when it may."""
+def topic_refusal(topic: str, rules: Rules) -> tuple[str, str] | None:
+    """Why `topic` may not be a REAL_TOPIC, as (label, text) of its reason, or None."""
     if not _LEGAL_TOPIC.fullmatch(topic) or topic in (".", ".."):
-        return f"REAL_TOPIC {topic[:64]!r} is not a legal Kafka topic name"
+        return "illegal_topic", f"REAL_TOPIC {topic[:64]!r} is not a legal Kafka topic name"
     if topic == rules.intake_topic:
-        return f"REAL_TOPIC {topic!r} is the intake topic"
+        return "topic_not_allowed", f"REAL_TOPIC {topic!r} is the intake topic"
     if topic == rules.dlq_topic:
-        return f"REAL_TOPIC {topic!r} is the dead-letter topic"
+        return "topic_not_allowed", f"REAL_TOPIC {topic!r} is the dead-letter topic"
     if topic.startswith("__"):
-        return f"REAL_TOPIC {topic!r} is an internal Kafka topic"
+        return "topic_not_allowed", f"REAL_TOPIC {topic!r} is an internal Kafka topic"
     if rules.allowed_topics and topic not in rules.allowed_topics:
-        return f"REAL_TOPIC {topic!r} is not in the allow-list (setting allowed_topics)"
+        return ("topic_not_allowed",
+                f"REAL_TOPIC {topic!r} is not in the allow-list (setting allowed_topics)")
     return None
 
 
@@ -131,7 +137,7 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
     for name, value in headers:
         if name in H.CONTROL_HEADERS:
             if name in control:
-                return Envelope(Kind.DEAD, default_key, reason=f"header {name} appears twice")
+                return Envelope(Kind.DEAD, default_key, reason=reason("duplicate_header", f"header {name} appears twice"))
             control[name] = value
         else:
             user.append((name, value))
@@ -142,7 +148,7 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
         if H.UNIQ_KEY in control:
             uniq = _text(H.UNIQ_KEY, control[H.UNIQ_KEY]).strip()
             if not uniq:
-                raise BadInput("header UNIQ_KEY is empty")
+                raise BadInput("empty_header", "header UNIQ_KEY is empty")
         return _parse_control(control, tuple(user), uniq, append_ms, rules, now_ms)
     except BadInput as bad:
         uniq_guess = default_key
@@ -152,7 +158,7 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
                 uniq_guess = raw.decode("utf-8").strip() or default_key
             except UnicodeDecodeError:
                 pass
-        return Envelope(Kind.DEAD, uniq_guess, reason=str(bad))
+        return Envelope(Kind.DEAD, uniq_guess, reason=bad.reason)
 
 
 def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], uniq: str,
@@ -161,19 +167,19 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
     if H.TIMER_DEL_UNIQKEY in control:
         return _cancel(control, present, uniq, append_ms, rules, now_ms)
     if len(present) > 1:
-        raise BadInput(f"more than one delay header: {', '.join(present)}")
+        raise BadInput("several_delay_headers", f"more than one delay header: {', '.join(present)}")
 
     if H.REAL_TOPIC not in control:
-        raise BadInput("header REAL_TOPIC is missing")
+        raise BadInput("missing_real_topic", "header REAL_TOPIC is missing")
     topic = _text(H.REAL_TOPIC, control[H.REAL_TOPIC]).strip()
     refusal = topic_refusal(topic, rules)
     if refusal:
-        raise BadInput(refusal)
+        raise BadInput(*refusal)
     qid = None
     if H.REAL_QID in control:
         qid = _integer(H.REAL_QID, control[H.REAL_QID])
         if qid < 0 or qid > 2**31 - 1:
-            raise BadInput(f"header REAL_QID={qid} is not a partition number")
+            raise BadInput("not_a_partition", f"header REAL_QID={qid} is not a partition number")
 
     if H.ROLLED in control:
         level = _integer(H.ROLLED, control[H.ROLLED])
@@ -202,13 +208,13 @@ def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, app
     timers with an absolute time; for level messages the client always sends the due time."""
     target = _text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
     if not target:
-        raise BadInput("header TIMER_DEL_UNIQKEY is empty")
+        raise BadInput("empty_header", "header TIMER_DEL_UNIQKEY is empty")
     if H.DELAY in control and H.TIMER_DELIVER_MS in control and len(present) == 2:
         level = _level(control, rules)
         due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
         return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
     if len(present) > 1:
-        raise BadInput(f"more than one delay header: {', '.join(present)}")
+        raise BadInput("several_delay_headers", f"more than one delay header: {', '.join(present)}")
     if present == [H.TIMER_DELIVER_MS]:
         due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
         return Envelope(Kind.CANCEL, uniq, level=TIMER_LEVEL, due_ms=due, cancel_key=target)
@@ -220,7 +226,7 @@ def _level(control: dict[str, bytes | None], rules: Rules) -> int:
     """The DELAY header's level, clamped to the highest configured (RocketMQ's rule)."""
     level = _integer(H.DELAY, control[H.DELAY])
     if level < 0:
-        raise BadInput(f"header DELAY={level} is negative")
+        raise BadInput("negative", f"header DELAY={level} is negative")
     return clamp_level(level, len(rules.level_delays_ms))
 
 
@@ -245,15 +251,15 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
     else:
         due = append_ms + value * 1000
     if name != H.TIMER_DELIVER_MS and value < 0:
-        raise BadInput(f"header {name}={value} is negative")
+        raise BadInput("negative", f"header {name}={value} is negative")
     if due - append_ms > rules.max_delay_ms:
         raise BadInput(
-            f"header {name}={value} is beyond the maximum delay of "
+            "beyond_max_delay", f"header {name}={value} is beyond the maximum delay of "
             f"{rules.max_delay_ms // 1000} s (setting max_delay)"
         )
     if due < append_ms - rules.clock_tolerance_ms:
         raise BadInput(
-            f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more than "
+            "timer_in_past", f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more than "
             f"the clock tolerance of {rules.clock_tolerance_ms // 1000} s"
         )
     return TIMER_LEVEL, max(due, append_ms)

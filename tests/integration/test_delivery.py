@@ -559,7 +559,7 @@ def test_bad_input_goes_to_dead_letters_and_the_stream_keeps_flowing(
     for row in table:
         assert row["reason"] == reasons[bytes(row["value"])]
         assert [(h["key"], bytes(h["value"])) for h in row["headers"]][:len(bad[bytes(row["value"])])] \
-            == bad[bytes(row["value"])] or row["reason"].startswith(("REAL_TOPIC 'does", "REAL_QID"))
+            == bad[bytes(row["value"])] or row["reason"].startswith(("unknown_topic: ", "partition_out_of_range: "))
         assert row["intake_partition"] == 0
 
 

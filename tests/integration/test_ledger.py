@@ -48,7 +48,7 @@ def test_lookup_finds_delivered_pending_and_dead(job_settings, start_job, new_to
     assert done.status == "delivered"
     assert done.detail["topic"] == real and done.detail["lateness_ms"] >= 0
     dead = assert_eventually(lambda: found("bad-1"), timeout_s=30, message="dead-letter row")
-    assert (dead.status, dead.detail["reason"]) == ("dead", "header REAL_TOPIC is missing")
+    assert (dead.status, dead.detail["reason"]) == ("dead", "missing_real_topic: header REAL_TOPIC is missing")
     waiting = found(pending.uniq_key)
     assert waiting is not None and waiting.status == "pending"
     assert waiting.detail["level"] == 3 and waiting.detail["topic"] == real

@@ -2,6 +2,7 @@
 import pytest
 
 from state.envelope import TIMER_LEVEL, Kind, Rules, parse, topic_refusal
+from state.reasons import reason_label
 
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000), intake_topic="SCHEDULE_TOPIC_XXXX",
               dlq_topic="SCHEDULE_TOPIC_XXXX.DLQ", allowed_topics=frozenset(),
@@ -43,36 +44,37 @@ def test_user_headers_keep_order_and_duplicates_and_control_headers_go():
     assert e.real_qid == 3
 
 
-@pytest.mark.parametrize("headers, reason", [
-    ([("DELAY", b"1")], "REAL_TOPIC is missing"),
-    ([("REAL_TOPIC", b"")], "not a legal Kafka topic name"),
-    ([("REAL_TOPIC", b"bad topic")], "not a legal Kafka topic name"),
-    ([("REAL_TOPIC", b"\xff")], "REAL_TOPIC is not valid UTF-8"),
-    ([("REAL_TOPIC", None)], "REAL_TOPIC has no value"),
-    ([("REAL_TOPIC", b"SCHEDULE_TOPIC_XXXX")], "is the intake topic"),
-    ([("REAL_TOPIC", b"SCHEDULE_TOPIC_XXXX.DLQ")], "is the dead-letter topic"),
-    ([("REAL_TOPIC", b"__consumer_offsets")], "internal Kafka topic"),
-    ([("REAL_TOPIC", b"t"), ("DELAY", b"x1")], "DELAY='x1' is not an integer"),
-    ([("REAL_TOPIC", b"t"), ("DELAY", b"1.5")], "is not an integer"),
-    ([("REAL_TOPIC", b"t"), ("DELAY", b"-2")], "DELAY=-2 is negative"),
-    ([("REAL_TOPIC", b"t"), ("DELAY", b"\xc3")], "DELAY is not valid UTF-8"),
-    ([("REAL_TOPIC", b"t"), ("REAL_QID", b"q")], "REAL_QID='q' is not an integer"),
-    ([("REAL_TOPIC", b"t"), ("REAL_QID", b"-1")], "REAL_QID=-1 is not a partition"),
-    ([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("TIMER_DELAY_MS", b"5")], "more than one delay header"),
-    ([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("DELAY", b"2")], "DELAY appears twice"),
-    ([("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"")], "UNIQ_KEY is empty"),
-    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_SEC", b"90000")], "beyond the maximum delay"),
-    ([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(APPEND - 3_600_000).encode())], "in the past"),
-    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", b"-5")], "negative"),
-    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", b"soon")], "not an integer"),
+@pytest.mark.parametrize("headers, reason, label", [
+    ([("DELAY", b"1")], "REAL_TOPIC is missing", "missing_real_topic"),
+    ([("REAL_TOPIC", b"")], "not a legal Kafka topic name", "illegal_topic"),
+    ([("REAL_TOPIC", b"bad topic")], "not a legal Kafka topic name", "illegal_topic"),
+    ([("REAL_TOPIC", b"\xff")], "REAL_TOPIC is not valid UTF-8", "not_utf8"),
+    ([("REAL_TOPIC", None)], "REAL_TOPIC has no value", "no_value"),
+    ([("REAL_TOPIC", b"SCHEDULE_TOPIC_XXXX")], "is the intake topic", "topic_not_allowed"),
+    ([("REAL_TOPIC", b"SCHEDULE_TOPIC_XXXX.DLQ")], "is the dead-letter topic", "topic_not_allowed"),
+    ([("REAL_TOPIC", b"__consumer_offsets")], "internal Kafka topic", "topic_not_allowed"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"x1")], "DELAY='x1' is not an integer", "not_an_integer"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"1.5")], "is not an integer", "not_an_integer"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"-2")], "DELAY=-2 is negative", "negative"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"\xc3")], "DELAY is not valid UTF-8", "not_utf8"),
+    ([("REAL_TOPIC", b"t"), ("REAL_QID", b"q")], "REAL_QID='q' is not an integer", "not_an_integer"),
+    ([("REAL_TOPIC", b"t"), ("REAL_QID", b"-1")], "REAL_QID=-1 is not a partition", "not_a_partition"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("TIMER_DELAY_MS", b"5")], "more than one delay header", "several_delay_headers"),
+    ([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("DELAY", b"2")], "DELAY appears twice", "duplicate_header"),
+    ([("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"")], "UNIQ_KEY is empty", "empty_header"),
+    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_SEC", b"90000")], "beyond the maximum delay", "beyond_max_delay"),
+    ([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(APPEND - 3_600_000).encode())], "in the past", "timer_in_past"),
+    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", b"-5")], "negative", "negative"),
+    ([("REAL_TOPIC", b"t"), ("TIMER_DELAY_MS", b"soon")], "not an integer", "not_an_integer"),
     # A cancel placed by its level and due time (found by the property test as a ValueError).
     ([("TIMER_DEL_UNIQKEY", b"k"), ("DELAY", b"-1"), ("TIMER_DELIVER_MS", b"5")],
-     "DELAY=-1 is negative"),
+     "DELAY=-1 is negative", "negative"),
 ])
-def test_bad_input_is_dead_with_a_reason(headers, reason):
+def test_bad_input_is_dead_with_a_reason_and_its_label(headers, reason, label):
     e = env(*headers)
     assert e.kind == Kind.DEAD
     assert reason in e.reason
+    assert e.reason.startswith(f"{label}: ") and reason_label(e.reason) == label
 
 
 def test_allow_list():

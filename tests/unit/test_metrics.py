@@ -15,7 +15,7 @@ def test_batch_counts_become_counters_and_gauges():
     s.add("tally", 2, None, 1, received=5, pending_delta=5)
     s.add("tally", 0, None, 1, received=2, pending_delta=0)
     s.add("deliver", 0, None, 2)
-    s.add("dead", 0, "REAL_TOPIC 'x' does not exist", 1)
+    s.add("dead", 0, "unknown_topic: REAL_TOPIC 'x' does not exist", 1)
     s.add("cancelled", 2, None, 1)
     m.observe_batch(s)
     r = m.registry

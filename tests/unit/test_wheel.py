@@ -127,7 +127,7 @@ def test_immediate_and_dead_pass_through_without_state():
         else:
             assert list(out["kind"]) == ["dead"]
             assert out.iloc[0]["topic"] == "in.DLQ"
-            assert out.iloc[0]["reason"] == "header REAL_TOPIC is missing"
+            assert out.iloc[0]["reason"] == "missing_real_topic: header REAL_TOPIC is missing"
             assert list(out.iloc[0]["hkeys"]) == ["DELAY"], "original headers kept"
 
 
