@@ -84,48 +84,13 @@ def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, va
 
     topics, good = _per_value(values.take(_header_of(which[H.REAL_TOPIC], row_of, n, rows)),
                               lambda raw: real_topic_of(raw, rules))
-    # The delay header of each row: a level's value is decided once per distinct value, a
-    # timer's (all distinct, as a rule) as an array.
     delay_at = _header_of(np.logical_or.reduce([which[name] for name in H.DELAY_HEADERS]),
                           row_of, n, rows)
-    delay_name = names.take(delay_at).to_numpy(zero_copy_only=False)
-    delay_raw = values.take(delay_at)
-    is_level = delay_name == H.DELAY
-    levels = np.full(len(rows), TIMER_LEVEL, dtype=object)
-    if is_level.any():
-        some = np.nonzero(is_level)[0]
-        levels[some], good_level = _per_value(delay_raw.take(some),
-                                              lambda raw: level_of(raw, rules))
-        good[some] &= good_level
-    timer_value = np.zeros(len(rows), dtype=np.int64)
-    if not is_level.all():
-        some = np.nonzero(~is_level)[0]
-        raw = delay_raw.take(some)
-        plain = pc.fill_null(pc.match_substring_regex(raw, _PLAIN_TIMER), False).to_numpy(
-            zero_copy_only=False)
-        timer_value[some[plain]] = pc.cast(raw.filter(pa.array(plain)).cast(pa.string()),
-                                           pa.int64()).to_numpy(zero_copy_only=False)
-        good[some[~plain]] = False
-
-    # UNIQ_KEY is taken as it is only when it is UTF-8 and `strip()` would not change it: its
-    # first and last bytes are printable ASCII other than space (a multi-byte character's first
-    # and last bytes are >= 0x80, and every character `strip()` removes starts below 0x21 or
-    # at or above 0x80).
-    uniq = np.empty(len(rows), dtype=object)
+    delay_name, is_level, levels, timer_value = _delay_headers(names, values, delay_at, rules,
+                                                               good)
     keyed = count[H.UNIQ_KEY][rows] == 1
-    if keyed.any():
-        raw = values.take(_header_of(which[H.UNIQ_KEY], row_of, n, rows[keyed]))
-        plain = pc.and_(_printable(pc.binary_slice(raw, 0, 1)),
-                        _printable(pc.binary_slice(raw, -1, None)))
-        plain = pc.fill_null(plain, False).to_numpy(zero_copy_only=False)
-        try:
-            uniq[keyed] = raw.cast(pa.string()).to_numpy(zero_copy_only=False)
-        except pa.ArrowInvalid:   # some key is not UTF-8: the per-row rules say which
-            plain[:] = False
-        good[np.nonzero(keyed)[0][~plain]] = False
-    default = np.nonzero(~keyed)[0]
-    uniq[default] = [default_uniq_key(p, o) for p, o in zip(ipart[rows[default]].tolist(),
-                                                              ioff[rows[default]].tolist())]
+    uniq = _uniq_keys(values, _header_of(which[H.UNIQ_KEY], row_of, n, rows[keyed]), keyed,
+                      ipart[rows], ioff[rows], good)
 
     at = append[rows]
     # A timer's due time (`state.envelope._due`); one out of bounds takes the per-row rules,
@@ -137,11 +102,69 @@ def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, va
                         & (timer_due >= at - rules.clock_tolerance_ms))
 
     good = np.nonzero(good)[0]
-    rows, topics, uniq, at = rows[good], topics[good], uniq[good], at[good]
-    level, is_level = levels[good].astype(np.int64), is_level[good]
+    return _placed(rows[good], topics[good], uniq[good], at[good], levels[good].astype(np.int64),
+                   is_level[good], timer_due[good], ioff, rules, slot_ms, spread, now_ms,
+                   overdue_before_ms)
+
+
+def _delay_headers(names: pa.Array, values: pa.Array, delay_at: np.ndarray, rules: Rules,
+                   good: np.ndarray) -> tuple:
+    """Each row's delay header (at `delay_at`): its name, whether it is DELAY, the level (a
+    DELAY's value decided once per distinct value) and a timer's value (as an array); a value
+    the per-row rules must judge clears the row's `good`."""
+    delay_name = names.take(delay_at).to_numpy(zero_copy_only=False)
+    delay_raw = values.take(delay_at)
+    is_level = delay_name == H.DELAY
+    levels = np.full(len(delay_at), TIMER_LEVEL, dtype=object)
+    if is_level.any():
+        some = np.nonzero(is_level)[0]
+        levels[some], good_level = _per_value(delay_raw.take(some),
+                                              lambda raw: level_of(raw, rules))
+        good[some] &= good_level
+    timer_value = np.zeros(len(delay_at), dtype=np.int64)
+    if not is_level.all():
+        some = np.nonzero(~is_level)[0]
+        raw = delay_raw.take(some)
+        plain = pc.fill_null(pc.match_substring_regex(raw, _PLAIN_TIMER), False).to_numpy(
+            zero_copy_only=False)
+        timer_value[some[plain]] = pc.cast(raw.filter(pa.array(plain)).cast(pa.string()),
+                                           pa.int64()).to_numpy(zero_copy_only=False)
+        good[some[~plain]] = False
+    return delay_name, is_level, levels, timer_value
+
+
+def _uniq_keys(values: pa.Array, key_at: np.ndarray, keyed: np.ndarray, ipart: np.ndarray,
+               ioff: np.ndarray, good: np.ndarray) -> np.ndarray:
+    """Each row's UNIQ_KEY: its header's value (at `key_at`, for the rows `keyed`), or the
+    default from its intake position.
+
+    The value is taken as it is only when it is UTF-8 and `strip()` would not change it: its
+    first and last bytes are printable ASCII other than space (a multi-byte character's first
+    and last bytes are >= 0x80, and every character `strip()` removes starts below 0x21 or
+    at or above 0x80). Any other clears the row's `good`: the per-row rules judge it."""
+    uniq = np.empty(len(keyed), dtype=object)
+    if keyed.any():
+        raw = values.take(key_at)
+        plain = pc.and_(_printable(pc.binary_slice(raw, 0, 1)),
+                        _printable(pc.binary_slice(raw, -1, None)))
+        plain = pc.fill_null(plain, False).to_numpy(zero_copy_only=False)
+        try:
+            uniq[keyed] = raw.cast(pa.string()).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:   # some key is not UTF-8: the per-row rules say which
+            plain[:] = False
+        good[np.nonzero(keyed)[0][~plain]] = False
+    default = np.nonzero(~keyed)[0]
+    uniq[default] = [default_uniq_key(p, o) for p, o in zip(ipart[default].tolist(),
+                                                              ioff[default].tolist())]
+    return uniq
+
+
+def _placed(rows, topics, uniq, at, level, is_level, timer_due, ioff, rules: Rules,
+            slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> dict:
+    """The good common rows' ENVELOPE columns: due time, kind, and wheel group."""
     delays = np.asarray(rules.level_delays_ms, dtype=np.int64)[np.maximum(level, 1) - 1]
     due = np.where(level > 0, correct_deliver_timestamps(now_ms, at + delays, delays),
-                   np.where(is_level, at, np.maximum(timer_due[good], at)))
+                   np.where(is_level, at, np.maximum(timer_due, at)))
     delay = (level != 0) & (due > at)
     cold = delay & (cold_bucket(due, rules.cold_bucket_ms) > at + rules.near_horizon_ms)
     delay &= ~cold & ((due >= overdue_before_ms) | (level < 0))
@@ -265,15 +288,7 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
         _mark_direct(cols, numbers["ioff"], numbers["append_ms"], rules, direct_max_delay_ms,
                      spread, now_ms)
 
-    # User headers: every header but the contract's control headers, in order; a dead letter
-    # keeps all of its original headers.
-    keep = ~control | dead[row_of]
-    offsets = pa.array(np.concatenate(([0], np.cumsum(np.bincount(row_of[keep], minlength=n)))),
-                       pa.int32())
-    mask = pa.array(keep)
-    hkeys = pa.ListArray.from_arrays(offsets, names.filter(mask))
-    hvals = pa.ListArray.from_arrays(offsets, values.filter(mask))
-
+    hkeys, hvals = _user_headers(~control | dead[row_of], row_of, n, names, values)
     arrays = {
         **{name: pa.array(cols[name], ENVELOPE.field(name).type) for name in cols},
         "key": batch.column("key").cast(pa.binary()),
@@ -284,6 +299,17 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
         "ioff": batch.column("ioff").cast(pa.int64()),
     }
     return pa.RecordBatch.from_arrays([arrays[name] for name in ENVELOPE.names], schema=ENVELOPE)
+
+
+def _user_headers(keep: np.ndarray, row_of: np.ndarray, n: int, names: pa.Array,
+                  values: pa.Array) -> tuple[pa.ListArray, pa.ListArray]:
+    """Each row's headers marked `keep` (every header but the contract's control headers, in
+    order; a dead letter keeps all of its original headers) as two parallel lists."""
+    offsets = pa.array(np.concatenate(([0], np.cumsum(np.bincount(row_of[keep], minlength=n)))),
+                       pa.int32())
+    mask = pa.array(keep)
+    return (pa.ListArray.from_arrays(offsets, names.filter(mask)),
+            pa.ListArray.from_arrays(offsets, values.filter(mask)))
 
 
 def make_parser(rules: Rules, slot_ms: int, spread: int,

@@ -24,23 +24,12 @@ def run(bench) -> dict:
     plan = bench.plan
     real = fresh_topic(bench.admin, "bench-restart")
     load = Load(bench.settings, bench.work, real, "restart")
-    from streaming.process import free_ports, kill_session
+    from streaming.process import kill_session
 
     # A job of its own: its own intake and data folder (the checkpoint guard rightly
     # refuses a fresh checkpoint on an intake another run has read).
     intake = f"{bench.settings.intake_topic}-restart"
-    env = child_env(os.environ, bench.overrides)
-    env.update(DELAYQ_METRICS_PORT=str(free_ports(1)[0]), DELAYQ_INTAKE_TOPIC=intake,
-               DELAYQ_DLQ_TOPIC=f"{intake}.DLQ",
-               DELAYQ_DATA_DIR=str(bench.work / "restart-data"))
-    logfile = open(bench.work / "restart-job.log", "ab")
-
-    def run():
-        # A session of its own, so the kill takes the whole job, its Spark JVM and Python
-        # workers with it, as a lost pod or machine would.
-        return subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
-                                cwd=PROJECT, stdout=logfile, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    run = _launcher(bench, intake)
     # The load runs 20 s before the kill, through the downtime, and 12 s after the restart.
     count = int(plan.restart_rate * (32 + plan.restart_down_s))
     # The outage's backlog: the same real topic (one the killed run delivered to), its own
@@ -76,6 +65,32 @@ def run(bench) -> dict:
     figures = load.finish(count)
     held = outage.finish(plan.restart_backlog) if outage else None
     stop_child(job, 60)
+    return _figures(bench, figures, held, killed, restarted)
+
+
+def _launcher(bench, intake: str):
+    """What starts the scenario's `delayq run` child on `intake`, its output appended to
+    restart-job.log."""
+    from streaming.process import free_ports
+
+    env = child_env(os.environ, bench.overrides)
+    env.update(DELAYQ_METRICS_PORT=str(free_ports(1)[0]), DELAYQ_INTAKE_TOPIC=intake,
+               DELAYQ_DLQ_TOPIC=f"{intake}.DLQ",
+               DELAYQ_DATA_DIR=str(bench.work / "restart-data"))
+    logfile = open(bench.work / "restart-job.log", "ab")
+
+    def run():
+        # A session of its own, so the kill takes the whole job, its Spark JVM and Python
+        # workers with it, as a lost pod or machine would.
+        return subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
+                                cwd=PROJECT, stdout=logfile, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return run
+
+
+def _figures(bench, figures: dict, held: dict | None, killed: float, restarted: float) -> dict:
+    """The load's figures with the restart's: down time, first deliveries after the restart
+    and the kill, each run's start-up, and the outage's backlog."""
     restarted_ms = restarted * 1000
     figures["down_s"] = round(restarted - killed, 1)
     stamps = stamps_of(figures)

@@ -53,7 +53,6 @@ def produce(args) -> None:
         else:
             append[seq] = msg.timestamp()[1]
 
-    partitions = args.partitions
     level_of = np.array(levels or [0], dtype=np.int64)
     # Timers due over a span (a backlog): each message's own deliver time, drawn up front.
     timer_due = (args.deliver_at_ms + np.random.default_rng(0).integers(
@@ -64,17 +63,7 @@ def produce(args) -> None:
         # Keep to the rate: send what is owed now, then yield to the delivery reports.
         owed = n if args.rate <= 0 else min(n, int((time.time() - started) * args.rate) + 1)
         while i < owed:
-            headers = [("REAL_TOPIC", args.real.encode()), ("UNIQ_KEY", f"{args.run}-{i}".encode())]
-            if timer_due is not None:
-                headers.append(("TIMER_DELIVER_MS", str(timer_due[i]).encode()))
-                part = i % partitions
-            elif args.deliver_at_ms:
-                headers.append(("TIMER_DELIVER_MS", str(args.deliver_at_ms).encode()))
-                part = i % partitions
-            else:
-                level = int(level_of[i % len(level_of)])
-                headers.append(("DELAY", str(level).encode()))
-                part = (level - 1) % partitions
+            headers, part = _addressed(args, i, level_of, timer_due)
             # Random bodies where asked: one repeated body would compress away in the cold
             # tier's Parquet files and understate the bytes kept per message.
             body = os.urandom(args.size - SEQ) if args.random_bodies else pad
@@ -90,7 +79,28 @@ def produce(args) -> None:
                 producer.poll(0)
         producer.poll(0.005 if args.rate > 0 else 0)
     producer.flush(120)
-    elapsed = time.time() - started
+    _record(args, time.time() - started, append, delays, level_of, timer_due, failed)
+
+
+def _addressed(args, i: int, level_of: np.ndarray, timer_due) -> tuple[list, int]:
+    """Message `i`'s headers and intake partition: a timer (its own due time or the burst's)
+    or a level message, on its level's partition."""
+    headers = [("REAL_TOPIC", args.real.encode()), ("UNIQ_KEY", f"{args.run}-{i}".encode())]
+    if timer_due is not None:
+        headers.append(("TIMER_DELIVER_MS", str(timer_due[i]).encode()))
+        return headers, i % args.partitions
+    if args.deliver_at_ms:
+        headers.append(("TIMER_DELIVER_MS", str(args.deliver_at_ms).encode()))
+        return headers, i % args.partitions
+    level = int(level_of[i % len(level_of)])
+    headers.append(("DELAY", str(level).encode()))
+    return headers, (level - 1) % args.partitions
+
+
+def _record(args, elapsed: float, append: np.ndarray, delays: list[int], level_of: np.ndarray,
+            timer_due, failed: int) -> None:
+    """Each message's append and due time and level (`args.out`.npz), then the `.done` file."""
+    n = len(append)
     level_per_seq = (np.full(n, -1, dtype=np.int64) if args.deliver_at_ms
                      else level_of[np.arange(n) % len(level_of)].astype(np.int64))
     if timer_due is not None:
