@@ -191,9 +191,7 @@ def operator_for(settings: Settings, checkpoint: str, verdict: str) -> str:
     it starts a new one."""
     if verdict != "resume":
         return settings.wheel_operator
-    # A checkpoint stamped before the setting existed keeps its state with the one operator
-    # there was then.
-    was = wheel_operator_of(checkpoint, "applyInPandasWithState")
+    was = wheel_operator_of(checkpoint, settings.wheel_operator)
     if was != settings.wheel_operator:
         log.warning("checkpoint %s keeps the wheel's state with %s; wheel_operator = %r applies "
                     "to new checkpoints only", checkpoint, was, settings.wheel_operator)
