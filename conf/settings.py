@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     dispatch_gather_ms: int
     dispatch_topic_wait_ms: int
     dispatch_max_failures: int
+    dispatch_failure_window: str
+    dispatch_restart_backoff: str
+    dispatch_retry_backoff_ms: int
+    dispatch_ledger_batch: int
+    dispatch_probe_interval_ms: int
+    dispatch_intake_refresh_ms: int
     dispatch_replay_window: str
     dispatch_direct_max_delay_ms: int
     wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
@@ -70,6 +76,8 @@ class Settings(BaseSettings):
     wheel_trigger_ms: int
     late_tolerance: str
     max_offsets_per_trigger: int
+    ready_linger_ms: int
+    ready_batch_kb: int
 
     ledger: bool
     ledger_interval: str
@@ -107,18 +115,19 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
-    @field_validator("delay_levels")
+    @field_validator("delay_levels", "dispatch_restart_backoff")
     @classmethod
-    def _levels_parse(cls, value: str) -> str:
+    def _levels_parse(cls, value: str, info: ValidationInfo) -> str:
         # A DelayLevelError is not a ValueError, so pydantic lets it through unwrapped.
         try:
             parse_levels(value)
         except DelayLevelError as exc:
-            raise DelayLevelError(f"setting delay_levels={value!r}: {exc}") from None
+            raise DelayLevelError(f"setting {info.field_name}={value!r}: {exc}") from None
         return value
 
     @field_validator("max_delay", "clock_tolerance", "late_tolerance", "near_horizon",
-                     "cold_bucket", "ledger_interval", "dispatch_replay_window")
+                     "cold_bucket", "ledger_interval", "dispatch_replay_window",
+                     "dispatch_failure_window")
     @classmethod
     def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
         try:
@@ -138,6 +147,8 @@ class Settings(BaseSettings):
                      "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
                      "dispatch_commit_interval_ms", "dispatch_max_held", "dispatch_gather_ms",
                      "dispatch_topic_wait_ms", "dispatch_max_failures", "wheel_chunk_kb",
+                     "dispatch_retry_backoff_ms", "dispatch_ledger_batch",
+                     "dispatch_probe_interval_ms", "dispatch_intake_refresh_ms", "ready_batch_kb",
                      "cluster_workers", "cluster_worker_cores")
     @classmethod
     def _positive(cls, value: int) -> int:
@@ -146,7 +157,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("fire_lead_ms", "fire_lead_per_message_us", "spark_shuffle_partitions",
-                     "ready_partitions", "wheel_trigger_ms")
+                     "ready_partitions", "wheel_trigger_ms", "ready_linger_ms")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:
@@ -205,6 +216,14 @@ class Settings(BaseSettings):
     @property
     def dispatch_replay_window_ms(self) -> int:
         return parse_duration(self.dispatch_replay_window)
+
+    @property
+    def dispatch_failure_window_ms(self) -> int:
+        return parse_duration(self.dispatch_failure_window)
+
+    @cached_property
+    def dispatch_restart_backoff_ms(self) -> tuple[int, ...]:
+        return parse_levels(self.dispatch_restart_backoff)
 
     @property
     def heartbeat_partition(self) -> int:

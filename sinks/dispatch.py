@@ -43,12 +43,15 @@ class DispatchConfig:
     ledger_topic: str
     dlq_topic: str
     run_id: str
-    commit_interval_s: float = 1.0
-    max_held: int = 500_000           # rows held before consumption pauses
-    gather_s: float = 0.1             # intake records parsed, ledger rows sent, this often
-    retry_backoff_s: float = 1.0      # a transient send failure is retried this much later
-    probe_interval_s: float = 30.0    # an idle task measures its clock against the broker's
-    replay_window_s: float = 60.0     # what a restart skips reaches this far before its commit
+    # conf/defaults.toml's dispatch_* settings (streaming/dispatcher.py dispatch_config)
+    commit_interval_s: float
+    max_held: int                     # rows held before consumption pauses
+    gather_s: float                   # intake records parsed, ledger rows sent, this often
+    retry_backoff_s: float            # a transient send failure is retried this much later
+    probe_interval_s: float           # an idle task measures its clock against the broker's
+    replay_window_s: float            # what a restart skips reaches this far before its commit
+    ledger_batch: int                 # ledger rows per ledger record, intake records per parse
+    intake_refresh_s: float           # how often a task looks for new intake partitions
     # The intake read of sinks/direct.py: its rules, which levels (-1: none), the partitions'
     # count of the ready topic (which intake partitions each task reads), and where to start
     # an intake partition this task never committed (the wheel's position; else the earliest).
@@ -57,7 +60,6 @@ class DispatchConfig:
     direct_max_delay_ms: int = -1
     ready_partitions: int = 1
     intake_start: dict = field(default_factory=dict)
-    intake_refresh_s: float = 30.0    # how often a task looks for new intake partitions
 
 
 class Row:
@@ -203,11 +205,6 @@ def refusal(err, row: Row) -> str | None:
     return reason(label, text.format(topic=row.topic, partition=row.partition, size=size))
 
 
-# Ledger rows per ledger record at most: a task's rows acknowledged together travel as one
-# Arrow IPC stream (LEDGER), so the ledger topic and query carry a record per send cycle, not per
-# message, and the query decodes them a column at a time (JSON parsed in Spark cost the 2-core
-# host about 60 µs of JVM CPU per row and put p99 lateness at 8.2 s at 5,000 msg/s).
-LEDGER_BATCH = 2000
 # A probe record's header (`_probe`): an empty record, not ledger rows.
 PROBE = "DELAYQ_PROBE"
 # A ledger record's header: the process that sent its rows (`sender`).

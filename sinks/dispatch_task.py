@@ -13,7 +13,7 @@ import time
 from typing import Callable, Iterator
 
 from sinks.direct import direct_rows
-from sinks.dispatch import (LEDGER_BATCH, PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
+from sinks.dispatch import (PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
                             Skew, dead_letter_headers, identity, ledger_record,
                             ready_row, refusal, sender, too_large)
 from sinks.dispatch_start import committed, in_ledger, owned_partitions, retrying, transient
@@ -105,7 +105,7 @@ class _Task:
                     if not self._gathered:
                         self._gathered_since = time.monotonic()
                     self._gathered.append(msg)
-            if self._gathered and (len(self._gathered) >= LEDGER_BATCH or time.monotonic()
+            if self._gathered and (len(self._gathered) >= self.config.ledger_batch or time.monotonic()
                                  - self._gathered_since >= self.config.gather_s):
                 intake, self._gathered = self._gathered, []
                 self._take_intake(intake, done)
@@ -294,15 +294,16 @@ class _Task:
         self._unledgered.append((row, sent_ms, reason))
 
     def _ledger(self, force: bool = False) -> None:
-        """The ledger rows of what was acknowledged, as records of up to LEDGER_BATCH rows,
-        once `gather_s` has passed since the first of them or LEDGER_BATCH are waiting; their
+        """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows,
+        once `gather_s` has passed since the first of them or `ledger_batch` are waiting; their
         rows are done once the ledger has them."""
-        if not self._unledgered or not force and len(self._unledgered) < LEDGER_BATCH and \
+        if not self._unledgered or not force and len(self._unledgered) < self.config.ledger_batch and \
                 time.monotonic() - self._unledgered_since < self.config.gather_s:
             return
         acked, self._unledgered = self._unledgered, []
-        for start in range(0, len(acked), LEDGER_BATCH):
-            chunk = acked[start:start + LEDGER_BATCH]
+        batch = self.config.ledger_batch
+        for start in range(0, len(acked), batch):
+            chunk = acked[start:start + batch]
             rows = [row for row, _, _ in chunk]
             record = ledger_record(chunk)
 

@@ -6,13 +6,12 @@ from pyspark import AccumulatorParam
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
-# linger 1 ms, so a record on its own leaves at once, and batches of up to 256 KiB per
-# partition (the Java client's default is 16 KiB, about fifteen 1 KiB records), so a burst, a
-# drain or a catch-up goes out in far fewer, larger batches: a burst of 500,000 left in 37-39 s
-# against 49-59 s with the default, the broker using 7-17 CPU-s less. An open batch holds its
-# whole buffer from the producer's 32 MiB (`buffer.memory`).
-PRODUCER_OPTIONS = {"kafka.linger.ms": "1", "kafka.acks": "all", "kafka.max.block.ms": "30000",
-                    "kafka.batch.size": str(256 * 1024)}
+def producer_options(settings) -> dict[str, str]:
+    """The options of Spark's Kafka sink for the wheel's writes: every record acknowledged by
+    all in-sync replicas before the batch ends, and the batching of `conf/defaults.toml`."""
+    return {"kafka.acks": "all", "kafka.max.block.ms": "30000",
+            "kafka.linger.ms": str(settings.ready_linger_ms),
+            "kafka.batch.size": str(settings.ready_batch_kb * 1024)}
 
 
 def header_struct(name: str, value: F.Column) -> F.Column:

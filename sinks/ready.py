@@ -21,7 +21,7 @@ from pyspark.sql.classic.column import _to_seq
 
 from sinks.base import BatchSummary, Sent
 from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
-from sinks.kafka import PRODUCER_OPTIONS, header_struct
+from sinks.kafka import header_struct
 
 # The kinds of the wheel's rows counted in a summary, besides dead letters and tallies.
 _COUNTED_KINDS = ("deliver", "cold", "cancelled", "cancel_unknown")
@@ -102,7 +102,7 @@ class ReadySink:
         self._by_lane, self._by_due = seq([F.col("lane")]), seq([F.col("due_ms")])
         self._sent = seq(sent)
         self._options = MapConverter().convert(
-            {**PRODUCER_OPTIONS, "kafka.max.request.size": str(max_request_bytes), **options},
+            {"kafka.max.request.size": str(max_request_bytes), **options},
             sc._gateway._gateway_client)
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:

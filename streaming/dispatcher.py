@@ -2,7 +2,7 @@
 Spark job (sinks/dispatch_task.py run_partition) under a job group of its own, started again with a
 back-off when it fails, as Spark does not retry tasks in `local[N]` and, on a cluster, a task
 that never ends would add its failures up to `spark.task.maxFailures` and abort the job. Past
-`max_failures` in FAILURE_WINDOW_S the stage gives up and says so (`failure`).
+`dispatch_max_failures` within `dispatch_failure_window` the stage gives up and says so (`failure`).
 
 A clean stop writes a stop record for this run to every ready partition, after the wheel has
 stopped: each task then sends what is in flight, commits and ends its job.
@@ -24,8 +24,6 @@ from streaming.wheel_query import rules_of
 
 log = logging.getLogger(__name__)
 
-FAILURE_WINDOW_S = 600.0
-BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 JOB_GROUP = "delayq-dispatch-{topic}-{partition}"
 
 
@@ -47,7 +45,11 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           commit_interval_s=settings.dispatch_commit_interval_ms / 1000,
                           max_held=settings.dispatch_max_held,
                           gather_s=settings.dispatch_gather_ms / 1000,
+                          retry_backoff_s=settings.dispatch_retry_backoff_ms / 1000,
+                          probe_interval_s=settings.dispatch_probe_interval_ms / 1000,
                           replay_window_s=settings.dispatch_replay_window_ms / 1000,
+                          ledger_batch=settings.dispatch_ledger_batch,
+                          intake_refresh_s=settings.dispatch_intake_refresh_ms / 1000,
                           intake_topic=settings.intake_topic, rules=rules_of(settings),
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start)
@@ -112,6 +114,8 @@ class Dispatcher:
         context = self.spark.sparkContext
         config = self.config
         failures: deque[float] = deque()
+        window_s = self.settings.dispatch_failure_window_ms / 1000
+        backoff_ms = self.settings.dispatch_restart_backoff_ms
         while not self._stopping.is_set():
             context.setJobGroup(self._group(partition),
                                 f"delayq: dispatch of {self.settings.ready_topic} partition "
@@ -129,15 +133,15 @@ class Dispatcher:
                     return
                 now = time.monotonic()
                 failures.append(now)
-                while failures and now - failures[0] > FAILURE_WINDOW_S:
+                while failures and now - failures[0] > window_s:
                     failures.popleft()
                 if len(failures) > self.settings.dispatch_max_failures:
                     self.failure = (f"dispatch of ready partition {partition} failed "
-                                    f"{len(failures)} times in {FAILURE_WINDOW_S:.0f} s; last: "
+                                    f"{len(failures)} times in {window_s:.0f} s; last: "
                                     f"{str(exc).splitlines()[0]}")
                     log.error("%s; giving up (setting dispatch_max_failures)", self.failure)
                     return
-                wait = BACKOFF_S[min(len(failures), len(BACKOFF_S)) - 1]
+                wait = backoff_ms[min(len(failures), len(backoff_ms)) - 1] / 1000
                 log.warning("dispatch %d failed (%s); starting it again in %.0f s from its "
                             "committed offset", partition, str(exc).splitlines()[0], wait)
                 self.restarts += 1

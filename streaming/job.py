@@ -20,7 +20,7 @@ from conf.settings import Settings
 from sinks import store
 from sinks.base import BatchSink, BatchSummary
 from sinks.cold import ColdTier
-from sinks.kafka import sent_schema
+from sinks.kafka import producer_options, sent_schema
 from sinks.ledger import DeadLetterTable
 from sinks.metrics import Metrics
 from sinks.ready import ReadySink
@@ -161,7 +161,8 @@ class DelayJob:
     def _batch_writer(self, partitions: int, largest: int) -> BatchWriter:
         """The wheel query's foreachBatch: the ready topic's writer, the cold tier and the other
         sinks, their Delta tables created before the first batch."""
-        kafka = ReadySink(self.spark, spark_options(self.settings), self.settings.ready_topic,
+        kafka = ReadySink(self.spark, {**producer_options(self.settings),
+                                       **spark_options(self.settings)}, self.settings.ready_topic,
                           partitions, max_request_bytes=largest)
         self._step("dispatch_topics")
         intake = self.settings.intake_topic

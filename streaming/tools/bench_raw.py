@@ -17,7 +17,7 @@ def raw_query(bench, intake: str, real: str, name: str):
     Kafka options, trigger and batch bound (no parse, no state, no hold)."""
     from pyspark.sql import functions as F
 
-    from sinks.kafka import PRODUCER_OPTIONS
+    from sinks.kafka import producer_options
     from streaming.kafka_config import spark_options
 
     options = spark_options(bench.settings)
@@ -28,7 +28,7 @@ def raw_query(bench, intake: str, real: str, name: str):
         reader = reader.option("maxOffsetsPerTrigger", bench.settings.max_offsets_per_trigger)
     return (reader.load()
             .select(F.lit(real).alias("topic"), "key", "value", "headers")
-            .writeStream.format("kafka").options(**{**PRODUCER_OPTIONS, **options})
+            .writeStream.format("kafka").options(**{**producer_options(bench.settings), **options})
             .option("checkpointLocation", str(bench.work / f"{name}-ckpt"))
             .trigger(processingTime="0 seconds").start())
 

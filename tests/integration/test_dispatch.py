@@ -9,15 +9,18 @@ import multiprocessing
 import threading
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from kafka import KafkaProducer
 
+from conf import load_settings
 from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
                             SENDER, DispatchConfig, ledger_rows)
 from sinks.dispatch_task import run_partition
 from state import headers as H
+from streaming.dispatcher import dispatch_config
 from tests.support import consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
@@ -29,12 +32,15 @@ def dispatch(new_topic, kafka_bootstrap):
     and write(rows) putting fired rows on the ready partition as the wheel writes them."""
     ready, ledger = new_topic(), new_topic(**LOG_APPEND)
     real, dlq = new_topic(**LOG_APPEND), new_topic(**LOG_APPEND)
-    config = DispatchConfig(
+    # The settings' dispatch configuration, on the fresh topics, reading no intake.
+    config = replace(
+        dispatch_config(load_settings(), "run-1", 1_048_576, 1, {}),
         consumer={"bootstrap.servers": kafka_bootstrap, "group.id": f"dispatch-{uuid.uuid4().hex}"},
         producer={"bootstrap.servers": kafka_bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "topic.metadata.propagation.max.ms": 2000},
-        ready_topic=ready, ledger_topic=ledger, dlq_topic=dlq, run_id="run-1",
-        commit_interval_s=0.2, retry_backoff_s=0.2)
+        ready_topic=ready, ledger_topic=ledger, dlq_topic=dlq,
+        commit_interval_s=0.2, retry_backoff_s=0.2,
+        intake_topic="", rules=None, direct_max_delay_ms=-1)
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
 
     def write(rows: list[dict]) -> None:
