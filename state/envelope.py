@@ -137,7 +137,8 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
     for name, value in headers:
         if name in H.CONTROL_HEADERS:
             if name in control:
-                return Envelope(Kind.DEAD, default_key, reason=reason("duplicate_header", f"header {name} appears twice"))
+                return Envelope(Kind.DEAD, default_key,
+                                reason=reason("duplicate_header", f"header {name} appears twice"))
             control[name] = value
         else:
             user.append((name, value))
@@ -188,7 +189,8 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
         return Envelope(kind, uniq, topic, qid, level, due, user, rolled=True)
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
-    if kind == Kind.DELAY and cold_bucket(due, rules.cold_bucket_ms) > append_ms + rules.near_horizon_ms:
+    if kind == Kind.DELAY and \
+            cold_bucket(due, rules.cold_bucket_ms) > append_ms + rules.near_horizon_ms:
         kind = Kind.COLD
     return Envelope(kind, uniq, topic, qid, level, due, user)
 
@@ -254,12 +256,14 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
         raise BadInput("negative", f"header {name}={value} is negative")
     if due - append_ms > rules.max_delay_ms:
         raise BadInput(
-            "beyond_max_delay", f"header {name}={value} is beyond the maximum delay of "
+            "beyond_max_delay",
+            f"header {name}={value} is beyond the maximum delay of "
             f"{rules.max_delay_ms // 1000} s (setting max_delay)"
         )
     if due < append_ms - rules.clock_tolerance_ms:
         raise BadInput(
-            "timer_in_past", f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more than "
+            "timer_in_past",
+            f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more than "
             f"the clock tolerance of {rules.clock_tolerance_ms // 1000} s"
         )
     return TIMER_LEVEL, max(due, append_ms)

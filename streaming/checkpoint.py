@@ -191,7 +191,8 @@ def operator_for(settings: Settings, checkpoint: str, verdict: str) -> str:
     it starts a new one."""
     if verdict != "resume":
         return settings.wheel_operator
-    was = wheel_operator_of(checkpoint, settings.wheel_operator)
+    # A stamp written before the setting existed names no operator: there was one then.
+    was = wheel_operator_of(checkpoint, "applyInPandasWithState")
     if was != settings.wheel_operator:
         log.warning("checkpoint %s keeps the wheel's state with %s; wheel_operator = %r applies "
                     "to new checkpoints only", checkpoint, was, settings.wheel_operator)

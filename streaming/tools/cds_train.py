@@ -36,23 +36,7 @@ def _train(settings: Settings, out: Path) -> None:
         from streaming.wheel_query import kept, wheel_stream
         from streaming.schema import OUTPUT_SPARK
 
-        # The job's own parse and wheel, fed by a rate source instead of the intake:
-        # level-1 messages, level-2 ones (5 s), which wait in the state for their timers, and
-        # some bad ones, so every path of a batch runs.
-        header = lambda k, v: F.struct(F.lit(k).alias("key"), F.lit(v).cast("binary").alias("value"))
-        source = (spark.readStream.format("rate").option("rowsPerSecond", 500).load()
-                  .select(F.lit(None).cast("binary").alias("key"),
-                          F.col("value").cast("string").cast("binary").alias("value"),
-                          (F.col("value") % 2).cast("int").alias("ipart"),
-                          F.col("value").alias("ioff"),
-                          F.unix_millis("timestamp").alias("append_ms"),
-                          F.when(F.col("value") % 50 == 0,
-                                 F.array(header("DELAY", "-1")))
-                           .when(F.col("value") % 3 == 0,
-                                 F.array(header("REAL_TOPIC", "cds-training"),
-                                         header("DELAY", "2")))
-                           .otherwise(F.array(header("REAL_TOPIC", "cds-training"),
-                                              header("DELAY", "1"))).alias("headers")))
+        source = _training_source(spark)
         schema = sent_schema(OUTPUT_SPARK)
 
         def sink(batch, batch_id):
@@ -82,6 +66,27 @@ def _train(settings: Settings, out: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
     proc.stdin.close()      # the gateway JVM exits on end of input, and writes the archive
     proc.wait(timeout=300)
+
+
+def _training_source(spark):
+    """The job's own parse and wheel are fed by a rate source instead of the intake:
+    level-1 messages, level-2 ones (5 s), which wait in the state for their timers, and
+    some bad ones, so every path of a batch runs."""
+    from pyspark.sql import functions as F
+
+    def header(k, v):
+        return F.struct(F.lit(k).alias("key"), F.lit(v).cast("binary").alias("value"))
+    value = F.col("value")
+    return (spark.readStream.format("rate").option("rowsPerSecond", 500).load()
+            .select(F.lit(None).cast("binary").alias("key"),
+                    value.cast("string").cast("binary").alias("value"),
+                    (value % 2).cast("int").alias("ipart"), value.alias("ioff"),
+                    F.unix_millis("timestamp").alias("append_ms"),
+                    F.when(value % 50 == 0, F.array(header("DELAY", "-1")))
+                     .when(value % 3 == 0, F.array(header("REAL_TOPIC", "cds-training"),
+                                                   header("DELAY", "2")))
+                     .otherwise(F.array(header("REAL_TOPIC", "cds-training"),
+                                        header("DELAY", "1"))).alias("headers")))
 
 
 def build(settings: Settings) -> Path | None:

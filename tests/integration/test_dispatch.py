@@ -180,9 +180,10 @@ def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on
     assert len(delivered) == 5
     reasons = {header_map(r)["UNIQ_KEY"].decode(): header_map(r)["DLQ_REASON"].decode()
                for r in dead}
-    assert "does not exist" in reasons["missing"]
-    assert "out of range" in reasons["beyond"]
-    assert "too large" in reasons["large"]
+    assert reasons["missing"].startswith("unknown_topic: ") and "does not exist" in reasons["missing"]
+    assert reasons["beyond"].startswith("partition_out_of_range: ") \
+        and "out of range" in reasons["beyond"]
+    assert reasons["large"].startswith("too_large: ") and "too large" in reasons["large"]
     assert all(header_map(r)["REAL_TOPIC"] for r in dead)
     statuses = {row["uniq_key"]: row["status"]
                 for row in ledger_of(kafka_bootstrap, config.ledger_topic, 10)}
