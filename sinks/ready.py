@@ -97,7 +97,7 @@ class ReadySink:
         self._observation = getattr(sc._jvm, "org.apache.spark.sql.Observation")
         self._to_py_row = getattr(sc._jvm, "org.apache.spark.sql.api.python.PythonSQLUtils").toPyRow
         self._first_count, self._counts = counts[0]._jc, seq(counts[1:])
-        self._written = F.col("kind").isin("deliver", "dead")._jc
+        self._written = F.col("kind").isin("deliver", "dead")   # the rows a batch writes
         self._with_lane = seq([F.col("*"), F.when(deliver, ready_lane(partitions)).alias("lane")])
         self._by_lane, self._by_due = seq([F.col("lane")]), seq([F.col("due_ms")])
         self._sent = seq(sent)
@@ -109,11 +109,11 @@ class ReadySink:
         """Fired rows to the ready topic and dead letters to theirs, in the batch's one Spark
         job, every row counted into `summary` on the way (`observed_counts`)."""
         seen = self._observation()
-        (batch._jdf.observe(seen, self._first_count, self._counts).filter(self._written)
+        (batch._jdf.observe(seen, self._first_count, self._counts).filter(self._written._jc)
          .select(self._with_lane).repartition(self._partitions, self._by_lane)
          .sortWithinPartitions(self._by_due).select(self._sent)
          .write().mode("append").format("kafka").options(self._options).save())
         add_counts(CPickleSerializer().loads(self._to_py_row(seen.getRow())).asDict(), summary)
         now_ms = int(time.time() * 1000)
-        return Sent(lambda: batch.filter(F.col("kind").isin("deliver", "dead"))
+        return Sent(lambda: batch.filter(self._written)
                     .withColumn("sent_ms", F.lit(now_ms).cast("long")), batch.sparkSession)
