@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     sasl_username: str
     sasl_password: SecretStr
     ssl_cafile: str
+    produce_timeout: str
 
     kafka_host: str
     kafka_port: int
@@ -94,6 +95,8 @@ class Settings(BaseSettings):
     spark_driver_memory: str
     spark_ui_port: int
     spark_shuffle_partitions: int
+    executor_slots_wait: str
+    job_restarts: int
     spark_log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"]
     log_level: Literal["ERROR", "WARNING", "INFO", "DEBUG"]
     spark_executor_memory: str
@@ -127,7 +130,7 @@ class Settings(BaseSettings):
 
     @field_validator("max_delay", "clock_tolerance", "late_tolerance", "near_horizon",
                      "cold_bucket", "ledger_interval", "dispatch_replay_window",
-                     "dispatch_failure_window")
+                     "dispatch_failure_window", "produce_timeout", "executor_slots_wait")
     @classmethod
     def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
         try:
@@ -220,6 +223,14 @@ class Settings(BaseSettings):
     @property
     def dispatch_failure_window_ms(self) -> int:
         return parse_duration(self.dispatch_failure_window)
+
+    @property
+    def produce_timeout_s(self) -> float:
+        return parse_duration(self.produce_timeout) / 1000
+
+    @property
+    def executor_slots_wait_s(self) -> float:
+        return parse_duration(self.executor_slots_wait) / 1000
 
     @cached_property
     def dispatch_restart_backoff_ms(self) -> tuple[int, ...]:

@@ -282,7 +282,9 @@ class _Task:
         return True
 
     def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
-        if err is not None:
+        if err is not None:   # the commit point stays below the row until it is taken
+            log.warning("dispatch %d: the dead-letter topic %s refused %s (%s); retrying",
+                        self.partition, self.config.dlq_topic, row.uniq_key, err)
             self._later(lambda: self._dead_letter(row, reason))
             return
         self.dead += 1

@@ -45,10 +45,6 @@ QUERY_NAME = "delayq"
 PARK_WAIT_S = 5.0
 
 
-# How long a start waits for a cluster's executors to offer the task slots the dispatch needs.
-SLOTS_WAIT_S = 120.0
-
-
 class DelayJob:
     """One running delivery query, its heartbeat and its admin connection."""
 
@@ -208,7 +204,7 @@ class DelayJob:
         """The dispatch tasks hold a task slot each for good: refuse to start where they would
         leave the wheel's stages none (DESIGN.md section 4)."""
         need = partitions + self.settings.spark_shuffle_partitions + 1
-        deadline = time.monotonic() + SLOTS_WAIT_S
+        deadline = time.monotonic() + self.settings.executor_slots_wait_s
         slots = self.spark.sparkContext.defaultParallelism
         while slots < need and time.monotonic() < deadline:   # executors still registering
             time.sleep(1)

@@ -22,8 +22,6 @@ from state.envelope import TIMER_LEVEL
 from state.levels import clamp_level
 from streaming.kafka_config import python_client_config
 
-SEND_TIMEOUT_S = 30.0
-
 
 @dataclass(frozen=True)
 class Handle:
@@ -119,7 +117,7 @@ class DelayProducer:
         meta = self._producer.send(
             self.settings.intake_topic, key=key, value=value, headers=wire,
             partition=self.intake_partition(level, uniq),
-        ).get(timeout=SEND_TIMEOUT_S)
+        ).get(timeout=self.settings.produce_timeout_s)
         return Handle(uniq, level, self._due(meta.timestamp, level, deliver_at_ms, delay_ms),
                       meta.partition, meta.offset)
 
@@ -135,7 +133,7 @@ class DelayProducer:
             wire.insert(1, (H.DELAY, str(handle.level).encode()))
         self._producer.send(self.settings.intake_topic, value=b"", headers=wire,
                             partition=self.intake_partition(handle.level, handle.uniq_key),
-                            ).get(timeout=SEND_TIMEOUT_S)
+                            ).get(timeout=self.settings.produce_timeout_s)
 
     def _due(self, append_ms: int, level: int, deliver_at_ms, delay_ms) -> int:
         if level > 0:

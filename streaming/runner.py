@@ -108,24 +108,19 @@ def stop_on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-# How many times one run starts the job again after losing a batch's kept rows with an
-# executor; past that the failure ends the run (a driver's restart policy may take over).
-RESTARTS = 3
-
-
 def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:
     """Block until stopped by a signal; raise the query's error if it dies. A query that died
     because an executor took a batch's kept rows with it (a Worker lost, on a cluster) is
-    started again from the checkpoint, up to RESTARTS times: that batch runs again."""
+    started again from the checkpoint, up to `job_restarts` times: that batch runs again."""
     stop_on_signals(stop)  # after the SparkContext, which installs a SIGINT handler of its own
-    restarts = 0
+    restarts, most = 0, job.settings.job_restarts
     while not stop.is_set():
         if not job.query.isActive:
             exc = job.query.exception()
-            if exc is not None and restarts < RESTARTS and job.lost_kept_rows():
+            if exc is not None and restarts < most and job.lost_kept_rows():
                 restarts += 1
                 log.warning("a batch's kept rows were lost with an executor; starting the job "
-                            "again from its checkpoint (%d of %d)", restarts, RESTARTS)
+                            "again from its checkpoint (%d of %d)", restarts, most)
                 job.restart()
                 continue
             if exc is not None:

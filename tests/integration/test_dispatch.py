@@ -193,6 +193,46 @@ def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on
     assert result == [{"partition": 0, "sent": 7, "dead": 3, "skipped": 0}]
 
 
+def test_a_dead_letter_the_broker_refuses_is_retried_until_taken_and_never_committed_past(
+        dispatch, kafka_bootstrap, new_topic, admin):
+    """The dead-letter topic refuses a dead letter (its max.message.bytes is below the
+    record's size): the task goes on with the rows after it, keeps its commit point below it,
+    and sends it again until the topic takes it, once, with its reason."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    config, write = dispatch
+    config.dlq_topic = new_topic(max_message_bytes="1000", **LOG_APPEND)
+    now = int(time.time() * 1000)
+    write([{"uniq": "refused", "due": now, "topic": "no-such-topic-delayq", "value": b"x" * 3000},
+           *[{"uniq": f"ok{i}", "due": now} for i in range(5)]])
+    thread, result = in_thread(config)
+    assert len(consume_all(kafka_bootstrap, config.real, expected=5, timeout_s=60)) == 5
+    time.sleep(2.0)           # several retries (every 0.2 s) and commits (every 0.2 s)
+    assert consume_all(kafka_bootstrap, config.dlq_topic, expected=1, timeout_s=2) == []
+    reader = Consumer(config.consumer)
+    [got] = reader.committed([TopicPartition(config.ready_topic, 0)], timeout=10)
+    assert got.offset <= 0, "committed past a row whose dead letter was refused"
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, config.dlq_topic, configs={
+        "max.message.bytes": "1048588", "message.timestamp.type": "LogAppendTime"})])
+    dead = consume_all(kafka_bootstrap, config.dlq_topic, expected=1, timeout_s=60, idle_s=1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:   # the commit moves past every row once it is taken
+        [got] = reader.committed([TopicPartition(config.ready_topic, 0)], timeout=10)
+        if got.offset >= 6:
+            break
+        time.sleep(0.2)
+    reader.close()
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert [header_map(r)["UNIQ_KEY"] for r in dead] == [b"refused"]
+    assert header_map(dead[0])["DLQ_REASON"].decode().startswith("unknown_topic: ")
+    assert got.offset >= 6
+    statuses = {row["uniq_key"]: row["status"]
+                for row in ledger_of(kafka_bootstrap, config.ledger_topic, 6)}
+    assert statuses == {"refused": "dead", **{f"ok{i}": "delivered" for i in range(5)}}
+    assert result == [{"partition": 0, "sent": 5, "dead": 1, "skipped": 0}]
+
+
 def test_a_wheel_batch_fired_again_after_a_restart_is_sent_once(dispatch, kafka_bootstrap):
     """After a crash the wheel fires its last batch again: copies of rows that are still in the
     ready partition, not yet due, above the commit point. The restarted task reads both the

@@ -37,12 +37,11 @@ class Spark:
 
 def job_with(context):
     job = job_module.DelayJob.__new__(job_module.DelayJob)
-    job.settings, job.spark = load_settings(spark_shuffle_partitions=2), Spark(context)
+    job.settings, job.spark = load_settings(spark_shuffle_partitions=2, executor_slots_wait="1s"), Spark(context)
     return job
 
 
-def test_a_start_refuses_too_few_slots_and_speculation(monkeypatch):
-    monkeypatch.setattr(job_module, "SLOTS_WAIT_S", 0.0)
+def test_a_start_refuses_too_few_slots_and_speculation():
     job_with(Context(slots=5))._check_slots(2)
     with pytest.raises(JobError, match=r"needs 5 task slots .* Spark has 4"):
         job_with(Context(slots=4))._check_slots(2)

@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from conf import load_settings
 from streaming import runner
 
 
@@ -31,8 +32,9 @@ class Query:
 class Job:
     """Failures: (the query's exception, whether its batch writer saw its kept rows lost)."""
 
-    def __init__(self, failures, stop):
+    def __init__(self, failures, stop, restarts=3):
         self.failures, self.stop, self.restarts = list(failures), stop, 0
+        self.settings = load_settings(job_restarts=restarts)
         self._next()
 
     def _next(self):
@@ -67,10 +69,10 @@ def test_other_failures_end_the_run_and_restarts_are_bounded():
     other = Failure("something else")
     with pytest.raises(Failure, match="something else"):
         runner.wait(Job([(other, False)], stop), stop, poll_s=0.01)
-    job = Job([(LOST, True)] * (runner.RESTARTS + 1), stop)
+    job = Job([(LOST, True)] * 3, stop, restarts=2)   # the setting job_restarts bounds them
     with pytest.raises(Failure, match="FOREACH_BATCH"):
         runner.wait(job, stop, poll_s=0.01)
-    assert job.restarts == runner.RESTARTS
+    assert job.restarts == 2
 
 
 class Throwable:
