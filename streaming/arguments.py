@@ -1,8 +1,9 @@
-"""The settings a `delayq` subcommand runs with: conf/ defaults and DELAYQ_* environment,
-overridden by the connection and folder options given on its command line."""
+"""What a `delayq` subcommand runs with: its settings (conf/ defaults and DELAYQ_* environment,
+overridden by the connection and folder options given on its command line) and its log lines."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from conf.settings import ENV_PREFIX, load_settings
 
@@ -21,3 +22,35 @@ def setting_overrides(args: argparse.Namespace) -> dict[str, str]:
 
 def settings_of(args: argparse.Namespace):
     return load_settings(**setting_overrides(args))
+
+
+# What `delayq run` prints once its first batch is done (the bench's restart scenario waits
+# for it).
+STARTED = "delayq started in"
+# The project's top-level packages: their loggers take the `log_level` setting.
+PACKAGES = ("conf", "state", "sinks", "streaming")
+
+
+def log_to_stderr(level: str) -> None:
+    """delayq's own loggers at `level`, every other library's at WARNING (kafka-python's
+    INFO is a line per connection), in the shape of Spark's log4j lines."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                           datefmt="%H:%M:%S"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for package in PACKAGES:
+        logging.getLogger(package).setLevel(level)
+    # kafka-python warns whenever one of its event loop's tasks takes over 100 ms, which a busy
+    # 2-core host causes in the demo's own consumer: a remark on the host, not a fault.
+    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("connection and folders")
+    group.add_argument("--bootstrap-servers", help=f"Kafka bootstrap servers; empty = embedded local broker [{env_name('bootstrap_servers')}]")
+    group.add_argument("--data-dir", help=f"broker data, checkpoints and tables [{env_name('data_dir')}]")
+    group.add_argument("--intake-topic", help=f"intake topic [{env_name('intake_topic')}]")

@@ -1,6 +1,6 @@
-"""`delayq`: the one entry point. Its parser, the dispatch and the job commands (run, submit,
-demo) live here; the service commands are in streaming/commands.py, the local tools in
-streaming/tools/tool_commands.py.
+"""`delayq`: the one entry point. Its parser, the dispatch and the job commands (run, submit)
+live here; the service commands are in streaming/commands.py, the local tools and their options
+in streaming/tools/tool_commands.py.
 
 Every option can also be set from the environment as DELAYQ_<NAME> (named in --help);
 the defaults shown come from conf/defaults.toml.
@@ -12,41 +12,10 @@ import os
 import sys
 
 from state.errors import DelayqError
-from streaming.arguments import env_name, setting_overrides, settings_of
+from streaming.arguments import STARTED, add_common, env_name, log_to_stderr, \
+    setting_overrides, settings_of
 from streaming.commands import cmd_cancel, cmd_ledger, cmd_offsets, cmd_produce, cmd_status, cmd_tables
-from streaming.tools.tool_commands import cmd_bench, cmd_cluster, cmd_hdfs, cmd_kafka
-
-
-# What `delayq run` prints once its first batch is done (the bench's restart scenario waits
-# for it).
-STARTED = "delayq started in"
-# The project's top-level packages: their loggers take the `log_level` setting.
-PACKAGES = ("conf", "state", "sinks", "streaming")
-
-
-def log_to_stderr(level: str) -> None:
-    """delayq's own loggers at `level`, every other library's at WARNING (kafka-python's
-    INFO is a line per connection), in the shape of Spark's log4j lines."""
-    import logging
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
-                                           datefmt="%H:%M:%S"))
-    root = logging.getLogger()
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    for package in PACKAGES:
-        logging.getLogger(package).setLevel(level)
-    # kafka-python warns whenever one of its event loop's tasks takes over 100 ms, which a busy
-    # 2-core host causes in the demo's own consumer: a remark on the host, not a fault.
-    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("connection and folders")
-    group.add_argument("--bootstrap-servers", help=f"Kafka bootstrap servers; empty = embedded local broker [{env_name('bootstrap_servers')}]")
-    group.add_argument("--data-dir", help=f"broker data, checkpoints and tables [{env_name('data_dir')}]")
-    group.add_argument("--intake-topic", help=f"intake topic [{env_name('intake_topic')}]")
+from streaming.tools.tool_commands import add_tool_parsers
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -102,14 +71,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return submit(settings, master, **options)
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    from streaming.tools.demo import run_demo
-
-    settings = settings_of(args)
-    log_to_stderr(settings.log_level)
-    return run_demo(settings)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="delayq",
@@ -121,15 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_job_parsers(sub)
     _add_message_parsers(sub)
     _add_inspect_parsers(sub)
-    _add_bench_parser(sub)
-    _add_tool_parsers(sub)
+    add_tool_parsers(sub)
     return parser
 
 
 def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
-    """run, submit, cluster (a master for submit) and demo."""
+    """run and submit."""
     run = sub.add_parser("run", help="run the delivery job (embedded broker unless Kafka is configured)")
-    _common(run)
+    add_common(run)
     run.add_argument("--allow-fresh-checkpoint", action="store_true",
                      help="start a new checkpoint although the consumer group shows an earlier "
                           "run (replays the intake; pending messages of that run are lost)")
@@ -138,7 +98,7 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=cmd_run)
 
     submit = sub.add_parser("submit", help="run the delivery job through spark-submit on a master")
-    _common(submit)
+    add_common(submit)
     submit.add_argument("--master", help="spark://host:port, k8s://https://host:port or local[N] "
                                          "[default: the local cluster of `delayq cluster start`]")
     submit.add_argument("--deploy-mode", choices=("client", "cluster"), default="client",
@@ -148,15 +108,6 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
     for flag in ("--allow-fresh-checkpoint", "--allow-config-change"):
         submit.add_argument(flag, action="store_true", help="passed to `delayq run` (see run --help)")
     submit.set_defaults(func=cmd_submit)
-
-    cluster_cmd = sub.add_parser("cluster", help="a local Spark standalone cluster (Master + Workers)")
-    _common(cluster_cmd)
-    cluster_cmd.add_argument("action", choices=("start", "stop", "status"))
-    cluster_cmd.set_defaults(func=cmd_cluster)
-
-    demo = sub.add_parser("demo", help="run the service and show deliveries of a wave of demo messages")
-    _common(demo)
-    demo.set_defaults(func=cmd_demo)
 
 
 def _add_message_parsers(sub: argparse._SubParsersAction) -> None:
@@ -173,12 +124,12 @@ def _add_message_parsers(sub: argparse._SubParsersAction) -> None:
     timer.add_argument("--deliver-at-ms", type=int, help="absolute deliver time, epoch ms")
     timer.add_argument("--delay-ms", type=int, help="deliver this long after the broker's append time")
     produce.add_argument("value", help="message value (UTF-8)")
-    _common(produce)
+    add_common(produce)
     produce.set_defaults(func=cmd_produce)
 
     cancel = sub.add_parser("cancel", help="cancel a pending message by the handle `produce` printed")
     cancel.add_argument("handle", help="UNIQ_KEY@DUE_MS@LEVEL")
-    _common(cancel)
+    add_common(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
 
@@ -186,7 +137,7 @@ def _add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
     """offsets, ledger, tables and status."""
     offsets = sub.add_parser("offsets", help="print the delayOffset table of the last committed batch")
     offsets.add_argument("--checkpoint", help="checkpoint folder [default: <data_dir>/checkpoints/delivery]")
-    _common(offsets)
+    add_common(offsets)
     offsets.set_defaults(func=cmd_offsets)
 
     ledger = sub.add_parser("ledger", help="where is a message: delivered, pending or dead-lettered; or --summary",
@@ -196,7 +147,7 @@ def _add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
     ledger.add_argument("--since", help="with --summary: from this ISO time (UTC if no zone)")
     ledger.add_argument("--until", help="with --summary: before this ISO time")
     ledger.add_argument("--checkpoint", help="checkpoint folder for pending lookups")
-    _common(ledger)
+    add_common(ledger)
     ledger.set_defaults(func=cmd_ledger)
 
     tables = sub.add_parser("tables", help="maintain the ledger and dead-letter tables",
@@ -206,75 +157,13 @@ def _add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
                         help="delete rows older than this many days (default: keep all)")
     tables.add_argument("--vacuum-hours", type=int, default=168,
                         help="VACUUM files no longer in the table for this long")
-    _common(tables)
+    add_common(tables)
     tables.set_defaults(func=cmd_tables)
 
     status = sub.add_parser("status", help="headline figures from the running job's exporter")
     status.add_argument("--url", help="exporter URL [default: http://<metrics_host>:<metrics_port>/metrics]")
-    _common(status)
+    add_common(status)
     status.set_defaults(func=cmd_status)
-
-
-def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """bench: the scenarios, their counts and rates, and the job under test."""
-    bench = sub.add_parser("bench", help="throughput and lateness against the raw Kafka pipe "
-                                         "(own broker unless Kafka is configured)")
-    bench.add_argument("--short", action="store_true",
-                       help="the CI form: small counts, no restart scenario")
-    bench.add_argument("--scenarios",
-                       help="comma separated, run in this order whatever the order given: "
-                            "raw,raw-steady,drain,steady,burst,backlog,restart,"
-                            "first-minute (the default), "
-                            "cluster (on a local standalone cluster: "
-                            "deliveries per executor)")
-    bench.add_argument("--size", type=int, help="message value bytes [1024]")
-    bench.add_argument("--drain", type=int, help="messages preloaded for raw and drain [200000]")
-    bench.add_argument("--drain-rate", type=float,
-                       help="drain: msg/s of the preload, 0 = as fast as the broker takes it [0]")
-    bench.add_argument("--rate", type=float, help="steady: msg/s [20000]")
-    bench.add_argument("--seconds", type=float, help="steady: seconds of load [60]")
-    bench.add_argument("--warmup-s", type=float,
-                       help="steady: seconds of load before those, their lateness reported "
-                            "apart [0]")
-    bench.add_argument("--levels", help="steady: levels, round robin [1,2]")
-    bench.add_argument("--burst", type=int, help="burst: timers due in the same second [500000]")
-    bench.add_argument("--burst-lead-s", type=float, help="burst: seconds from the first send to the due time [90]")
-    bench.add_argument("--backlog", type=int,
-                       help="backlog: timers pending over 2 h … 30 days [10000000]")
-    bench.add_argument("--backlog-rate", type=float,
-                       help="backlog: msg/s of the near load before and after it [1000]")
-    bench.add_argument("--backlog-seconds", type=float,
-                       help="backlog: seconds of each near load [30]")
-    bench.add_argument("--restart-down-s", type=float,
-                       help="restart: seconds the killed job stays down [0]")
-    bench.add_argument("--restart-backlog", type=int,
-                       help="restart: level-1 messages sent while it is down (an outage's "
-                            "backlog) [0]")
-    bench.add_argument("--driver-memory", default="4g", help="Spark driver memory")
-    bench.add_argument("--wheel-operator", choices=("applyInPandasWithState", "transformWithState"),
-                       help="the Spark operator that keeps the wheel's state [setting wheel_operator]")
-    bench.add_argument("--no-ledger", action="store_true", help="run the job without the Delta ledger")
-    bench.add_argument("--out", help="JSON result [<data_dir>/bench-*.json]")
-    bench.add_argument("--plot", help="PNG of lateness over time [next to the JSON]")
-    bench.add_argument("--keep-data", action="store_true",
-                       help="keep the run's folder (broker log, checkpoint, sent and read "
-                            "arrays); a clean run's is removed, a failed run's kept")
-    _common(bench)
-    bench.set_defaults(func=cmd_bench)
-
-
-def _add_tool_parsers(sub: argparse._SubParsersAction) -> None:
-    """kafka and hdfs, the local broker and file system."""
-    kafka = sub.add_parser("kafka", help="start, stop or inspect the embedded local Kafka broker")
-    kafka.add_argument("action", choices=("start", "stop", "status"))
-    _common(kafka)
-    kafka.set_defaults(func=cmd_kafka)
-
-    hdfs = sub.add_parser("hdfs", help="start, stop or inspect a local HDFS (NameNode + DataNode) "
-                                       "for a store on hdfs://")
-    hdfs.add_argument("action", choices=("start", "stop", "status"))
-    _common(hdfs)
-    hdfs.set_defaults(func=cmd_hdfs)
 
 
 def main(argv: list[str] | None = None) -> int:

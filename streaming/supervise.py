@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streaming.process import children
+from streaming.tools.process import children
 
 DRIVER_FILE = "deploy/spark/main.py"
 PR_SET_PDEATHSIG = 1

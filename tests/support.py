@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from conf.settings import PROJECT_ROOT
-from streaming.process import free_ports  # noqa: F401  (tests import it from here)
+from streaming.tools.process import free_ports  # noqa: F401  (tests import it from here)
 
 T = TypeVar("T")
 

@@ -364,7 +364,7 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None,
 
     from conf import load_settings
     from streaming.tools import broker
-    from streaming.process import free_ports
+    from streaming.tools.process import free_ports
     from streaming.session import build_session
 
     base = load_settings(**overrides)

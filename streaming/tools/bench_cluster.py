@@ -73,8 +73,8 @@ def _burst(bench, intake: str) -> dict:
 
 def run(bench) -> dict:
     from streaming.tools.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
-    from streaming.cli import STARTED
-    from streaming.process import free_ports
+    from streaming.arguments import STARTED
+    from streaming.tools.process import free_ports
 
     settings, plan, work = bench.settings, bench.plan, bench.work
     port, webui = free_ports(2)

@@ -233,7 +233,7 @@ def wait_for_line(proc, log: Path, line: str, timeout_s: float) -> None:
 def stop_child(job, wait_s: float = 90) -> None:
     """A `delayq run` or `submit` child's clean stop (SIGTERM), its session killed past
     `wait_s`."""
-    from streaming.process import kill_session
+    from streaming.tools.process import kill_session
 
     if job is None or job.poll() is not None:
         return

@@ -14,7 +14,7 @@ import numpy as np
 
 from streaming.tools.bench_figures import outage_figures, stamps_of
 from streaming.tools.bench_load import PROJECT, Load, child_env, fresh_topic, stop_child, wait_for_line
-from streaming.cli import STARTED
+from streaming.arguments import STARTED
 
 def run(bench) -> dict:
     """A `delayq run` child killed with SIGKILL while level-2 messages are pending, and
@@ -24,7 +24,7 @@ def run(bench) -> dict:
     plan = bench.plan
     real = fresh_topic(bench.admin, "bench-restart")
     load = Load(bench.settings, bench.work, real, "restart")
-    from streaming.process import kill_session
+    from streaming.tools.process import kill_session
 
     # A job of its own: its own intake and data folder (the checkpoint guard rightly
     # refuses a fresh checkpoint on an intake another run has read).
@@ -71,7 +71,7 @@ def run(bench) -> dict:
 def _launcher(bench, intake: str):
     """What starts the scenario's `delayq run` child on `intake`, its output appended to
     restart-job.log."""
-    from streaming.process import free_ports
+    from streaming.tools.process import free_ports
 
     env = child_env(os.environ, bench.overrides)
     env.update(DELAYQ_METRICS_PORT=str(free_ports(1)[0]), DELAYQ_INTAKE_TOPIC=intake,

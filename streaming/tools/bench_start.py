@@ -20,8 +20,8 @@ FIRST_LOAD_S = 60.0
 
 def run(bench) -> dict:
     from streaming.tools.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
-    from streaming.cli import STARTED
-    from streaming.process import free_ports
+    from streaming.arguments import STARTED
+    from streaming.tools.process import free_ports
 
     settings, plan, work = bench.settings, bench.plan, bench.work
     intake = f"{settings.intake_topic}-first"

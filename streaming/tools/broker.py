@@ -14,8 +14,8 @@ from pathlib import Path
 
 from conf.settings import CONF_DIR
 from state.errors import BrokerError
-from streaming import process
-from streaming.process import port_open  # noqa: F401  (callers use broker.port_open)
+from streaming.tools import process
+from streaming.tools.process import port_open  # noqa: F401  (callers use broker.port_open)
 
 # A cold JVM on 2 busy cores takes 5-15 s to open its listener; 90 s leaves room for CI.
 READY_TIMEOUT_S = 90.0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from conf.settings import CONF_DIR, Settings
 from state.errors import DelayqError
-from streaming import process
+from streaming.tools import process
 
 READY_TIMEOUT_S = 120.0
 

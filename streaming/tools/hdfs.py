@@ -20,7 +20,7 @@ from pathlib import Path
 
 from conf.settings import Settings
 from state.errors import DelayqError
-from streaming import process
+from streaming.tools import process
 
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0

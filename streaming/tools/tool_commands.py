@@ -1,12 +1,12 @@
-"""The `delayq` commands for local tools: the embedded Kafka broker, a Spark standalone
-cluster, a local HDFS, and the benchmark (their options are defined in streaming/cli.py)."""
+"""The `delayq` commands for local tools and their options: the embedded Kafka broker, a Spark
+standalone cluster, a local HDFS, the demo and the benchmark."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 from pathlib import Path
 
-from streaming.arguments import setting_overrides, settings_of
+from streaming.arguments import add_common, log_to_stderr, setting_overrides, settings_of
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
@@ -86,3 +86,87 @@ def cmd_bench(args: argparse.Namespace) -> int:
         overrides["ledger"] = "false"
     return bench(overrides, plan, Path(args.out) if args.out else None,
                  Path(args.plot) if args.plot else None, keep_data=args.keep_data)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from streaming.tools.demo import run_demo
+
+    settings = settings_of(args)
+    log_to_stderr(settings.log_level)
+    return run_demo(settings)
+
+
+def add_tool_parsers(sub: argparse._SubParsersAction) -> None:
+    """cluster (a master for `delayq submit`), demo, bench, kafka and hdfs."""
+    cluster_cmd = sub.add_parser("cluster", help="a local Spark standalone cluster (Master + Workers)")
+    add_common(cluster_cmd)
+    cluster_cmd.add_argument("action", choices=("start", "stop", "status"))
+    cluster_cmd.set_defaults(func=cmd_cluster)
+
+    demo = sub.add_parser("demo", help="run the service and show deliveries of a wave of demo messages")
+    add_common(demo)
+    demo.set_defaults(func=cmd_demo)
+    _add_bench_parser(sub)
+    _add_service_parsers(sub)
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """bench: the scenarios, their counts and rates, and the job under test."""
+    bench = sub.add_parser("bench", help="throughput and lateness against the raw Kafka pipe "
+                                         "(own broker unless Kafka is configured)")
+    bench.add_argument("--short", action="store_true",
+                       help="the CI form: small counts, no restart scenario")
+    bench.add_argument("--scenarios",
+                       help="comma separated, run in this order whatever the order given: "
+                            "raw,raw-steady,drain,steady,burst,backlog,restart,"
+                            "first-minute (the default), "
+                            "cluster (on a local standalone cluster: "
+                            "deliveries per executor)")
+    bench.add_argument("--size", type=int, help="message value bytes [1024]")
+    bench.add_argument("--drain", type=int, help="messages preloaded for raw and drain [200000]")
+    bench.add_argument("--drain-rate", type=float,
+                       help="drain: msg/s of the preload, 0 = as fast as the broker takes it [0]")
+    bench.add_argument("--rate", type=float, help="steady: msg/s [20000]")
+    bench.add_argument("--seconds", type=float, help="steady: seconds of load [60]")
+    bench.add_argument("--warmup-s", type=float,
+                       help="steady: seconds of load before those, their lateness reported "
+                            "apart [0]")
+    bench.add_argument("--levels", help="steady: levels, round robin [1,2]")
+    bench.add_argument("--burst", type=int, help="burst: timers due in the same second [500000]")
+    bench.add_argument("--burst-lead-s", type=float, help="burst: seconds from the first send to the due time [90]")
+    bench.add_argument("--backlog", type=int,
+                       help="backlog: timers pending over 2 h … 30 days [10000000]")
+    bench.add_argument("--backlog-rate", type=float,
+                       help="backlog: msg/s of the near load before and after it [1000]")
+    bench.add_argument("--backlog-seconds", type=float,
+                       help="backlog: seconds of each near load [30]")
+    bench.add_argument("--restart-down-s", type=float,
+                       help="restart: seconds the killed job stays down [0]")
+    bench.add_argument("--restart-backlog", type=int,
+                       help="restart: level-1 messages sent while it is down (an outage's "
+                            "backlog) [0]")
+    bench.add_argument("--driver-memory", default="4g", help="Spark driver memory")
+    bench.add_argument("--wheel-operator", choices=("applyInPandasWithState", "transformWithState"),
+                       help="the Spark operator that keeps the wheel's state [setting wheel_operator]")
+    bench.add_argument("--no-ledger", action="store_true", help="run the job without the Delta ledger")
+    bench.add_argument("--out", help="JSON result [<data_dir>/bench-*.json]")
+    bench.add_argument("--plot", help="PNG of lateness over time [next to the JSON]")
+    bench.add_argument("--keep-data", action="store_true",
+                       help="keep the run's folder (broker log, checkpoint, sent and read "
+                            "arrays); a clean run's is removed, a failed run's kept")
+    add_common(bench)
+    bench.set_defaults(func=cmd_bench)
+
+
+def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
+    """kafka and hdfs, the local broker and file system."""
+    kafka = sub.add_parser("kafka", help="start, stop or inspect the embedded local Kafka broker")
+    kafka.add_argument("action", choices=("start", "stop", "status"))
+    add_common(kafka)
+    kafka.set_defaults(func=cmd_kafka)
+
+    hdfs = sub.add_parser("hdfs", help="start, stop or inspect a local HDFS (NameNode + DataNode) "
+                                       "for a store on hdfs://")
+    hdfs.add_argument("action", choices=("start", "stop", "status"))
+    add_common(hdfs)
+    hdfs.set_defaults(func=cmd_hdfs)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from streaming.process import children, kill_session
+from streaming.tools.process import children, kill_session
 from tests.conftest import PROJECT
 
 READY_LINE = "delayq running"

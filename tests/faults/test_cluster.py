@@ -11,8 +11,7 @@ import uuid
 
 import pytest
 
-from streaming import process
-from streaming.tools import bench_cluster, cluster
+from streaming.tools import bench_cluster, cluster, process
 from streaming.tools.bench_cluster import deliveries_by_sender
 from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer

@@ -10,7 +10,7 @@ from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.support import consume_all, free_ports
 
-# delayq's own lines: its loggers (streaming/cli.py log_to_stderr) and its prints.
+# delayq's own lines: its loggers (streaming/arguments.py log_to_stderr) and its prints.
 OURS = re.compile(
     r"^(\d\d:\d\d:\d\d (DEBUG|INFO|WARNING) (conf|state|sinks|streaming)\.|delayq[ :])")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conf.settings import load_settings
-from streaming import cli
+from streaming import arguments as cli
 
 
 @pytest.fixture

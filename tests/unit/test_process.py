@@ -3,7 +3,7 @@ import subprocess
 import sys
 import time
 
-from streaming.process import kill_session, pid_alive, session_pids
+from streaming.tools.process import kill_session, pid_alive, session_pids
 
 
 def test_kill_session_takes_the_child_that_would_outlive_its_parent():

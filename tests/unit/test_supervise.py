@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from streaming.process import children
+from streaming.tools.process import children
 from streaming.supervise import DRIVER_FILE, driver_of
 
 
