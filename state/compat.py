@@ -71,39 +71,3 @@ def _patch_zip_invalidation() -> None:
 
 
 _patch_zip_invalidation()
-
-
-# PySpark 4.1.1 converts each array column a pandas UDF returns with a per-row Python call
-# (`pyspark.sql.pandas.types._create_converter_from_pandas`: `series.apply(list(value))`)
-# before Arrow reads it. The wheel returns its messages' header names and values as such
-# columns, each row a NumPy array (Arrow's own `to_pandas` of the state) or a list, which
-# Arrow reads as they are: for 10,000 rows the two columns took 18-21 ms with the call and
-# under 2 ms without it, of 29-33 ms for the whole frame (measured on the 2-core host).
-# So a list of strings or of bytes goes to Arrow directly; anything Arrow refuses takes
-# PySpark's own path, as before. Remove when PySpark hands such columns to Arrow itself.
-def _patch_flat_list_columns() -> None:
-    try:
-        from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer as Ser
-    except ImportError:
-        return
-    if getattr(Ser._create_array, "_delayq_patched", False):
-        return
-    import pyarrow as pa
-
-    flat = {pa.list_(pa.string()), pa.list_(pa.binary())}
-    original = Ser._create_array
-
-    def _create_array(self, series, arrow_type, spark_type=None, arrow_cast=False):
-        if arrow_type in flat and series.dtype == object:
-            try:
-                return pa.Array.from_pandas(series, mask=series.isnull(), type=arrow_type,
-                                            safe=self._safecheck)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
-                pass
-        return original(self, series, arrow_type, spark_type, arrow_cast)
-
-    _create_array._delayq_patched = True
-    Ser._create_array = _create_array
-
-
-_patch_flat_list_columns()

@@ -52,7 +52,7 @@ def state(watermark_ms, value=None, timed_out=False):
         timeoutTimestamp=-1, keyAsUnsafe=b"", valueSchema=STATE_SPARK)
 
 
-# As pyspark/worker.py builds it for applyInPandasWithState (with state/compat.py's patches,
+# As pyspark/worker.py builds it for applyInPandasWithState (with state/compat.py's patch,
 # which the wheel's module imports).
 SERIALIZER = ApplyInPandasWithStateSerializer("UTC", False, True, STATE_SPARK, 10_000, False, False)
 
