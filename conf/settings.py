@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (AfterValidator, Field, NonNegativeInt, PositiveInt, SecretStr,
+                      ValidationError, ValidationInfo, model_validator)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -22,6 +23,36 @@ from state.levels import parse_duration, parse_levels
 CONF_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = CONF_DIR.parent
 ENV_PREFIX = "DELAYQ_"
+
+
+def _parses(parse, error: type[ConfigError]) -> AfterValidator:
+    """Refuse a value `parse` cannot read, naming the setting; `error` is not a ValueError, so
+    pydantic lets it through unwrapped."""
+    def check(value: str, info: ValidationInfo) -> str:
+        try:
+            parse(value)
+        except DelayLevelError as exc:
+            raise error(f"setting {info.field_name}={value!r}: {exc}") from None
+        return value
+    return AfterValidator(check)
+
+
+Levels = Annotated[str, _parses(parse_levels, DelayLevelError)]
+Duration = Annotated[str, _parses(parse_duration, ConfigError)]
+PortOrAny = Annotated[int, Field(ge=0, le=65535)]   # 0: any free port
+
+
+def _ms(setting: str) -> property:
+    """A duration setting in milliseconds."""
+    return property(lambda self: parse_duration(getattr(self, setting)))
+
+
+def _seconds(setting: str) -> property:
+    return property(lambda self: parse_duration(getattr(self, setting)) / 1000)
+
+
+def _in_store(folder: str) -> property:
+    return property(lambda self: f"{self.store_root}/{folder}")
 
 
 class Settings(BaseSettings):
@@ -41,47 +72,47 @@ class Settings(BaseSettings):
     sasl_username: str
     sasl_password: SecretStr
     ssl_cafile: str
-    produce_timeout: str
+    produce_timeout: Duration
 
     kafka_host: str
-    kafka_port: int
-    kafka_controller_port: int
+    kafka_port: PositiveInt
+    kafka_controller_port: PositiveInt
     kafka_heap: str
 
-    delay_levels: str
-    max_delay: str
-    clock_tolerance: str
-    near_horizon: str
-    cold_bucket: str
+    delay_levels: Levels
+    max_delay: Duration
+    clock_tolerance: Duration
+    near_horizon: Duration
+    cold_bucket: Duration
 
-    slot_ms: int
-    fire_lead_ms: int
-    ready_partitions: int
-    dispatch_commit_interval_ms: int
-    dispatch_max_held: int
-    dispatch_gather_ms: int
-    dispatch_topic_wait_ms: int
-    dispatch_max_failures: int
-    dispatch_failure_window: str
-    dispatch_restart_backoff: str
-    dispatch_retry_backoff_ms: int
-    dispatch_ledger_batch: int
-    dispatch_probe_interval_ms: int
-    dispatch_intake_refresh_ms: int
-    dispatch_replay_window: str
+    slot_ms: PositiveInt
+    fire_lead_ms: NonNegativeInt
+    ready_partitions: NonNegativeInt
+    dispatch_commit_interval_ms: PositiveInt
+    dispatch_max_held: PositiveInt
+    dispatch_gather_ms: PositiveInt
+    dispatch_topic_wait_ms: PositiveInt
+    dispatch_max_failures: PositiveInt
+    dispatch_failure_window: Duration
+    dispatch_restart_backoff: Levels
+    dispatch_retry_backoff_ms: PositiveInt
+    dispatch_ledger_batch: PositiveInt
+    dispatch_probe_interval_ms: PositiveInt
+    dispatch_intake_refresh_ms: PositiveInt
+    dispatch_replay_window: Duration
     dispatch_direct_max_delay_ms: int
     wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
-    wheel_chunk_kb: int
-    fire_lead_per_message_us: int
-    heartbeat_ms: int
-    wheel_trigger_ms: int
-    late_tolerance: str
+    wheel_chunk_kb: PositiveInt
+    fire_lead_per_message_us: NonNegativeInt
+    heartbeat_ms: PositiveInt
+    wheel_trigger_ms: NonNegativeInt
+    late_tolerance: Duration
     max_offsets_per_trigger: int
-    ready_linger_ms: int
-    ready_batch_kb: int
+    ready_linger_ms: NonNegativeInt
+    ready_batch_kb: PositiveInt
 
     ledger: bool
-    ledger_interval: str
+    ledger_interval: Duration
 
     metrics_host: str
     metrics_port: int
@@ -93,18 +124,18 @@ class Settings(BaseSettings):
     spark_master: str
     spark_app_name: str
     spark_driver_memory: str
-    spark_ui_port: int
-    spark_shuffle_partitions: int
-    executor_slots_wait: str
-    job_restarts: int
+    spark_ui_port: PortOrAny
+    spark_shuffle_partitions: NonNegativeInt
+    executor_slots_wait: Duration
+    job_restarts: NonNegativeInt
     spark_log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"]
     log_level: Literal["ERROR", "WARNING", "INFO", "DEBUG"]
     spark_executor_memory: str
     cluster_host: str
-    cluster_port: int
-    cluster_webui_port: int
-    cluster_workers: int
-    cluster_worker_cores: int
+    cluster_port: PositiveInt
+    cluster_webui_port: PositiveInt
+    cluster_workers: PositiveInt
+    cluster_worker_cores: PositiveInt
     cluster_worker_memory: str
 
     @classmethod
@@ -117,55 +148,6 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
-
-    @field_validator("delay_levels", "dispatch_restart_backoff")
-    @classmethod
-    def _levels_parse(cls, value: str, info: ValidationInfo) -> str:
-        # A DelayLevelError is not a ValueError, so pydantic lets it through unwrapped.
-        try:
-            parse_levels(value)
-        except DelayLevelError as exc:
-            raise DelayLevelError(f"setting {info.field_name}={value!r}: {exc}") from None
-        return value
-
-    @field_validator("max_delay", "clock_tolerance", "late_tolerance", "near_horizon",
-                     "cold_bucket", "ledger_interval", "dispatch_replay_window",
-                     "dispatch_failure_window", "produce_timeout", "executor_slots_wait")
-    @classmethod
-    def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
-        try:
-            parse_duration(value)
-        except DelayLevelError as exc:
-            raise ConfigError(f"setting {info.field_name}={value!r}: {exc}") from None
-        return value
-
-    @field_validator("spark_ui_port")
-    @classmethod
-    def _port_or_any(cls, value: int) -> int:
-        if not 0 <= value <= 65535:
-            raise ValueError(f"must be a port number, or 0 for any free port; got {value}")
-        return value
-
-    @field_validator("kafka_port", "kafka_controller_port",
-                     "slot_ms", "heartbeat_ms", "cluster_port", "cluster_webui_port",
-                     "dispatch_commit_interval_ms", "dispatch_max_held", "dispatch_gather_ms",
-                     "dispatch_topic_wait_ms", "dispatch_max_failures", "wheel_chunk_kb",
-                     "dispatch_retry_backoff_ms", "dispatch_ledger_batch",
-                     "dispatch_probe_interval_ms", "dispatch_intake_refresh_ms", "ready_batch_kb",
-                     "cluster_workers", "cluster_worker_cores")
-    @classmethod
-    def _positive(cls, value: int) -> int:
-        if value <= 0:
-            raise ValueError(f"must be positive, got {value}")
-        return value
-
-    @field_validator("fire_lead_ms", "fire_lead_per_message_us", "spark_shuffle_partitions",
-                     "ready_partitions", "wheel_trigger_ms", "ready_linger_ms")
-    @classmethod
-    def _not_negative(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError(f"must not be negative, got {value}")
-        return value
 
     @model_validator(mode="after")
     def _direct_levels_are_near(self) -> "Settings":
@@ -184,53 +166,20 @@ class Settings(BaseSettings):
     def level_delays_ms(self) -> tuple[int, ...]:
         return parse_levels(self.delay_levels)
 
-    @property
-    def max_delay_ms(self) -> int:
-        return parse_duration(self.max_delay)
-
-    @property
-    def clock_tolerance_ms(self) -> int:
-        return parse_duration(self.clock_tolerance)
-
-    @property
-    def near_horizon_ms(self) -> int:
-        return parse_duration(self.near_horizon)
-
-    @property
-    def cold_bucket_ms(self) -> int:
-        return parse_duration(self.cold_bucket)
-
-    @property
-    def cold_path(self) -> str:
-        return f"{self.store_root}/tables/cold"
-
-    @property
-    def late_tolerance_ms(self) -> int:
-        return parse_duration(self.late_tolerance)
-
-    @property
-    def checkpoint_path(self) -> str:
-        return f"{self.store_root}/checkpoints/delivery"
-
-    @property
-    def ledger_interval_ms(self) -> int:
-        return parse_duration(self.ledger_interval)
-
-    @property
-    def dispatch_replay_window_ms(self) -> int:
-        return parse_duration(self.dispatch_replay_window)
-
-    @property
-    def dispatch_failure_window_ms(self) -> int:
-        return parse_duration(self.dispatch_failure_window)
-
-    @property
-    def produce_timeout_s(self) -> float:
-        return parse_duration(self.produce_timeout) / 1000
-
-    @property
-    def executor_slots_wait_s(self) -> float:
-        return parse_duration(self.executor_slots_wait) / 1000
+    max_delay_ms = _ms("max_delay")
+    clock_tolerance_ms = _ms("clock_tolerance")
+    near_horizon_ms = _ms("near_horizon")
+    cold_bucket_ms = _ms("cold_bucket")
+    late_tolerance_ms = _ms("late_tolerance")
+    ledger_interval_ms = _ms("ledger_interval")
+    dispatch_replay_window_ms = _ms("dispatch_replay_window")
+    dispatch_failure_window_ms = _ms("dispatch_failure_window")
+    produce_timeout_s = _seconds("produce_timeout")
+    executor_slots_wait_s = _seconds("executor_slots_wait")
+    cold_path = _in_store("tables/cold")
+    checkpoint_path = _in_store("checkpoints/delivery")
+    ledger_path = _in_store("tables/ledger")
+    dead_letter_path = _in_store("tables/dead_letters")
 
     @cached_property
     def dispatch_restart_backoff_ms(self) -> tuple[int, ...]:
@@ -250,14 +199,6 @@ class Settings(BaseSettings):
     @property
     def ledger_topic(self) -> str:
         return f"{self.intake_topic}.LEDGER"
-
-    @property
-    def ledger_path(self) -> str:
-        return f"{self.store_root}/tables/ledger"
-
-    @property
-    def dead_letter_path(self) -> str:
-        return f"{self.store_root}/tables/dead_letters"
 
     @property
     def embedded(self) -> bool:

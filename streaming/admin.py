@@ -115,19 +115,10 @@ def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient, largest:
 
 def topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str | None:
     """One effective topic setting (its own value, else the broker's default)."""
-    return topic_configs(admin, [topic], key)[topic]
-
-
-def topic_configs(admin: KafkaAdminClient, topics: list[str], key: str) -> dict[str, str | None]:
-    """One effective setting of each topic, in one request."""
-    answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics],
+    answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)],
                                     config_filter="all").get("topic", {})
-    entries = {t: answer.get(t, {}).get(key) for t in topics}
-    return {t: entry.get("value") if entry else None for t, entry in entries.items()}
-
-
-def timestamp_type(admin: KafkaAdminClient, topic: str) -> str | None:
-    return topic_config(admin, topic, "message.timestamp.type")
+    entry = answer.get(topic, {}).get(key)
+    return entry.get("value") if entry else None
 
 
 def max_message_bytes(admin: KafkaAdminClient, topic: str) -> int | None:
@@ -140,7 +131,7 @@ def max_message_bytes(admin: KafkaAdminClient, topic: str) -> int | None:
 
 def check_intake(settings: Settings, admin: KafkaAdminClient) -> None:
     """Refuse an intake topic whose record times are not the broker's append time."""
-    kind = timestamp_type(admin, settings.intake_topic)
+    kind = topic_config(admin, settings.intake_topic, "message.timestamp.type")
     if kind != "LogAppendTime":
         raise JobError(
             f"intake topic {settings.intake_topic} has message.timestamp.type={kind}; delayq "

@@ -1,14 +1,11 @@
-"""Guarding the checkpoint: the job's pending messages and its delayOffset live there, so a
-checkpoint that is missing, unreadable or written under other settings is refused with a
-clear reason instead of being silently reset (which would replay or drop everything).
+"""Guarding the checkpoint: it holds the pending messages and the delayOffset, so one that is
+missing, unreadable or written under other settings is refused with its reason, never silently
+reset (which would replay or drop everything).
 
-Three signals:
-- the stamp `<checkpoint>/delayq.json`, written at each start, holds the settings that shape
-  the checkpoint (levels, slot width, partitions, …); a start under other values is refused;
-- Spark's own files (`metadata`, the last `offsets/N` and `commits/N`) must be readable;
-- the consumer group `delayq.<intake>` mirrors the checkpoint's intake offsets in Kafka after
-  every batch (so standard Kafka tools show the job's lag, as RocketMQ's delayOffset does). An
-  empty checkpoint while the group has offsets means the checkpoint was lost or moved.
+The stamp `<checkpoint>/delayq.json` holds the settings that shape the checkpoint; Spark's own
+files must be readable; the consumer group `delayq.<intake>` mirrors the checkpoint's intake
+offsets (so Kafka tools show the job's lag), and offsets there beside an empty checkpoint mean
+the checkpoint was lost or moved.
 """
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ from state.columns import STATE_FORMAT
 from state.errors import JobError
 from sinks import store
 from sinks.store import HadoopPath
-from streaming.offsets import last_committed_batch
+from streaming.offsets import last_committed_batch, latest_batch
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +52,7 @@ def _plain(value):
 
 def has_progress(path: Path | HadoopPath) -> bool:
     """True once a batch has been planned into this checkpoint."""
-    offsets = path / "offsets"
-    return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
-
-
-def _latest(folder: Path | HadoopPath) -> Path | HadoopPath | None:
-    ids = sorted((int(p.name), p) for p in folder.iterdir() if p.name.isdigit()) \
-        if folder.is_dir() else []
-    return ids[-1][1] if ids else None
+    return latest_batch(path / "offsets") is not None
 
 
 def check_readable(path: Path | HadoopPath) -> None:
@@ -84,9 +74,10 @@ def check_readable(path: Path | HadoopPath) -> None:
             raise CheckpointError(f"checkpoint {path} is unreadable: {metadata} is not Spark "
                                   f"query metadata ({exc})") from None
     for folder in ("offsets", "commits"):
-        latest = _latest(path / folder)
-        if latest is None:
+        batch = latest_batch(path / folder)
+        if batch is None:
             continue
+        latest = path / folder / str(batch)
         try:
             lines = latest.read_text().splitlines()
         except (OSError, UnicodeDecodeError) as exc:
@@ -128,28 +119,22 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
     """Decide whether the job may start on `checkpoint`. Returns "fresh" or "resume";
     raises CheckpointError with the reason and the way out otherwise."""
     path = store.path(checkpoint)
-    if path.exists() and not path.is_dir():
+    fresh = not path.exists() or (path.is_dir() and not has_progress(path))
+    if fresh and group_offsets and not allow_fresh:
+        shown = ", ".join(f"{p}:{o}" for p, o in sorted(group_offsets.items()))
+        raise CheckpointError(
+            f"checkpoint {path} is missing or empty, but consumer group "
+            f"{group_id(settings)} shows a run of this job read intake "
+            f"{settings.intake_topic} up to offsets {shown}. Starting over would replay "
+            f"the intake and lose the pending messages. Restore the checkpoint (or point "
+            f"--checkpoint / DELAYQ_DATA_DIR at it); to start over anyway, run with "
+            f"--allow-fresh-checkpoint.")
+    if path.exists():
         check_readable(path)
-    if not path.exists() or not has_progress(path):
-        if group_offsets and not allow_fresh:
-            shown = ", ".join(f"{p}:{o}" for p, o in sorted(group_offsets.items()))
-            raise CheckpointError(
-                f"checkpoint {path} is missing or empty, but consumer group "
-                f"{group_id(settings)} shows a run of this job read intake "
-                f"{settings.intake_topic} up to offsets {shown}. Starting over would replay "
-                f"the intake and lose the pending messages. Restore the checkpoint (or point "
-                f"--checkpoint / DELAYQ_DATA_DIR at it); to start over anyway, run with "
-                f"--allow-fresh-checkpoint.")
-        if path.exists():
-            check_readable(path)
+    if fresh:
         return "fresh"
-    check_readable(path)
-    stamp_file = path / STAMP
-    if stamp_file.exists():
-        try:
-            stamp = json.loads(stamp_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {path} is unreadable: {stamp_file}: {exc}") from None
+    stamp = _stamp(path)
+    if stamp is not None:
         refusal = format_refusal(stamp, path)
         if refusal:
             raise CheckpointError(refusal)
@@ -172,23 +157,28 @@ def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> Non
         indent=1) + "\n")
 
 
+def _stamp(path: Path | HadoopPath, read=lambda stamp: stamp):
+    """`read(stamp)` of the checkpoint's stamp, None where it has none; an unreadable stamp
+    refuses the checkpoint."""
+    stamp_file = path / STAMP
+    if not stamp_file.exists():
+        return None
+    try:
+        return read(json.loads(stamp_file.read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path} is unreadable: {stamp_file}: {exc}") from None
+
+
 def wheel_operator_of(checkpoint: str, default: str) -> str:
     """The Spark operator that keeps the checkpoint's wheel state, from its stamp; `default`
     where there is no stamp."""
-    stamp_file = store.path(checkpoint) / STAMP
-    if not stamp_file.exists():
-        return default
-    try:
-        return json.loads(stamp_file.read_text()).get("wheel_operator", default)
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
-                              f"{exc}") from None
+    stamp = _stamp(store.path(checkpoint))
+    return default if stamp is None else stamp.get("wheel_operator", default)
 
 
 def operator_for(settings: Settings, checkpoint: str, verdict: str) -> str:
-    """The operator this run keeps the wheel's state with: the checkpoint's own when it
-    resumes one (Spark cannot read one operator's state with the other), the setting when
-    it starts a new one."""
+    """The checkpoint's own operator when resuming (Spark cannot read one operator's state
+    with the other), the setting for a new checkpoint."""
     if verdict != "resume":
         return settings.wheel_operator
     # A stamp written before the setting existed names no operator: there was one then.
@@ -200,40 +190,21 @@ def operator_for(settings: Settings, checkpoint: str, verdict: str) -> str:
 
 
 def direct_was_on(checkpoint: str, verdict: str) -> bool:
-    """Whether the dispatch tasks already read the short levels from the intake in this
-    checkpoint's earlier runs (its stamp, before this run writes it). If not, a task starts an
-    intake partition it never committed at the wheel's position: the wheel sent what lies
-    before it. If so, at the partition's beginning: one it never committed is new (the ledger's
-    skip drops what a crash before its first commit had sent)."""
-    stamp_file = store.path(checkpoint) / STAMP
-    if verdict != "resume" or not stamp_file.exists():
-        return False
-    try:
-        was = json.loads(stamp_file.read_text()).get("settings", {})
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
-                              f"{exc}") from None
-    return was.get("dispatch_direct_max_delay_ms", -1) >= 0
+    """Whether the dispatch tasks read the short levels from the intake in this checkpoint's
+    earlier runs (its stamp, before this run writes it): if so, a task starts an intake
+    partition it never committed at its beginning, else at the wheel's position, as the wheel
+    sent what lies before it."""
+    stamp = _stamp(store.path(checkpoint)) if verdict == "resume" else None
+    return stamp is not None and stamp.get("settings", {}).get("dispatch_direct_max_delay_ms", -1) >= 0
 
 
 def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
-    """When the checkpoint's query first started (epoch ms), or 0 where that is not known.
-
-    A level message due before this moment is overdue on arrival and passes through the wheel
-    without state (`state.parse`). That keeps due order only if it held from the checkpoint's
-    first batch: then the state never held a level message due before it. So it is `now_ms`
-    for a fresh checkpoint and the stamp's value for a resumed one; 0 (nothing passes) for a
-    checkpoint without a stamp."""
+    """When the checkpoint's query first started (epoch ms): `now_ms` when fresh, the stamp's
+    when resumed, 0 (unknown) without one. A level message due before it passes the wheel
+    without state (`state.parse`), which keeps due order only if that held from the first batch."""
     if verdict == "fresh":
         return now_ms
-    stamp_file = store.path(checkpoint) / STAMP
-    if not stamp_file.exists():
-        return 0
-    try:
-        return int(json.loads(stamp_file.read_text()).get("started_ms", 0))
-    except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"checkpoint {stamp_file.parent} is unreadable: {stamp_file}: "
-                              f"{exc}") from None
+    return _stamp(store.path(checkpoint), lambda stamp: int(stamp.get("started_ms", 0))) or 0
 
 
 # ---- the consumer-group mirror of the checkpoint's offsets ------------------------------
@@ -274,11 +245,9 @@ def mirror_offsets(admin, settings: Settings, offsets: dict[int, int]) -> None:
 
 
 def drop_unbegun(checkpoint: str, committed: int) -> None:
-    """After a clean stop: the offsets Spark wrote for the batches after `committed`, none
-    of which began its work (the writer was closed first: nothing fired or kept in the
-    state for them). Left in place, the next start would first run a batch over
-    just those offsets, planned before the stop; without them, Spark plans that batch anew
-    from the last commit, as after a stop between batches, over all that came since."""
+    """After a clean stop, delete the offsets Spark planned for batches after `committed`,
+    none of which began (the writer was closed first), so the next start plans that batch anew
+    from the last commit over all that came since."""
     root = store.path(checkpoint)
     if last_committed_batch(root) != committed:
         return

@@ -1,11 +1,11 @@
-"""The dispatch stage's supervisor, in the driver: each ready partition runs as its own one-task
-Spark job (sinks/dispatch_task.py run_partition) under a job group of its own, started again with a
-back-off when it fails, as Spark does not retry tasks in `local[N]` and, on a cluster, a task
-that never ends would add its failures up to `spark.task.maxFailures` and abort the job. Past
-`dispatch_max_failures` within `dispatch_failure_window` the stage gives up and says so (`failure`).
+"""The dispatch stage's supervisor, in the driver: each ready partition runs as its own
+one-task Spark job (sinks/dispatch_task.py run_partition), started again here with a back-off
+when it fails, as Spark does not retry tasks in `local[N]` and, on a cluster, a task that never
+ends would add its failures up to `spark.task.maxFailures` and abort the job. Past
+`dispatch_max_failures` within `dispatch_failure_window` the stage gives up (`failure`).
 
-A clean stop writes a stop record for this run to every ready partition, after the wheel has
-stopped: each task then sends what is in flight, commits and ends its job.
+A clean stop, after the wheel's, writes a stop record for this run to every ready partition:
+each task then sends what is in flight, commits and ends.
 """
 from __future__ import annotations
 
@@ -34,10 +34,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
     consumer = {"bootstrap.servers": settings.bootstrap, **security,
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
                 "enable.partition.eof": False,
-                # The client's own fetch wait (500 ms): a fetch returns once a record comes;
-                # 10 ms fetches of idle tasks cost the broker a fifth of a core.
-                # What Spark's Kafka source reads (its default): the wheel and the dispatch
-                # tasks see the same intake records.
+                # Spark's Kafka source's default: the wheel and the dispatch tasks see the same
+                # intake records.
                 "isolation.level": "read_uncommitted"}
     return DispatchConfig(consumer=consumer, producer=producer,
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,

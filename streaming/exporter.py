@@ -17,9 +17,8 @@ def delayq_version() -> str:
         return "0+unknown"
 
 
-def build_metrics(registry: CollectorRegistry | None = None) -> Metrics:
-    return Metrics(registry or CollectorRegistry(), version=delayq_version(),
-                   spark_version=pyspark.__version__)
+def build_metrics() -> Metrics:
+    return Metrics(CollectorRegistry(), version=delayq_version(), spark_version=pyspark.__version__)
 
 
 def serve(settings: Settings, metrics: Metrics):

@@ -4,8 +4,7 @@ records it (streaming/ledger_query.py). DelayJob starts, watches and stops the t
 
     spark-submit --jars "$(ls .lib/spark/*.jar | paste -sd,)" streaming/cli.py run
 
-(`delayq run` does the same in-process with the embedded defaults; `delayq submit` targets
-a cluster.) The checkpoint's Kafka offsets are RocketMQ's delayOffset: see `delayq offsets`.
+(`delayq run` does the same in-process; `delayq submit` targets a cluster.)
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from pyspark.sql import SparkSession
 
 from conf.settings import Settings
 from sinks import store
-from sinks.base import BatchSink, BatchSummary
+from sinks.base import BatchSummary
 from sinks.cold import ColdTier
 from sinks.kafka import producer_options, sent_schema
 from sinks.ledger import DeadLetterTable
@@ -39,8 +38,6 @@ from streaming.wheel_query import BatchWriter, pending_by_level, wheel_stream
 
 log = logging.getLogger(__name__)
 QUERY_NAME = "delayq"
-
-
 # How long the stop waits for the query's thread to park in the writer before interrupting it.
 PARK_WAIT_S = 5.0
 
@@ -49,9 +46,8 @@ class DelayJob:
     """One running delivery query, its heartbeat and its admin connection."""
 
     def __init__(self, settings: Settings, spark: SparkSession, checkpoint: str | None = None,
-                 sinks: list[BatchSink] | None = None,
                  on_batch: Callable[[BatchSummary], None] | None = None,
-                 query_name: str | None = None, metrics: Metrics | None = None,
+                 metrics: Metrics | None = None,
                  allow_fresh_checkpoint: bool = False, allow_config_change: bool = False):
         self.settings = settings
         self._allow_fresh = allow_fresh_checkpoint
@@ -60,14 +56,12 @@ class DelayJob:
         self._mirror_admin = None
         self.metrics = metrics
         self._listener = None
-        self.query_name = query_name or f"{QUERY_NAME}-{settings.intake_topic}"
+        self.query_name = f"{QUERY_NAME}-{settings.intake_topic}"
         self.spark = spark
         self.checkpoint = checkpoint or str(settings.checkpoint_path)
-        if sinks is None:
-            # The ledger query writes the ledger (streaming/ledger_query.py).
-            sinks = ([DeadLetterTable(settings.dead_letter_path, self.checkpoint)]
-                     if settings.ledger else [])
-        self._extra_sinks = sinks
+        # The wheel writes only its rejections; the ledger query writes the ledger.
+        self._sinks = ([DeadLetterTable(settings.dead_letter_path, self.checkpoint)]
+                       if settings.ledger else [])
         self._on_batch = on_batch
         self.query = None
         self._heartbeat: Heartbeat | None = None
@@ -127,8 +121,8 @@ class DelayJob:
         if failure is not None:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
-        # After the wheel's first batch: the two first batches together took 2.9-4.8 s longer
-        # on the 2-core host. The ledger topic keeps the dispatch tasks' rows until then.
+        # After the wheel's first batch, so the two first batches do not share the cores; the
+        # ledger topic keeps the dispatch tasks' rows until then.
         self.ledger_query = start_ledger_query(self.spark, self.settings, self.checkpoint,
                                                self.metrics, name=f"{self.query_name}-ledger")
         self._step("ledger")
@@ -167,11 +161,10 @@ class DelayJob:
                         or len(self.settings.level_delays_ms),
                         spark_options(self.settings), self.settings.cold_bucket_ms,
                         self.settings.near_horizon_ms)
-        writer = BatchWriter(kafka, self._extra_sinks, self._observer(), cold)
+        writer = BatchWriter(kafka, self._sinks, self._observer(), cold)
         self._step("cold_tier")
-        for sink in self._extra_sinks:
-            if hasattr(sink, "ensure_table"):
-                sink.ensure_table(self.spark, sent_schema(OUTPUT_SPARK))
+        for sink in self._sinks:
+            sink.ensure_table(self.spark, sent_schema(OUTPUT_SPARK))
         self._step("tables")
         return writer
 
@@ -196,9 +189,7 @@ class DelayJob:
         context = self.spark.sparkContext
         slots = sizing.task_slots(dict(context.getConf().getAll()), context.defaultParallelism)
         self.settings = sizing.resolve(self.settings, store.path(self.checkpoint), slots)
-        partitions = str(self.settings.spark_shuffle_partitions)
-        if self.spark.conf.get("spark.sql.shuffle.partitions") != partitions:
-            self.spark.conf.set("spark.sql.shuffle.partitions", partitions)
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.spark_shuffle_partitions))
 
     def _check_slots(self, partitions: int) -> None:
         """The dispatch tasks hold a task slot each for good: refuse to start where they would
@@ -313,12 +304,10 @@ class DelayJob:
 
     def stop(self, grace_s: float = 30.0, thread_s: float = 30.0) -> None:
         """A clean stop: the batch under way finishes and is committed (up to `grace_s`), no
-        other begins, then the query stops. Past the grace, the query's stop interrupts the
-        batch's Spark work: cut short, it is not committed and runs again after the restart,
-        sending again what it had sent. Python code is not interrupted: the stop waits for the
-        query's thread up to `thread_s` more; past that it logs where the thread was, does the
-        rest of the stop and raises JobError, the thread left to end with the process (its
-        batch, unless it ends first, runs again after the restart)."""
+        other begins, then the query stops, interrupting the Spark work of a batch past its
+        grace (that batch runs again after the restart). Python code is not interrupted: a query
+        thread still running `thread_s` later is left to end with the process, and JobError
+        raised once the rest is stopped."""
         stuck = None
         try:
             if self.query is not None:
@@ -354,11 +343,9 @@ class DelayJob:
             raise JobError(stuck)
 
     def _await_parked(self) -> None:
-        """Until the batch after the last committed one waits in the writer (up to
-        PARK_WAIT_S; with heartbeats every heartbeat_ms it comes soon). The stop interrupts the
-        query's thread: parked there it ends cleanly; planning that batch, Spark logs the
-        interrupted work as an error (a broadcast it was storing, in 2 of 3 stops of
-        tests/faults/test_quiet.py before this wait)."""
+        """Wait (up to PARK_WAIT_S) for the next batch to park in the writer: the stop's
+        interruption ends a parked thread cleanly, but one still planning the batch has Spark
+        log its interrupted work as an error."""
         deadline = time.monotonic() + PARK_WAIT_S
         while (self.query.isActive and time.monotonic() < deadline
                and not self._writer.parked.wait(0.1)):

@@ -1,10 +1,10 @@
 """The ledger query: the dispatch tasks' ledger topic → the Delta ledger and dead-letter tables
-(unless `ledger` is off), on a trigger of `ledger_interval`, and the delivery metrics (delivered per level, the lateness
-histogram, dead letters per reason) from its batches. A ledger record is an Arrow IPC stream of
-rows (sinks/dispatch.py): a Python function decodes it and counts its rows on the way, so a
-batch is one Spark job. Each append is idempotent on (query id, batch id) across restarts. A
-message is in the ledger topic once: a starting dispatch task skips what its ledger partition
-already holds, so no state is kept here to drop second copies.
+(unless `ledger` is off), on a trigger of `ledger_interval`, and the delivery metrics (delivered
+per level, the lateness histogram, dead letters per reason) from its batches. A ledger record is
+an Arrow IPC stream of rows (sinks/dispatch.py): a Python function decodes it and counts its rows
+on the way, so a batch is one Spark job. Each append is idempotent on (query id, batch id) across
+restarts. A message is in the ledger topic once (a starting dispatch task skips what its ledger
+partition already holds), so no state is kept here to drop second copies.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from conf.settings import Settings
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id
 from sinks.kafka import Counts
+from sinks.ledger import dead_letter_columns
 from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.kafka_config import spark_options
 
@@ -79,17 +80,16 @@ class LedgerWriter:
     """foreachBatch of the ledger query."""
 
     def __init__(self, spark: SparkSession, settings: Settings, checkpoint: str,
-                 metrics: Metrics | None, on_batch=None):
+                 metrics: Metrics | None):
         from pyspark.sql.pandas.types import from_arrow_schema
 
         from sinks.dispatch import ledger_schema
 
         self.settings, self.checkpoint, self.metrics = settings, checkpoint, metrics
-        self.on_batch = on_batch
         self._schema = from_arrow_schema(ledger_schema())
         self._counts = spark.sparkContext.accumulator([], Counts())
         self._app_id: str | None = None
-        # A clean stop (stop_ledger_query): set once it began; `idle` is clear while a batch runs.
+        # A clean stop (LedgerQuery.stop): set once it began; `idle` is clear while a batch runs.
         self.stopping = False
         self.idle = threading.Event()
         self.idle.set()
@@ -124,8 +124,6 @@ class LedgerWriter:
                 self.metrics.received.labels(level=str(level)).inc(n)
             for reason, n in summary.dead_by_reason.items():
                 self.metrics.dead.labels(reason=reason).inc(n)
-        if self.on_batch is not None:
-            self.on_batch(summary)
 
     def _append(self, rows: DataFrame, batch_id: int, now_ms: int) -> None:
         append_once(rows.filter(F.col("status") == "delivered").select(
@@ -158,12 +156,7 @@ class LedgerWriter:
     def _dead_letters(self, rows: DataFrame, batch_id: int) -> None:
         """Rows the dispatch could not deliver (the real topic refused them) to the dead-letter
         table, as they came, beside those the wheel rejected."""
-        dead = rows.filter(F.col("status") == "dead").select(
-            "uniq_key", "key", "value", "headers", "reason",
-            F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),
-            "append_ms", F.col("sent_ms").alias("dead_ms"),
-            F.lit(batch_id).cast("long").alias("batch_id"),
-            F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("dead_date"))
+        dead = rows.filter(F.col("status") == "dead").select(*dead_letter_columns(batch_id))
         append_once(dead, str(self.settings.dead_letter_path), self._app_id, batch_id,
                     ("dead_date",))
 
@@ -193,10 +186,9 @@ class LedgerQuery:
 
 
 def start_ledger_query(spark: SparkSession, settings: Settings, checkpoint: str,
-                       metrics: Metrics | None = None, on_batch=None,
-                       name: str | None = None) -> LedgerQuery:
+                       metrics: Metrics | None = None, name: str | None = None) -> LedgerQuery:
     location = ledger_checkpoint(checkpoint)
-    writer = LedgerWriter(spark, settings, location, metrics, on_batch)
+    writer = LedgerWriter(spark, settings, location, metrics)
     return LedgerQuery(ledger_stream(spark, settings).writeStream
                        .queryName(name or f"delayq-ledger-{settings.intake_topic}")
                        .foreachBatch(writer)

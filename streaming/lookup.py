@@ -1,13 +1,14 @@
 """`delayq ledger`: where is a message? Delivered (the Delta ledger, or the ledger topic for
 the rows the ledger query has not appended yet), dead-lettered (dead-letter table), cancelled
-(cold tier), still pending (the ready topic, the intake above the dispatch tasks' commits for a short
-level's message, or the wheel's state, read with Spark's state data source), or unknown.
+(cold tier), still pending (the ready topic, the intake above the dispatch tasks' commits for a
+short level's message, or the wheel's state, read with Spark's state data source), or unknown.
 And `--summary`: counts and lateness percentiles per level over a time range."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 from pyspark.sql import SparkSession
@@ -41,23 +42,31 @@ def _delivered(r) -> Whereabouts:
         "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
 
 
+def _dead(r) -> Whereabouts:
+    return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["dead_ms"]),
+                                "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+
+
+def _pending_at(row, **where) -> Whereabouts:
+    """A pending message from its held row (attributes topic, level, due_ms, ipart, ioff)."""
+    return Whereabouts("pending", {"topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
+                                   "intake": f"{row.ipart}-{row.ioff}", **where})
+
+
+def _matching(spark: SparkSession, table: str, uniq_key: str) -> list:
+    return spark.read.format("delta").load(str(table)).filter(
+        F.col("uniq_key") == uniq_key).collect()
+
+
 def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
          checkpoint: str | Path | HadoopPath, cold: str | None = None,
          recent: Callable[[str], Whereabouts | None] | None = None) -> Whereabouts:
     """Where `uniq_key` is: delivered, dead-lettered, cancelled, pending, or unknown. `recent`
     looks in the Kafka topics between the wheel and the tables (`in_topics`)."""
-    if table_exists(ledger):
-        rows = spark.read.format("delta").load(str(ledger)).filter(
-            F.col("uniq_key") == uniq_key).collect()
-        if rows:
-            return _delivered(rows[0].asDict())
-    if table_exists(dead):
-        rows = spark.read.format("delta").load(str(dead)).filter(
-            F.col("uniq_key") == uniq_key).collect()
-        if rows:
-            r = rows[0]
-            return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["dead_ms"]),
-                                        "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+    if table_exists(ledger) and (rows := _matching(spark, ledger, uniq_key)):
+        return _delivered(rows[0].asDict())
+    if table_exists(dead) and (rows := _matching(spark, dead, uniq_key)):
+        return _dead(rows[0])
     if cold is not None and table_exists(cold):
         where = _in_cold_tier(spark, uniq_key, cold)
         if where is not None:
@@ -65,17 +74,13 @@ def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
     where = recent(uniq_key) if recent is not None else None
     if where is not None:
         return where
-    pending = _pending(spark, uniq_key, store.path(checkpoint))
-    if pending:
-        return Whereabouts("pending", pending)
-    return Whereabouts("unknown", {})
+    return _pending(spark, uniq_key, store.path(checkpoint)) or Whereabouts("unknown", {})
 
 
 def _in_cold_tier(spark: SparkSession, uniq_key: str, cold: str) -> Whereabouts | None:
-    """Cancelled when a cancel's tombstone in the cold tier names it (sinks/cold.py: every
-    cancel that found its message, or waits for it there), else None."""
-    rows = [r.asDict() for r in spark.read.format("delta").load(str(cold))
-            .filter(F.col("uniq_key") == uniq_key).collect()]
+    """Cancelled when a cancel's tombstone in the cold tier names it (every cancel that found
+    its message leaves one, as does one that waits for it there), else None."""
+    rows = [r.asDict() for r in _matching(spark, cold, uniq_key)]
     tomb = next((r for r in rows if r.get(TOMBSTONE)), None)
     if tomb is not None:
         return Whereabouts("cancelled", {"due": _iso(tomb["due_ms"]), "cancel": _iso(tomb["append_ms"]),
@@ -83,7 +88,8 @@ def _in_cold_tier(spark: SparkSession, uniq_key: str, cold: str) -> Whereabouts 
     return None
 
 
-def _pending(spark: SparkSession, uniq_key: str, checkpoint: Path | HadoopPath) -> dict | None:
+def _pending(spark: SparkSession, uniq_key: str,
+             checkpoint: Path | HadoopPath) -> Whereabouts | None:
     if not (checkpoint / "state").is_dir():
         return None
     for row in wheel_state(spark, str(checkpoint), "chunk").toLocalIterator():
@@ -92,9 +98,7 @@ def _pending(spark: SparkSession, uniq_key: str, checkpoint: Path | HadoopPath) 
         table = decode(row["chunk"])
         keys = table.column("uniq_key").to_pylist()
         if uniq_key in keys:
-            hit = table.slice(keys.index(uniq_key), 1).to_pylist()[0]
-            return {"topic": hit["topic"], "level": hit["level"], "due": _iso(hit["due_ms"]),
-                    "intake": f"{hit['ipart']}-{hit['ioff']}"}
+            return _pending_at(SimpleNamespace(**table.slice(keys.index(uniq_key), 1).to_pylist()[0]))
     return None
 
 
@@ -116,7 +120,7 @@ def summary(spark: SparkSession, ledger: Path, since_ms: int | None, until_ms: i
     ).orderBy("level").collect())
 
 
-def in_topics(settings, uniq_key: str, now_ms: int | None = None) -> Whereabouts | None:
+def in_topics(settings, uniq_key: str) -> Whereabouts | None:
     """A message between the wheel and the tables: sent or dead-lettered by a dispatch task
     and in the ledger topic, not yet in the Delta tables (the ledger query appends once per
     `ledger_interval`: the records of the last three intervals are read); or fired into the
@@ -134,31 +138,25 @@ def in_topics(settings, uniq_key: str, now_ms: int | None = None) -> Whereabouts
                          "group.id": f"delayq.{settings.intake_topic}.dispatch",
                          "enable.auto.commit": False})
     try:
-        since_ms = (now_ms or int(time.time() * 1000)) - 3 * settings.ledger_interval_ms
+        since_ms = int(time.time() * 1000) - 3 * settings.ledger_interval_ms
         for msg in _records(consumer, settings.ledger_topic, lambda tps: consumer.offsets_for_times(
                 [TopicPartition(tp.topic, tp.partition, since_ms) for tp in tps], timeout=30)):
             if not msg.value() or uniq_key.encode() not in msg.value():
                 continue
             rows = [r for r in ledger_rows(msg.value()).to_pylist() if r["uniq_key"] == uniq_key]
-            if rows and rows[0]["status"] == "delivered":
-                r = rows[0]
-                return _delivered({**r, "lateness_ms": r["sent_ms"] - r["due_ms"],
-                                   "batch_id": "- (in the ledger topic)",
-                                   "intake_partition": r["ipart"], "intake_offset": r["ioff"]})
             if rows:
-                r = rows[0]
-                return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["sent_ms"]),
-                                            "intake": f"{r['ipart']}-{r['ioff']}"})
+                r = {**rows[0], "intake_partition": rows[0]["ipart"], "intake_offset": rows[0]["ioff"]}
+                if r["status"] == "delivered":
+                    return _delivered({**r, "lateness_ms": r["sent_ms"] - r["due_ms"],
+                                       "batch_id": "- (in the ledger topic)"})
+                return _dead({**r, "dead_ms": r["sent_ms"]})
         wanted = (H.UNIQ_KEY, uniq_key.encode())
         for msg in _records(consumer, settings.ready_topic,
                             lambda tps: consumer.committed(tps, timeout=30), from_earliest=True):
             headers = msg.headers() or []
             if wanted in headers:
-                row = ready_row(msg.offset(), msg.key(), msg.value(), headers)
-                return Whereabouts("pending", {
-                    "topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
-                    "intake": f"{row.ipart}-{row.ioff}",
-                    "where": f"the ready topic, partition {msg.partition()}"})
+                return _pending_at(ready_row(msg.offset(), msg.key(), msg.value(), headers),
+                                   where=f"the ready topic, partition {msg.partition()}")
         return _in_intake(consumer, settings, uniq_key)
     finally:
         consumer.close()
@@ -183,11 +181,8 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
                                      settings.dispatch_direct_max_delay_ms,
                                      msg.timestamp()[1], settings.intake_topic)
             if rows and rows[0].uniq_key == uniq_key:
-                row = rows[0]
-                return Whereabouts("pending", {
-                    "topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
-                    "intake": f"{row.ipart}-{row.ioff}",
-                    "where": f"held by the dispatch task of intake partition {row.ipart}"})
+                return _pending_at(rows[0], where="held by the dispatch task of intake "
+                                                  f"partition {rows[0].ipart}")
     return None
 
 

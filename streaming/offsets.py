@@ -16,15 +16,15 @@ from pathlib import Path
 from state.errors import JobError
 
 
-def _batch_ids(folder: Path) -> list[int]:
+def latest_batch(folder: Path) -> int | None:
+    """The highest batch id among a Spark log folder's files (named by batch), None if none."""
     if not folder.is_dir():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+        return None
+    return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=None)
 
 
 def last_committed_batch(checkpoint: Path) -> int | None:
-    committed = _batch_ids(checkpoint / "commits")
-    return committed[-1] if committed else None
+    return latest_batch(checkpoint / "commits")
 
 
 def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int]:

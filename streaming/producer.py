@@ -4,8 +4,8 @@
         handle = producer.send("orders", b"payload", key=b"k", level=3)
         print(handle.uniq_key)
 
-It writes to the intake topic with the contract's headers (DESIGN.md section 2): a level-L
-message goes to intake partition L-1, as RocketMQ writes it to queue L-1.
+It writes to the intake topic with the contract's headers: a level-L message goes to intake
+partition L-1, as RocketMQ writes it to queue L-1.
 """
 from __future__ import annotations
 
@@ -51,11 +51,9 @@ def new_uniq_key() -> str:
 
 
 class DelayProducer:
-    def __init__(self, settings: Settings, producer: KafkaProducer | None = None):
+    def __init__(self, settings: Settings):
         self.settings = settings
-        self._own = producer is None
-        self._producer = producer or KafkaProducer(
-            acks="all", linger_ms=5, **python_client_config(settings))
+        self._producer = KafkaProducer(acks="all", linger_ms=5, **python_client_config(settings))
         self._partitions: int | None = None
 
     def __enter__(self) -> "DelayProducer":
@@ -65,23 +63,14 @@ class DelayProducer:
         self.close()
 
     def close(self) -> None:
-        if self._own:
-            self._producer.close()
-
-    def create_topics(self) -> None:
-        """Create the intake (a partition per level and the heartbeats', LogAppendTime) and
-        dead-letter topics when they do not exist yet."""
-        from streaming.admin import ensure_topics
-
-        ensure_topics(self.settings)
-        self._partitions = None
+        self._producer.close()
 
     def intake_partitions(self) -> int:
         if self._partitions is None:
             found = self._producer.partitions_for(self.settings.intake_topic)
             if not found:
                 raise ValueError(f"intake topic {self.settings.intake_topic} does not exist; "
-                                 f"run `delayq run` once or DelayProducer.create_topics()")
+                                 f"run `delayq run` or `delayq produce` once")
             self._partitions = len(found)
         return self._partitions
 
@@ -122,9 +111,9 @@ class DelayProducer:
                       meta.partition, meta.offset)
 
     def cancel(self, handle: "Handle | str") -> None:
-        """Drop a pending message (RocketMQ 5.3's recall). A cancel of a message already
-        delivered, or sent later than its due time minus the fire lead, changes nothing and
-        is counted (delayq_cancel_misses_total)."""
+        """Drop a pending message. A cancel of a message already delivered, or sent later than
+        its due time minus the fire lead, changes nothing and is counted
+        (delayq_cancel_misses_total)."""
         if isinstance(handle, str):
             handle = Handle.parse(handle)
         wire = [(H.TIMER_DEL_UNIQKEY, handle.uniq_key.encode()),
@@ -143,6 +132,3 @@ class DelayProducer:
         if delay_ms is not None:
             return append_ms + int(delay_ms)
         return append_ms
-
-    def flush(self) -> None:
-        self._producer.flush()

@@ -12,6 +12,7 @@ import time
 from typing import Iterator
 
 from conf.settings import Settings
+from state.errors import JobError
 from streaming.tools import broker
 from streaming.job import DelayJob
 from streaming.session import STOPPING, build_session
@@ -128,6 +129,5 @@ def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:
             return
         failure = job.failure()
         if failure is not None:
-            from state.errors import JobError
             raise JobError(failure)
         stop.wait(poll_s)

@@ -31,13 +31,9 @@ DRIVER_STACK_OPTION = "-Xss16m"
 
 
 def spark_master(settings: Settings) -> str:
-    """The master Spark is given: `local[*]` becomes one task slot
-    per core (at least one per state partition) for the wheel, plus one per dispatch task,
-    which holds its slot for good but waits on Kafka most of the time, plus one per ledger
-    partition, so the ledger query's tasks (seconds each) never make the wheel's wait for a
-    slot; otherwise as set. At 5,000 msg/s on the 2-core host, the ledger query's two tasks
-    in the wheel's slots (local[5]) put 10 s messages' p99 lateness at 761 ms, beside them
-    (local[6]) at 167 ms."""
+    """`local[*]` becomes one task slot per core (at least one per state partition) for the
+    wheel, plus one per dispatch task (which holds its slot for good), plus one per ledger
+    partition, so the ledger query's tasks never make the wheel's wait; otherwise as set."""
     if settings.spark_master != "local[*]":
         return settings.spark_master
     cores = max(os.cpu_count() or 1, settings.spark_shuffle_partitions)
@@ -54,49 +50,32 @@ ENGINE_CONF = {
     "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-    # Delta rebuilds the ledger's snapshot after every commit with this many tasks
-    # (default 50). Its state is a few thousand log actions: one task does it (a ledger
-    # commit's step fell from 3.4 s to 0.9 s, median, measured on the 2-core host).
+    # Delta rebuilds the ledger's snapshot after every commit with this many tasks (default
+    # 50); its state is a few thousand log actions, which one task does fastest.
     "spark.databricks.delta.snapshotPartitions": "1",
-    # A wheel group's list state (transformWithState) comes to Python this many chunks at a
-    # time (default 10,000: a burst's whole group, pickled in one message in the executor's
-    # heap); each chunk is at most about wheel_chunk_kb.
+    # A wheel group's list state (transformWithState) comes to Python this many chunks (of
+    # about wheel_chunk_kb) at a time, not a burst's whole group in one message (default 10,000).
     "spark.sql.execution.arrow.transformWithStateInPySpark.maxStateRecordsPerBatch": "8",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
     "spark.ui.prometheus.enabled": "true",
     "spark.sql.streaming.metricsEnabled": "true",
-    # Kafka is read through Spark's V1 source (KafkaSource), not its V2 stream: the two
-    # read the same offsets the same way and keep them in the same checkpoint format, but
-    # the V2 stream's progress metrics throw a NullPointerException on the first batch of a
-    # restart that runs a batch again (SPARK-55271, Spark 4.1.1: they read offsets only
-    # the next batch's planning sets), which failed the query after that batch with the
-    # exception in the log, and the job started the query again (5.6-7.9 s on this
-    # project's machine; the first new delivery did not come measurably sooner without
-    # it). The V1 source reports no such metrics.
+    # Kafka is read through Spark's V1 source (same offsets, same checkpoint format): the V2
+    # stream's progress metrics throw on a restart's re-run batch and fail the query (SPARK-55271).
     "spark.sql.streaming.disabledV2MicroBatchReaders": KAFKA_PROVIDER,
-    # Kafka is written through Spark's V2 writer, whose plan holds the written query: an
-    # Observation on it (sinks/ready.py counts a batch's rows so, in the write's own job)
-    # gets its metrics; through the V1 writer (Spark's default list below with "kafka")
-    # it waits for them forever. Both writers send with the same KafkaDataWriter.
+    # Kafka is written through Spark's V2 writer (the list is Spark's default less "kafka"): an
+    # Observation on the written query (sinks/ready.py) waits forever for its metrics on V1.
     "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
-    # One pool of Python workers instead of two: Spark keeps a daemon and its workers per
-    # distinct worker environment, and only some of its Python runners set
-    # SPARK_SIMPLIFIED_TRACEBACK in theirs, so the job's executor ran two daemons, each
-    # with its own workers and their imports.
-    # A Python error's traceback then keeps PySpark's own frames.
+    # One pool of Python workers, not two: Spark keeps a daemon per worker environment, and
+    # only some runners set SPARK_SIMPLIFIED_TRACEBACK in theirs (tracebacks keep PySpark's frames).
     "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
-    # The JVM and its Python workers talk over a Unix domain socket, not loopback TCP.
-    # Neither side of Spark's TCP socket sets TCP_NODELAY, and each side of a task waited
-    # on the other with no CPU spent (small writes held by Nagle, most likely): an idle
-    # job's batch took 404 ms on TCP and 250 ms on this socket, its Python stages' tasks
-    # 31-61 ms instead of 110-160 (measured on the 2-core host).
+    # The JVM and its Python workers talk over a Unix domain socket: on loopback TCP neither
+    # side sets TCP_NODELAY, and each side of a task idled waiting on the other.
     PYTHON_UNIX_SOCKET: "true",
 }
 
 
 def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[str, str]:
-    log4j = LOG4J_OPTION
     local_fs = str(local_fs_jar(settings))
     conf = {
         "spark.app.name": settings.spark_app_name,
@@ -107,13 +86,11 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         **ENGINE_CONF,
         # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
         "spark.driver.extraJavaOptions":
-            f"{log4j} {DRIVER_STACK_OPTION} {cds.java_options(settings)}".rstrip(),
-        "spark.executor.extraJavaOptions": log4j,
-        # Without Hadoop's native library (PyPI's pyspark has none), Hadoop's local file
-        # system sets each new file's mode by running `chmod` in a child process of the JVM:
-        # two per checkpoint file (the file and its .crc), every batch. This one sets the
-        # mode through java.nio. Hadoop resolves fs.file.impl at its first file: path, before
-        # spark.jars are loaded, so the jar is on the JVMs' class path from their start.
+            f"{LOG4J_OPTION} {DRIVER_STACK_OPTION} {cds.java_options(settings)}".rstrip(),
+        "spark.executor.extraJavaOptions": LOG4J_OPTION,
+        # Without Hadoop's native library, its local file system runs `chmod` in a child
+        # process for each new file; this one sets the mode through java.nio. Hadoop resolves
+        # fs.file.impl before spark.jars are loaded, so the jar is on the JVMs' class path.
         "spark.hadoop.fs.file.impl": LOCAL_FS_CLASS,
         "spark.driver.extraClassPath": local_fs,
         "spark.executor.extraClassPath": local_fs,
@@ -127,12 +104,9 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
     if settings.spark_shuffle_partitions:   # 0: sized at the job's start (streaming/sizing.py)
         conf["spark.sql.shuffle.partitions"] = str(settings.spark_shuffle_partitions)
     if not settings.store.strip():
-        # Spark writes each checkpoint file (offset and commit logs, the state's changelog)
-        # to a temporary file and renames it into place. Its default manager renames through
-        # Hadoop's FileContext, which on the local file system checks each path by running
-        # `readlink` in a child process of the JVM: 2,054-2,715 of them in a 2-minute bench
-        # run (16-17 with this manager). The FileSystem manager renames with rename(2),
-        # atomic on the local or mounted folder under data_dir. A store keeps Spark's default.
+        # Spark's default manager renames checkpoint files through Hadoop's FileContext, which
+        # runs `readlink` in a child process per local path; this one uses rename(2), atomic
+        # under data_dir. A store keeps Spark's default.
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINTS
     conf.update(extra or {})
     return conf

@@ -1,10 +1,9 @@
 """Partitions sized for the cluster the job runs on.
 
-The wheel's state partitions (`spark_shuffle_partitions`) and the ready topic's partitions
-(`ready_partitions`) are frozen at a checkpoint's first start. Set to 0 (what `delayq submit`
-passes unless they are set), they are sized then from the task slots the job was given: a
-quarter of them (at least 2) run dispatch tasks, one is left for the intake and the ledger
-query, and the rest hold the wheel's state. A resumed checkpoint keeps the partitions Spark recorded in it.
+`spark_shuffle_partitions` (the wheel's state) and `ready_partitions` are frozen at a
+checkpoint's first start; at 0 (what `delayq submit` passes unless set) they are sized from the
+job's task slots: a quarter (at least 2) for dispatch tasks, one for the intake and the ledger
+query, the rest for the wheel's state. A resumed checkpoint keeps what Spark recorded in it.
 """
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import json
 import logging
 
 from conf.settings import Settings
+from streaming.offsets import latest_batch
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,10 @@ def sized(slots: int) -> tuple[int, int]:
 def recorded_partitions(checkpoint) -> int | None:
     """The shuffle partitions Spark recorded in the checkpoint's latest offset log (it uses
     them for the checkpoint's whole life), or None before its first batch."""
-    offsets = checkpoint / "offsets"
-    if not offsets.is_dir():
+    batch = latest_batch(checkpoint / "offsets")
+    if batch is None:
         return None
-    batches = sorted(int(p.name) for p in offsets.iterdir() if p.name.isdigit())
-    if not batches:
-        return None
-    lines = (offsets / str(batches[-1])).read_text().splitlines()
+    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
     conf = json.loads(lines[1]).get("conf", {}) if len(lines) > 1 else {}
     value = conf.get("spark.sql.shuffle.partitions")
     return int(value) if value else None
@@ -59,12 +56,12 @@ def resolve(settings: Settings, checkpoint, slots: int) -> Settings:
         update["ready_partitions"] = ready
     if not settings.spark_shuffle_partitions:
         update["spark_shuffle_partitions"] = recorded or state
+    resolved = settings.model_copy(update=update)
     if recorded:
         log.info("the checkpoint keeps its %d wheel state partitions (frozen at its first "
                  "start; to grow, start a new checkpoint: docs/operations.md)", recorded)
     else:
-        log.info("sized for %d task slots: %d wheel state partitions%s, frozen into this new "
-                 "checkpoint", slots, update.get("spark_shuffle_partitions",
-                                                 settings.spark_shuffle_partitions),
-                 f", {update.get('ready_partitions', settings.ready_partitions)} ready partitions")
-    return settings.model_copy(update=update)
+        log.info("sized for %d task slots: %d wheel state partitions, %d ready partitions, "
+                 "frozen into this new checkpoint", slots, resolved.spark_shuffle_partitions,
+                 resolved.ready_partitions)
+    return resolved

@@ -40,7 +40,8 @@ def quantile(samples, name: str, q: float) -> float | None:
 
 def render(samples) -> str:
     lines = []
-    received, delivered = _total(samples, "delayq_messages_received_total"), _total(samples, "delayq_messages_delivered_total")
+    received = _total(samples, "delayq_messages_received_total")
+    delivered = _total(samples, "delayq_messages_delivered_total")
     dead = _total(samples, "delayq_messages_dead_lettered_total")
     lines.append(f"received {received:.0f}   delivered {delivered:.0f}   dead-lettered {dead:.0f}   "
                  f"cancelled {_total(samples, 'delayq_messages_cancelled_total'):.0f}")

@@ -15,15 +15,12 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conf.settings import CONF_DIR, Settings
+from conf.settings import PROJECT_ROOT, Settings
 from streaming import supervise
+from streaming.arguments import PACKAGES
 from streaming.tools.cluster import spark_home
 from streaming.jars import local_fs_jar, spark_jars
 from streaming.session import DRIVER_STACK_OPTION, LOG4J_OPTION
-
-PROJECT = CONF_DIR.parent
-PACKAGES = ("conf", "state", "streaming", "sinks")
-MAIN = PROJECT / "deploy" / "spark" / "main.py"
 
 
 def build_zip(settings: Settings) -> Path:
@@ -33,9 +30,9 @@ def build_zip(settings: Settings) -> Path:
     tmp = target.with_suffix(".tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
         for package in PACKAGES:
-            for path in sorted((PROJECT / package).rglob("*")):
+            for path in sorted((PROJECT_ROOT / package).rglob("*")):
                 if path.is_file() and "__pycache__" not in path.parts:
-                    archive.write(path, path.relative_to(PROJECT).as_posix())
+                    archive.write(path, path.relative_to(PROJECT_ROOT).as_posix())
     tmp.replace(target)
     return target
 
@@ -65,7 +62,7 @@ def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
     ]
     if total_cores:
         command += ["--total-executor-cores", str(total_cores)]
-    return command + [str(MAIN), *(run_args or [])]
+    return command + [str(PROJECT_ROOT / supervise.DRIVER_FILE), *(run_args or [])]
 
 
 def submit_env(settings: Settings, master: str) -> dict[str, str]:

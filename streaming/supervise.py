@@ -2,15 +2,13 @@
 
     python -m streaming.supervise <spark-submit command…>
 
-Under spark-submit the Spark JVM is the parent of the Python driver (deploy/spark/main.py).
-A SIGTERM or Ctrl-C that reaches that JVM runs its shutdown hook, which stops the Spark
-context and with it the query, mid-batch: the batch runs again after the restart and sends
-again what it had sent. So spark-submit runs here as a child, in a session of its own (a
-terminal's Ctrl-C does not reach it) and killed if this process dies; a SIGTERM or SIGINT
-here goes on as SIGTERM to the Python driver alone, whose clean stop (streaming/job.py)
-ends the batch under way, stops the context, and so ends the JVM. Before the driver has
-started, and on a second signal, the JVM gets it instead. `delayq submit` and the image's
-driver entrypoint (deploy/docker/entrypoint.sh) run spark-submit this way.
+Under spark-submit the Spark JVM is the parent of the Python driver, and a signal reaching
+that JVM stops the query mid-batch: the batch runs again after the restart, sending it again.
+So spark-submit runs here as a child, in a session of its own (out of a terminal's Ctrl-C's
+reach) and killed if this process dies; a SIGTERM or SIGINT here goes on as SIGTERM to the
+Python driver alone, whose clean stop (streaming/job.py) ends the JVM. Before the driver has
+started, and on a second signal, the JVM gets it instead. `delayq submit` and
+deploy/docker/entrypoint.sh run spark-submit this way.
 """
 from __future__ import annotations
 
@@ -53,13 +51,11 @@ def run(command: list[str], env: dict[str, str] | None = None) -> int:
     def forward(signum, frame) -> None:
         driver = driver_of(proc.pid) if not asked else None
         asked.append(signum)
-        target = driver if driver is not None else proc.pid
-        print(f"delayq: {signal.Signals(signum).name}: stopping "
-              f"{'the driver (its batch under way finishes first)' if driver else 'spark-submit'}"
-              f"{'; a second signal stops at once' if driver else ''}", file=sys.stderr,
-              flush=True)
+        what = ("the driver (its batch under way finishes first); a second signal stops at once"
+                if driver else "spark-submit")
+        print(f"delayq: {signal.Signals(signum).name}: stopping {what}", file=sys.stderr, flush=True)
         try:
-            os.kill(target, signal.SIGTERM)
+            os.kill(driver or proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 

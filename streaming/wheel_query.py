@@ -143,18 +143,14 @@ class BatchWriter:
     sinks: list[BatchSink] = field(default_factory=list)
     on_batch: Callable[[BatchSummary], None] | None = None
     cold: "ColdTier | None" = None
-    # The first call of this writer: when it began (time.monotonic) and its step timings,
-    # for the start-up report.
-    first: tuple[float, dict] | None = None
-    # A clean stop (DelayJob.stop): the last batch begun, and whether one was asked for.
+    first: tuple[float, dict] | None = None   # the first call's start and step timings
+    # For DelayJob.stop: the last batch begun, whether no other may begin, when the query's
+    # stop was called (time.monotonic), and whether a batch waits for it.
     begun: int | None = None
     closed: bool = False
-    # When the query's stop was called (time.monotonic), for a batch waiting for it.
     stopping: float | None = None
-    # Set when a batch that began after the close waits for the stop.
     parked: threading.Event = field(default_factory=threading.Event, repr=False)
-    # Set when a batch failed because its kept rows were lost with an executor (`kept`).
-    lost_kept_rows: bool = False
+    lost_kept_rows: bool = False   # a batch failed as its kept rows were lost (`kept`)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def close(self) -> int | None:
@@ -223,12 +219,9 @@ def wait_for_the_stop(spark: SparkSession, batch_id: int,
     interrupts it. Spark takes that interruption as a clean stop (SPARK-39218); the batch is
     not committed, and the stop removes its offsets so the next start plans it anew.
 
-    Spark's stop interrupts the thread once. In one full test run that interruption never
-    reached the wait (it came while the thread was elsewhere, and was spent there): the wait
-    slept on and the stop gave up after its 30 s. So the wait sleeps in slices, and once
-    `stopping()` (when DelayJob.stop called the query's stop, by `clock`) is
-    STOP_INTERRUPT_AFTER_S old, by which time Spark has marked the query terminated, the thread
-    interrupts itself: the same interruption, the same clean stop."""
+    Spark interrupts the thread once, and that can land while the thread is elsewhere; so the
+    wait sleeps in slices and, once `stopping()` (when the query's stop was called, by `clock`)
+    is STOP_INTERRUPT_AFTER_S old, interrupts itself: the same clean stop."""
     jvm = spark._jvm
     deadline = clock() + STOP_WAIT_MS / 1000
     try:
@@ -259,21 +252,16 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
     """The batch computed once by its first action and kept for the next, and the call that
     drops it. The wheel must not run twice for one batch, so every sink reads the rows kept.
 
-    They are kept as rows (a lazy local checkpoint, serialized, in memory and spilled to
-    disk), not in Spark's cache: `persist` builds the cache's columns row by row, copying each
-    payload out of its row to learn its size and again into a column buffer, which took a
-    fifth of the Spark JVM's samples in a drain on the 2-core host; a kept row is written
-    whole. Unlike a cached batch, a kept one is never computed again: Spark fails a job that
-    finds a local checkpoint's block lost (an executor gone, on a cluster), and the batch then
-    runs again from the checkpoint, as after any failed batch (BatchWriter.lost_kept_rows: the
-    runner starts the job again in the same process)."""
+    They are kept as whole rows (a lazy local checkpoint, in memory and spilled to disk), not
+    in Spark's cache, which copies every payload twice to build its columns. Unlike a cached
+    batch, a kept one is never computed again: a job that finds its blocks lost (an executor
+    gone) fails, and the batch runs again from the checkpoint (BatchWriter.lost_kept_rows)."""
     kept = batch.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
     rows = kept._jdf.queryExecution().logical().rdd()
 
     def release() -> None:
-        # Best effort: by now the batch is sent. A stop of the query interrupts this call (an
-        # RPC to the block manager); failing the batch for it would send it all again after
-        # the restart (seen in tests/integration/test_delivery.py).
+        # Best effort: the batch is sent, and failing it for a stop's interruption of this RPC
+        # would send it all again after the restart.
         try:
             rows.unpersist(False)
         except Exception as e:
@@ -290,28 +278,20 @@ def error_conditions(error) -> set[str]:
     as PySpark raises it in the driver: a Py4JJavaError (its JVM throwable's causes) or a
     captured Spark exception (its own causes). A foreachBatch function must read them itself:
     past it, its error reaches the query as the text of a Python traceback."""
+    java = getattr(error, "java_exception", None)   # a Py4JJavaError's JVM throwable
+    throwable, cause_of = ((java, lambda t: t.getCause()) if java is not None
+                           else (error, lambda t: getattr(t, "_cause", None)))
     found: set[str] = set()
-
-    def note(throwable) -> None:
+    for _ in range(20):
+        if throwable is None:
+            break
         try:
             condition = throwable.getCondition()
         except Exception:   # no SparkThrowable
             condition = None
         if condition:
             found.add(condition)
-    java = getattr(error, "java_exception", None)
-    if java is not None:   # a Py4JJavaError: the JVM throwable and its causes
-        for _ in range(20):
-            if java is None:
-                break
-            note(java)
-            java = java.getCause()
-        return found
-    for _ in range(20):   # a captured Spark exception and its causes
-        if error is None:
-            break
-        note(error)
-        error = getattr(error, "_cause", None)
+        throwable = cause_of(throwable)
     return found
 
 
@@ -352,4 +332,5 @@ def wheel_state(spark: SparkSession, checkpoint: str, part: str, batch_id: int |
     groups = reader.load(checkpoint)
     if part == "count":
         return groups.select(*key, F.col("value.groupState.count").alias("count"))
-    return groups.select(*key, F.explode(F.split("value.groupState.blob", re.escape(CHUNK_SEP))).alias("chunk"))
+    chunks = F.explode(F.split("value.groupState.blob", re.escape(CHUNK_SEP)))
+    return groups.select(*key, chunks.alias("chunk"))
