@@ -1,11 +1,11 @@
-"""The batch-sink contract: every sink writes one micro-batch, identified by its batch id.
+"""The batch-sink contract: every sink of the wheel query (sinks/ready.py, sinks/cold.py,
+sinks/ledger.py) writes one micro-batch, identified by its batch id.
 
-A sink's `write_batch` may be called again with the same batch id after a crash (Spark
-replays a batch whose commit it did not record); each sink documents what it guarantees then.
+A sink may be called again with the same batch id after a crash (Spark replays a batch whose
+commit it did not record); each sink documents what it guarantees then.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,9 +17,7 @@ class BatchSummary:
     """Counts of one batch's output, computed once and shared by every sink and the metrics."""
 
     batch_id: int
-    batch_time_ms: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
-    topics: set[str] = field(default_factory=set)
     delivered_by_level: dict[int, int] = field(default_factory=dict)
     dead_by_reason: dict[str, int] = field(default_factory=dict)
     received_by_level: dict[int, int] = field(default_factory=dict)
@@ -44,10 +42,6 @@ class BatchSummary:
             self.dead_by_reason[label] = self.dead_by_reason.get(label, 0) + count
 
     @property
-    def empty(self) -> bool:
-        return not any(self.by_kind.values()) and not any(self.received_by_level.values())
-
-    @property
     def sends(self) -> int:
         """Rows this batch writes to Kafka."""
         return self.count("deliver") + self.count("dead")
@@ -65,24 +59,15 @@ class BatchSummary:
 
 class Sent:
     """What a batch sent: `frame()` is a DataFrame of the sent rows (the OUTPUT layout plus
-    `sent_ms`, the moment each row was written to Kafka), built on first use. Most batches'
-    sinks never use it (dead letters are rare), and building it costs the driver an analysis
-    of the micro-batch's whole plan (about 45 ms a batch at 1,000 msg/s)."""
+    `sent_ms`, the moment each row was written to Kafka), built on first use: most batches
+    never need it (dead letters are rare), and building it costs the driver an analysis of
+    the micro-batch's whole plan."""
 
-    def __init__(self, build: Callable[[], object], session=None):
+    def __init__(self, build: Callable[[], object]):
         self._build = build
         self._frame = None
-        self.session = session   # the SparkSession of the batch
 
     def frame(self):
         if self._frame is None:
             self._frame = self._build()
         return self._frame
-
-
-class BatchSink(ABC):
-    name: str = "sink"
-
-    @abstractmethod
-    def write_batch(self, sent: Sent, summary: BatchSummary) -> None:
-        """Record the batch's sent rows (`sent.frame()`)."""

@@ -1,20 +1,16 @@
 """The cold tier: messages due beyond the near horizon wait in a Delta table partitioned by
-due bucket (default one hour), not in Spark state, so the wheel's per-batch timeout scan stays
-as small as the near horizon whatever the backlog. When a bucket comes within the horizon the
-driver rolls its messages back onto the intake (RocketMQ 5's "roll"), with their due time
-(TIMER_DELIVER_MS), their level (DELAYQ_ROLLED) and their UNIQ_KEY, and they enter the wheel.
+due bucket, not in Spark state, so the wheel's per-batch timeout scan stays as small as the
+near horizon whatever the backlog. When a bucket comes within the horizon the driver rolls its
+messages back onto the intake with their due time, level (ROLLED) and UNIQ_KEY, into the wheel.
 
-Never lost: a bucket is marked loaded (a small file in the checkpoint) only after its roll;
-a cold message whose bucket is already loaded is rolled at once instead of parked. A roll
-retried after a crash is held once: the wheel drops a UNIQ_KEY it already holds.
+Never lost: a bucket is marked loaded (a small file in the checkpoint) only after its roll, and
+a message whose bucket is loaded already is rolled at once; the wheel drops a UNIQ_KEY it holds,
+so a roll retried after a crash is held once.
 
-Cancels: a cancel that finds nothing in the wheel (its message waits here, or has not arrived
-yet) is parked beside the bucket's messages as a tombstone row (`tombstone` = WAITING, no
-topic) when that bucket is not loaded yet; the roll leaves out every message a tombstone
-names, and counts it cancelled. Parked and rolled in the same driver thread as the messages,
-with the same marker and in the same idempotent append, so a crash and replay park a tombstone
-exactly as it parks a message. A cancel that found its message in the wheel leaves a DONE
-tombstone in a bucket already loaded: a record for `delayq ledger`, never read by a roll.
+Cancels: a cancel that finds nothing in the wheel (its message waits here or has not come yet)
+is parked while its bucket is not loaded, as a WAITING tombstone beside the bucket's messages in
+the same idempotent append, and the roll leaves out every message one names, counted cancelled.
+A cancel that found its message leaves a DONE tombstone: a record for `delayq ledger`.
 """
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ from pyspark.sql import functions as F
 from sinks import store
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id, table_exists
-from sinks.kafka import header_struct
+from sinks.kafka import appended_headers, header_struct
 from state import headers as H
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
@@ -71,9 +67,9 @@ class ColdTier:
 
     # ---- per batch ------------------------------------------------------------------------
     def park(self, batch: DataFrame, summary: BatchSummary) -> None:
-        """Write the batch's cold rows to the table (or roll them, if their bucket is in), with
-        a tombstone for each cancel of the batch: WAITING for a miss whose bucket is not loaded
-        (it is then no miss yet: `cancel_parked` in the summary), DONE for a hit."""
+        """The batch's cold rows to the table (rolled at once if their bucket is loaded), and a
+        tombstone per cancel: WAITING for a miss whose bucket is not loaded (no miss yet, so
+        recounted as `cancel_parked`), DONE for a hit."""
         misses, hits = summary.count("cancel_unknown"), summary.count("cancelled")
         if not summary.count("cold") and not misses and not hits:
             return
@@ -107,12 +103,11 @@ class ColdTier:
         append_once(rows, self.path, self._app_id, summary.batch_id, ("due_bucket",),
                     merge_schema=True)
 
-    def advance(self, summary: BatchSummary | None = None) -> int:
-        """Roll every bucket that came within the horizon, in one read of the table and one
-        write to the intake however many buckets a restart after downtime finds due; returns
-        how many were rolled. The messages a tombstone names stay behind, counted into
-        `summary` as cancelled (and no longer pending); a tombstone whose message never came
-        is counted as a miss."""
+    def advance(self, summary: BatchSummary) -> int:
+        """Roll every bucket now within the horizon, in one read of the table and one write to
+        the intake however many are due; returns how many buckets. Messages a tombstone names
+        stay behind, counted in `summary` as cancelled (no longer pending); a tombstone whose
+        message never came counts as a miss."""
         loaded, edge = self.loaded_until(), self._horizon_bucket()
         if loaded + self.bucket_ms > edge:
             return 0
@@ -121,7 +116,7 @@ class ColdTier:
         self._set_loaded(edge)
         return (edge - loaded) // self.bucket_ms
 
-    def _roll_buckets(self, after: int, until: int, summary: BatchSummary | None) -> None:
+    def _roll_buckets(self, after: int, until: int, summary: BatchSummary) -> None:
         bucket = F.col("due_bucket")
         rows = (self.spark.read.format("delta").load(self.path)
                 .filter((bucket > after) & (bucket <= until)))
@@ -133,8 +128,6 @@ class ColdTier:
         messages = rows.filter(F.col(TOMBSTONE).isNull())
         waiting = rows.filter(F.col(TOMBSTONE) == WAITING).select(*named).distinct()
         self.roll(messages.join(waiting, named, "left_anti"))
-        if summary is None:
-            return
         for row in messages.join(waiting, named, "left_semi").groupBy("level").count().collect():
             summary.add("cancelled", row["level"], None, row["count"])
             summary.pending_delta_by_level[row["level"]] = \
@@ -144,15 +137,12 @@ class ColdTier:
 
     def roll(self, rows: DataFrame) -> None:
         """Put cold messages back on the intake, addressed to their wheel group."""
-        headers = F.concat(
-            F.coalesce(F.col("headers"), F.array().cast("array<struct<key:string,value:binary>>")),
-            F.filter(F.array(
-                header_struct(H.REAL_TOPIC, F.col("topic")),
-                header_struct(H.REAL_QID, F.col("partition").cast("string")),
-                header_struct(H.UNIQ_KEY, F.col("uniq_key")),
-                header_struct(H.TIMER_DELIVER_MS, F.col("due_ms").cast("string")),
-                header_struct(H.ROLLED, F.col("level").cast("string")),
-            ), lambda h: h["value"].isNotNull()))
+        headers = appended_headers(
+            header_struct(H.REAL_TOPIC, F.col("topic")),
+            header_struct(H.REAL_QID, F.col("partition").cast("string")),
+            header_struct(H.UNIQ_KEY, F.col("uniq_key")),
+            header_struct(H.TIMER_DELIVER_MS, F.col("due_ms").cast("string")),
+            header_struct(H.ROLLED, F.col("level").cast("string")))
         partition = F.when(F.col("level") > 0, F.pmod(F.col("level") - 1, F.lit(self.partitions))) \
             .otherwise(F.pmod(F.hash("uniq_key"), F.lit(self.partitions)))
         (rows.select(F.lit(self.intake).alias("topic"), partition.cast("int").alias("partition"),

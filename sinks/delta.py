@@ -12,8 +12,6 @@ from pathlib import Path
 from pyspark.sql import DataFrame
 
 from sinks import store
-from sinks.base import BatchSink, BatchSummary, Sent
-
 
 
 def table_exists(path: str | Path) -> bool:
@@ -28,10 +26,9 @@ def query_id(checkpoint: str | Path) -> str:
 
 
 def create_table(spark, path: str, schema, partition_by: tuple[str, ...] = ()) -> None:
-    """An empty Delta table, unless one is there. In a local folder delta-rs writes its
-    first commit in milliseconds, with no Spark job (a Spark write of no rows took 8-10 s of a
-    young JVM's start for the two tables); on a store (HDFS, S3), Delta's own builder. Every
-    column nullable, as Spark's writes declare them."""
+    """An empty Delta table, unless one is there: in a local folder by delta-rs, so the start
+    runs no Spark job for it; on a store (HDFS, S3), by Delta's own builder. Every column
+    nullable, as Spark's writes declare them."""
     from pyspark.sql.types import StructField, StructType
 
     schema = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema])
@@ -61,42 +58,3 @@ def append_once(rows: DataFrame, path: str, app_id: str, txn_version: int,
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     writer.save(path)
-
-
-class DeltaBatchTable(BatchSink):
-    """A Delta table fed from the sent rows of each batch; subclasses choose rows and columns."""
-
-    partition_by: tuple[str, ...] = ()
-
-    def __init__(self, path: str | Path, checkpoint: str | Path):
-        self.path = str(path)
-        self._checkpoint = checkpoint
-        self._app_id: str | None = None
-
-    def rows(self, sent: Sent, summary: BatchSummary) -> DataFrame | None:
-        raise NotImplementedError
-
-    def ensure_table(self, spark, sent_schema) -> None:
-        """Create the (empty) table before the first batch, so that batch pays no Delta
-        table creation on top of its deliveries."""
-        if not table_exists(self.path):
-            schema = self.select(spark.createDataFrame([], sent_schema), BatchSummary(-1)).schema
-            create_table(spark, self.path, schema, self.partition_by)
-
-    def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
-        raise NotImplementedError
-
-    def write_batch(self, sent: Sent, summary: BatchSummary) -> None:
-        rows = self.rows(sent, summary)
-        if rows is not None:
-            self.save(rows, summary.batch_id)
-
-    def save(self, rows: DataFrame, txn_version: int) -> None:
-        """Append rows in one Delta commit, skipped when the table already has this
-        txnVersion (or a later one) of the query."""
-        append_once(rows, self.path, self.app_id(), txn_version, self.partition_by)
-
-    def app_id(self) -> str:
-        if self._app_id is None:
-            self._app_id = query_id(self._checkpoint)
-        return self._app_id

@@ -7,10 +7,9 @@ q mod (ready partitions) = p, parses them by the wheel's own rules (state/parse.
 messages Kind.DIRECT) and holds them like fired rows. Which records are the dispatch's is a rule
 of the headers alone (`is_direct`), which the wheel applies in the JVM before its parse
 (streaming/wheel_query.py `direct_column`), so the short levels' payloads never reach the
-wheel's Python: at 5,000 msg/s of levels 1-4 that was three records in four. The dispatch
-dead-letters the bad ones among its records, with the wheel's reasons. One intake partition
-has one sender, so a key's messages keep their intake order. No Spark import: it runs in the
-dispatch task's Python worker.
+wheel's Python. The dispatch dead-letters the bad ones among its records, with the wheel's
+reasons. One intake partition has one sender, so a key's messages keep their intake order. No
+Spark import: it runs in the dispatch task's Python worker.
 """
 from __future__ import annotations
 
@@ -18,11 +17,9 @@ import pyarrow as pa
 
 from sinks.dispatch import Row
 from state import headers as H
+from state.columns import HEADERS
 from state.envelope import Kind, Rules
 from state.parse import parse_batch
-
-_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-
 
 # Headers that keep a record with the wheel whatever its DELAY says: timers, cancels, the
 # job's heartbeat and messages rolled back from the cold tier.
@@ -65,7 +62,7 @@ def intake_batch(msgs: list) -> pa.RecordBatch:
         pa.array([m.partition() for m in msgs], pa.int32()),
         pa.array([m.offset() for m in msgs], pa.int64()),
         pa.array([m.timestamp()[1] for m in msgs], pa.int64()),
-        pa.array(headers, _HEADERS),
+        pa.array(headers, HEADERS),
     ], names=["key", "value", "ipart", "ioff", "append_ms", "headers"])
 
 

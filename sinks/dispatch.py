@@ -1,26 +1,30 @@
-"""The dispatch stage's rules and records (its loop is sinks/dispatch_task.py): one task per
-partition of the ready topic, long-running in a Spark executor (streaming/dispatcher.py starts
-and supervises them). A task consumes its partition, keeps the
-fired rows in a heap by due time, produces each to its real topic at its due time and never
-before, then its ledger row to the ledger topic, and commits the ready partition's offset only
-below the lowest row not yet done (delivered and its ledger row acknowledged, or dead-lettered
-and acknowledged). No Spark import: the loop runs in a plain Python worker and is tested on a
-real broker without Spark.
+"""The dispatch stage's rules and records (its loop is sinks/dispatch_task.py): one long-running
+task per ready partition in a Spark executor (streaming/dispatcher.py starts and supervises
+them). A task keeps its partition's fired rows in a heap by due time, produces each to its real
+topic at its due time and never before, then its ledger row to the ledger topic, and commits the
+ready partition's offset only below the lowest row not yet done (its send and its ledger row
+acknowledged). No Spark import: the loop runs in a plain Python worker.
 
-A restart (a lost executor, a crash, a clean stop) reads the partition again from the committed
-offset. A row whose message the ledger topic already holds is skipped: the commit's metadata
-names the ledger offset from which the task's last deliveries can be found, and the scan reaches
-`replay_window_s` further back, so neither the rows a crashed task sent after its last commit nor
-a wheel batch fired again after a crash go out twice. What is sent twice is what was delivered
-but not yet in the ledger when the task died.
+A restart reads the partition again from the committed offset and skips a row whose message the
+ledger topic already holds: the commit's metadata names the ledger offset from which the task's
+last deliveries can be found, and the scan reaches `replay_window_s` further back, so neither
+the rows a crashed task sent after its last commit nor a wheel batch fired again after a crash
+go out twice. What is sent twice is what was delivered but not yet in the ledger when the task
+died.
 """
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException
+
 from state import headers as H
+from state.columns import HEADERS
 from state.reasons import reason
 
 # Headers the wheel appends to a fired row after the message's own, removed here.
@@ -112,10 +116,9 @@ def ready_row(offset: int, key, value, headers: list | None) -> Row:
 
 
 class Offsets:
-    """The ready partition's rows read and not yet done, and the commit point: the lowest of
-    them with the ledger offset noted when it was read (every ledger row of a ready row at or
-    above it was produced after that read, so lies at or after that ledger offset), or, with
-    none open, the next offset to read and the ledger's end now."""
+    """One source's rows read and not yet done, and its commit point: the lowest of them with
+    the ledger's end noted when it was read (the ledger rows of it and of every later row lie at
+    or past that offset), or, with none open, the next offset to read and the ledger's end now."""
 
     def __init__(self, position: int):
         self.position = position
@@ -131,9 +134,6 @@ class Offsets:
     def done(self, offset: int) -> None:
         self._open.pop(offset, None)
 
-    def __len__(self) -> int:
-        return len(self._open)
-
     def commit_point(self, ledger_end: int) -> tuple[int, int]:
         if not self._open:
             return self.position, ledger_end
@@ -142,10 +142,10 @@ class Offsets:
 
 
 class Skew:
-    """How far this host's clock may run ahead of the broker's, from acknowledged records of a
-    LogAppendTime topic: the broker stamped each before this host saw its acknowledgement, so
-    (local time at the acknowledgement − broker stamp) bounds the lead from above. The smallest
-    bound of the last window is kept; never below 0 (a clock behind only makes rows late)."""
+    """How far this host's clock may run ahead of the broker's: the broker stamps a record of a
+    LogAppendTime topic before this host sees its acknowledgement, so local time then minus the
+    stamp bounds the lead from above. The smallest bound of the last window is kept; never
+    below 0 (a clock behind only makes rows late)."""
 
     def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.time):
         self._window_s, self._clock = window_s, clock
@@ -167,26 +167,17 @@ class Skew:
 
 
 # Send failures that will not pass on a retry: the row is dead-lettered with the reason.
-def _permanent_codes():
-    from confluent_kafka import KafkaError as E
-    return {E.UNKNOWN_TOPIC_OR_PART: ("unknown_topic", "REAL_TOPIC '{topic}' does not exist"),
-            E._UNKNOWN_TOPIC: ("unknown_topic", "REAL_TOPIC '{topic}' does not exist"),
-            E._UNKNOWN_PARTITION: ("partition_out_of_range",
-                                   "REAL_QID {partition} is out of range for topic '{topic}'"),
-            E.MSG_SIZE_TOO_LARGE: ("too_large",
-                                   "message of {size} bytes is too large for topic '{topic}'"),
-            E.RECORD_LIST_TOO_LARGE: ("too_large",
-                                      "message of {size} bytes is too large for topic '{topic}'"),
-            E.TOPIC_AUTHORIZATION_FAILED: ("not_authorized",
-                                           "not authorized to write to topic '{topic}'"),
-            E.INVALID_RECORD: ("invalid_record", "topic '{topic}' refused the record as invalid"),
-            E.TOPIC_EXCEPTION: ("illegal_topic", "REAL_TOPIC '{topic}' is not a valid topic")}
-
-
-def too_large(err) -> bool:
-    """A refusal for size: of the record's batch, which may hold smaller records too."""
-    from confluent_kafka import KafkaError as E
-    return err.code() in (E.MSG_SIZE_TOO_LARGE, E.RECORD_LIST_TOO_LARGE)
+_UNKNOWN_TOPIC = ("unknown_topic", "REAL_TOPIC '{topic}' does not exist")
+_TOO_LARGE = ("too_large", "message of {size} bytes is too large for topic '{topic}'")
+_PERMANENT = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART: _UNKNOWN_TOPIC, KafkaError._UNKNOWN_TOPIC: _UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION: ("partition_out_of_range",
+                                    "REAL_QID {partition} is out of range for topic '{topic}'"),
+    KafkaError.MSG_SIZE_TOO_LARGE: _TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE: _TOO_LARGE,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: ("not_authorized",
+                                            "not authorized to write to topic '{topic}'"),
+    KafkaError.INVALID_RECORD: ("invalid_record", "topic '{topic}' refused the record as invalid"),
+    KafkaError.TOPIC_EXCEPTION: ("illegal_topic", "REAL_TOPIC '{topic}' is not a valid topic")}
 
 
 def refusal(err, row: Row) -> str | None:
@@ -194,9 +185,8 @@ def refusal(err, row: Row) -> str | None:
     None for a transient one (retried). A fatal producer error is raised: the task restarts
     with a new producer."""
     if err.fatal():
-        from confluent_kafka import KafkaException
         raise KafkaException(err)
-    known = _permanent_codes().get(err.code())
+    known = _PERMANENT.get(err.code())
     if known is None:
         return None
     size = len(row.key or b"") + len(row.value or b"") + sum(
@@ -215,29 +205,23 @@ def sender() -> bytes:
     """Who sends: host, pid and working folder of this Python worker. On a standalone cluster
     the folder is the executor's (`<work>/app-…/<executor id>`), on Kubernetes the host is
     the executor's pod; in local mode, the driver's."""
-    import os
-    import socket
-
     return f"{socket.gethostname()}:{os.getpid()}:{os.getcwd()}".encode()
 
 
 def ledger_schema():
-    import pyarrow as pa
     return pa.schema([
         ("uniq_key", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
         ("level", pa.int32()), ("ipart", pa.int32()), ("ioff", pa.int64()),
         ("append_ms", pa.int64()), ("due_ms", pa.int64()), ("sent_ms", pa.int64()),
         ("ready_offset", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
         ("key", pa.binary()), ("value", pa.binary()),
-        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))])
+        ("headers", HEADERS)])
 
 
 def ledger_record(sent: list[tuple[Row, int, str | None]]) -> bytes:
     """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, None) when delivered
     or (row, sent_ms, reason) when dead-lettered, as one Arrow IPC stream built a column at a
     time; a dead letter's row carries the message for the dead-letter table."""
-    import pyarrow as pa
-
     rows = [row for row, _, _ in sent]
     reasons = [reason for _, _, reason in sent]
     dead = [(row, reason is not None) for row, reason in zip(rows, reasons)]
@@ -263,7 +247,6 @@ def ledger_record(sent: list[tuple[Row, int, str | None]]) -> bytes:
 
 def ledger_rows(record: bytes):
     """The rows of a ledger record, as an Arrow table."""
-    import pyarrow as pa
     return pa.ipc.open_stream(pa.py_buffer(record)).read_all()
 
 

@@ -10,6 +10,8 @@ import logging
 import time
 from typing import Callable
 
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
 from sinks.direct import owned
 from sinks.dispatch import DispatchConfig, identity, ledger_rows
 
@@ -19,8 +21,6 @@ log = logging.getLogger(__name__)
 def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: float = 1.0):
     """`call()`, again after a pause while it raises a transient Kafka error (a coordinator
     still loading, a broker restarting) and `timeout_s` has not passed."""
-    from confluent_kafka import KafkaException
-
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -34,21 +34,18 @@ def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: floa
 
 def transient(err) -> bool:
     """A Kafka error that passes by itself (retriable, or a cluster still starting)."""
-    from confluent_kafka import KafkaError as E
-
     if err is None or not hasattr(err, "code"):
         return False
     return err.retriable() or err.code() in {
-        E.NOT_COORDINATOR, E.COORDINATOR_LOAD_IN_PROGRESS, E.COORDINATOR_NOT_AVAILABLE,
-        E._TIMED_OUT, E._TRANSPORT, E._ALL_BROKERS_DOWN, E.LEADER_NOT_AVAILABLE,
-        E.NOT_LEADER_FOR_PARTITION, E.REQUEST_TIMED_OUT}
+        KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN, KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.REQUEST_TIMED_OUT}
 
 
 def owned_partitions(consumer, config: DispatchConfig, task: int) -> list:
     """The intake partitions ready partition `task`'s dispatch task reads itself (none when no
     level is direct)."""
-    from confluent_kafka import KafkaException, TopicPartition
-
     if config.direct_max_delay_ms < 0:
         return []
     topic = consumer.list_topics(config.intake_topic, timeout=60).topics[config.intake_topic]
@@ -79,12 +76,9 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
 
 def in_ledger(consumer, config: DispatchConfig, ledger, mark: int | None) -> tuple[set[int], int]:
     """The messages (`identity`) the task's ledger partition `ledger` holds from
-    `replay_window_s` before the last commit's ledger mark to its end (from its beginning when
-    nothing was committed yet: the partition holds only this task's rows): those a crashed task
-    delivered after its last commit, and those of a wheel batch that a crash makes the wheel
-    fire again (it ran within the window before the crash); and the partition's end."""
-    from confluent_kafka import TopicPartition
-
+    `replay_window_s` before the last commit's ledger mark (from its beginning when nothing was
+    committed yet) to its end, which covers what a restart must skip (sinks/dispatch.py); and
+    the partition's end."""
     low, high = consumer.get_watermark_offsets(ledger, timeout=60)
     position = low if mark is None else _before(consumer, config, ledger,
                                                 max(low, min(mark, high) - 1), low)
@@ -110,8 +104,6 @@ def in_ledger(consumer, config: DispatchConfig, ledger, mark: int | None) -> tup
 
 def _before(consumer, config: DispatchConfig, ledger, offset: int, low: int) -> int:
     """The ledger offset `replay_window_s` before the record at `offset`."""
-    from confluent_kafka import TopicPartition
-
     consumer.assign([TopicPartition(ledger.topic, ledger.partition, offset)])
     msgs = consumer.consume(1, timeout=10.0)
     consumer.unassign()

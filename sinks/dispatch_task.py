@@ -1,8 +1,7 @@
 """The dispatch task's loop (sinks/dispatch.py has its rules and records): consume the ready
 partition and the intake partitions it reads itself (sinks/direct.py), hold rows until due,
 send them and their ledger rows, commit, and on a restart skip what the ledger already holds
-(sinks/dispatch_start.py). No Spark import: it runs in a plain Python worker, and is tested
-on a real broker without Spark (tests/integration/test_dispatch.py).
+(sinks/dispatch_start.py). No Spark import: it runs in a plain Python worker.
 """
 from __future__ import annotations
 
@@ -12,11 +11,14 @@ import logging
 import time
 from typing import Callable, Iterator
 
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
 from sinks.direct import direct_rows
 from sinks.dispatch import (PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
                             Skew, dead_letter_headers, identity, ledger_record,
-                            ready_row, refusal, sender, too_large)
+                            ready_row, refusal, sender)
 from sinks.dispatch_start import committed, in_ledger, owned_partitions, retrying, transient
+from state.reasons import reason_label
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +44,7 @@ class _Task:
     """One run of a dispatch task over its ready partition (see `run_partition`)."""
 
     def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float]):
-        from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-
         self.config, self.partition, self.clock = config, partition, clock
-        self._kafka_exception = KafkaException
         self.ready = TopicPartition(config.ready_topic, partition)
         self.ledger = TopicPartition(config.ledger_topic, partition)
         self.consumer = Consumer({**config.consumer, "enable.auto.commit": False,
@@ -53,7 +52,7 @@ class _Task:
         self.producer = Producer(config.producer)
         self.skew = Skew(clock=clock)
         self.heap: list[tuple] = []     # Row.order() of each held row
-        self.retry: list[tuple[float, Callable[[], bool]]] = []   # (monotonic time, send)
+        self.retry: list[tuple[float, Callable[[], bool | None]]] = []   # (monotonic time, send)
         self.ledger_end = 0
         self.sent = self.dead = self.skipped = 0
         self.stopping = self.paused = False
@@ -96,7 +95,6 @@ class _Task:
             for msg in self.consumer.consume(5000, timeout=self._wait_s()):
                 if msg.error():   # the client's own report; it reconnects and goes on
                     if msg.error().fatal():
-                        from confluent_kafka import KafkaException
                         raise KafkaException(msg.error())
                     log.warning("dispatch %d: %s", self.partition, msg.error())
                 elif msg.topic() == self.ready.topic:
@@ -154,8 +152,6 @@ class _Task:
 
     def _assign(self) -> None:
         """Read the ready partition and the intake partitions from their positions."""
-        from confluent_kafka import TopicPartition
-
         self.consumer.assign([TopicPartition(tp.topic, tp.partition, self.offsets[source].position)
                               for tp, source in [(self.ready, None), *(
                                   (tp, (tp.topic, tp.partition)) for tp in self.intake)]])
@@ -241,7 +237,7 @@ class _Task:
         except BufferError:
             self.producer.poll(0.05)
             return False
-        except self._kafka_exception as e:   # refused before it was queued (no such partition)
+        except KafkaException as e:   # refused before it was queued (no such partition)
             callback(e.args[0], None, row, sent_ms)
         return True
 
@@ -252,7 +248,7 @@ class _Task:
             self._acked(row, sent_ms, None)
             return
         reason = refusal(err, row)
-        if reason is not None and too_large(err) and (row.source, row.offset) not in self._alone:
+        if reason_label(reason) == "too_large" and (row.source, row.offset) not in self._alone:
             # The broker refuses a whole record batch too large for the topic: a row may only
             # have shared one with a larger one. Sent again alone, it is refused only when it
             # is too large itself (Kafka's Java producer splits such a batch the same way).
@@ -274,12 +270,11 @@ class _Task:
         self.producer.flush(30)
         return sent
 
-    def _dead_letter(self, row: Row, reason: str) -> bool:
+    def _dead_letter(self, row: Row, reason: str) -> None:
         sent = self._produce(self.config.dlq_topic, None, row, dead_letter_headers(row, reason),
                              lambda e, m, r, s: self._dead_lettered(e, r, s, reason))
         if not sent:
             self._later(lambda: self._dead_letter(row, reason), 0.05)
-        return True
 
     def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
         if err is not None:   # the commit point stays below the row until it is taken
@@ -306,19 +301,22 @@ class _Task:
         batch = self.config.ledger_batch
         for start in range(0, len(acked), batch):
             chunk = acked[start:start + batch]
-            rows = [row for row, _, _ in chunk]
-            record = ledger_record(chunk)
-
-            def send(record=record, rows=rows) -> bool:
-                try:
-                    self.producer.produce(
-                        self.ledger.topic, value=record, partition=self.partition,
-                        headers=self._sender, on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
-                except BufferError:
-                    return False
-                return True
+            send = self._ledger_send(ledger_record(chunk), [row for row, _, _ in chunk])
             if not send():
                 self._later(send, 0.05)
+
+    def _ledger_send(self, record: bytes, rows: list[Row]) -> Callable[[], bool]:
+        """The send of one ledger record; a failed delivery sends this same record again."""
+        def send() -> bool:
+            try:
+                self.producer.produce(
+                    self.ledger.topic, value=record, partition=self.partition,
+                    headers=self._sender,
+                    on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
+            except BufferError:
+                return False
+            return True
+        return send
 
     def _ledgered(self, err, msg, rows: list[Row], send) -> None:
         if err is not None:
@@ -348,7 +346,7 @@ class _Task:
             self.producer.poll(0.05)
             self._release()
 
-    def _later(self, send: Callable[[], bool], delay_s: float | None = None) -> None:
+    def _later(self, send: Callable[[], bool | None], delay_s: float | None = None) -> None:
         """Call `send` again after a back-off (the retry's, or `delay_s`); a send that returns
         False (the producer's queue was full) is put back the same way."""
         self.retry.append((time.monotonic() + (delay_s if delay_s is not None
@@ -366,8 +364,6 @@ class _Task:
 
     def _commit(self) -> None:
         """Commit the commit point; a transient failure waits for the next commit."""
-        from confluent_kafka import KafkaException, TopicPartition
-
         commits = []
         for source, offsets in self.offsets.items():
             point, mark = offsets.commit_point(self.ledger_end)

@@ -1,5 +1,5 @@
-"""What the wheel's Kafka writes share: the producer options of Spark's Kafka sink, a header
-column, a heartbeat write and a list accumulator."""
+"""What the wheel's Kafka writes share: the producer options of Spark's Kafka sink, header
+columns, the sent rows' schema and a list accumulator."""
 from __future__ import annotations
 
 from pyspark import AccumulatorParam
@@ -17,6 +17,14 @@ def producer_options(settings) -> dict[str, str]:
 def header_struct(name: str, value: F.Column) -> F.Column:
     """A Kafka header (name, UTF-8 text of a column), as Spark's Kafka sink takes it."""
     return F.struct(F.lit(name).alias("key"), F.encode(value, "UTF-8").alias("value"))
+
+
+def appended_headers(*extra: F.Column) -> F.Column:
+    """The row's `headers` (null: none) followed by the `extra` header structs whose value is
+    not null."""
+    return F.concat(
+        F.coalesce(F.col("headers"), F.array().cast("array<struct<key:string,value:binary>>")),
+        F.filter(F.array(*extra), lambda h: h["value"].isNotNull()))
 
 
 def sent_schema(batch_schema: StructType) -> StructType:

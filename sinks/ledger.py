@@ -2,11 +2,13 @@
 delivery ledger is written by the ledger query, streaming/ledger_query.py.)"""
 from __future__ import annotations
 
+from pathlib import Path
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary, Sent
-from sinks.delta import DeltaBatchTable
+from sinks.delta import append_once, create_table, query_id, table_exists
 
 
 def dead_letter_columns(batch_id: int) -> list:
@@ -19,15 +21,35 @@ def dead_letter_columns(batch_id: int) -> list:
             F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("dead_date")]
 
 
-class DeadLetterTable(DeltaBatchTable):
+class DeadLetterTable:
     """Every rejected record, beside the dead-letter topic: the record as it came (key,
-    value, headers), why, and where it was on the intake."""
+    value, headers), why, and where it was on the intake. Written exactly once per batch: a
+    batch replayed after a crash is skipped by Delta (sinks/delta.py `append_once`)."""
 
     name = "dead_letters"
     partition_by = ("dead_date",)
 
-    def rows(self, sent: Sent, summary: BatchSummary) -> DataFrame | None:
-        return self.select(sent.frame(), summary) if summary.count("dead") else None
+    def __init__(self, path: str | Path, checkpoint: str | Path):
+        self.path = str(path)
+        self._checkpoint = checkpoint
+        self._app_id: str | None = None
+
+    def ensure_table(self, spark, sent_schema) -> None:
+        """Create the (empty) table before the first batch, so that batch pays no Delta
+        table creation on top of its deliveries."""
+        if not table_exists(self.path):
+            schema = self.select(spark.createDataFrame([], sent_schema), BatchSummary(-1)).schema
+            create_table(spark, self.path, schema, self.partition_by)
 
     def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
         return sent.filter(F.col("kind") == "dead").select(*dead_letter_columns(summary.batch_id))
+
+    def write_batch(self, sent: Sent, summary: BatchSummary) -> None:
+        """The batch's dead letters in one Delta commit, with the query's id and the batch id
+        as its txnAppId and txnVersion."""
+        if not summary.count("dead"):
+            return
+        if self._app_id is None:
+            self._app_id = query_id(self._checkpoint)
+        append_once(self.select(sent.frame(), summary), self.path, self._app_id,
+                    summary.batch_id, self.partition_by)

@@ -1,8 +1,7 @@
 """Every Prometheus metric of the service, built in one place on an injected registry
-(DESIGN.md section 7: names are contract). Tests build a fresh registry and read samples.
-
-Values come from what the batches really did: the batch summary (counts), the sent rows
-(lateness) and Spark's progress reports (watermark, batch duration, offsets)."""
+(DESIGN.md section 7: names are contract). Values come from what the batches really did: the
+batch summary (counts), the sent rows (lateness) and Spark's progress reports (watermark,
+batch duration, offsets)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from sinks.base import BatchSummary
 
-# Delays are seconds to hours; lateness is what we judge: 10 ms … 60 s.
+# Lateness is what the service is judged by, so its buckets are fine.
 LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
                     20.0, 30.0, 60.0)
 BATCH_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
@@ -46,24 +45,38 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry, *, version: str, spark_version: str):
         self.registry = registry
         r = dict(registry=registry)
-        self.received = Counter("delayq_messages_received", "Intake messages taken in, by delay level (0: immediate, -1: timer).", ["level"], **r)
-        self.delivered = Counter("delayq_messages_delivered", "Messages sent to their real topic, by level.", ["level"], **r)
-        self.dead = Counter("delayq_messages_dead_lettered", "Messages sent to the dead-letter topic, by reason.", ["reason"], **r)
-        self.cancelled = Counter("delayq_messages_cancelled", "Pending messages dropped by a cancel.", **r)
-        self.cancel_misses = Counter("delayq_cancel_misses", "Cancels of messages not pending (already delivered or unknown).", **r)
-        self.pending = Gauge("delayq_pending_messages", "Messages not yet delivered, by level: in the wheel, and read by a dispatch task and not yet sent.", ["level"], **r)
+        self.received = Counter("delayq_messages_received", "Intake messages taken in, by delay "
+                                "level (0: immediate, -1: timer).", ["level"], **r)
+        self.delivered = Counter("delayq_messages_delivered",
+                                 "Messages sent to their real topic, by level.", ["level"], **r)
+        self.dead = Counter("delayq_messages_dead_lettered",
+                            "Messages sent to the dead-letter topic, by reason.", ["reason"], **r)
+        self.cancelled = Counter("delayq_messages_cancelled",
+                                 "Pending messages dropped by a cancel.", **r)
+        self.cancel_misses = Counter("delayq_cancel_misses", "Cancels of messages not pending "
+                                     "(already delivered or unknown).", **r)
+        self.pending = Gauge("delayq_pending_messages", "Messages not yet delivered, by level: in "
+                             "the wheel, and read by a dispatch task and not yet sent.",
+                             ["level"], **r)
         self._in_wheel: dict[str, float] = {}      # level → held in the wheel's state
         self._in_dispatch: dict[str, float] = {}   # level → read by a dispatch task, not done
         self._pending_lock = threading.Lock()   # the batches' thread and the dispatch reporter
-        self.lateness = LatenessHistogram("delayq_delivery_lateness_seconds", "Delivery time minus due time.", LATENESS_BUCKETS)
+        self.lateness = LatenessHistogram("delayq_delivery_lateness_seconds",
+                                          "Delivery time minus due time.", LATENESS_BUCKETS)
         registry.register(self.lateness)
-        self.watermark_lag = Gauge("delayq_watermark_lag_seconds", "Wall clock minus the job's event-time watermark.", **r)
-        self.batch_duration = Histogram("delayq_batch_duration_seconds", "Duration of a micro-batch.", buckets=BATCH_BUCKETS, **r)
-        self.offsets_behind = Gauge("delayq_intake_offsets_behind", "Intake records written but not yet read by the job.", **r)
-        self.delay_offset = Gauge("delayq_delay_offset", "Next intake offset of each level's partition (RocketMQ's delayOffset).", ["level"], **r)
-        self.build = Gauge("delayq_build_info", "Build information.", ["version", "spark_version"], **r)
+        self.watermark_lag = Gauge("delayq_watermark_lag_seconds",
+                                   "Wall clock minus the job's event-time watermark.", **r)
+        self.batch_duration = Histogram("delayq_batch_duration_seconds",
+                                        "Duration of a micro-batch.", buckets=BATCH_BUCKETS, **r)
+        self.offsets_behind = Gauge("delayq_intake_offsets_behind",
+                                    "Intake records written but not yet read by the job.", **r)
+        self.delay_offset = Gauge("delayq_delay_offset", "Next intake offset of each level's "
+                                  "partition (RocketMQ's delayOffset).", ["level"], **r)
+        self.build = Gauge("delayq_build_info", "Build information.",
+                           ["version", "spark_version"], **r)
         self.build.labels(version=version, spark_version=spark_version).set(1)
-        self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds", "When the last micro-batch finished.", **r)
+        self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds",
+                                   "When the last micro-batch finished.", **r)
 
     def add_pending(self, by_level: dict[int, int]) -> None:
         """Messages pending before this run (the state as of the last committed batch), added
@@ -121,7 +134,8 @@ class Metrics:
             ms = datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp() * 1000
             self.watermark_lag.set(max(0.0, now - (ms + late_tolerance_ms) / 1000.0))
         for source in progress.get("sources", []):
-            end, latest = _offsets(source.get("endOffset"), intake_topic), _offsets(source.get("latestOffset"), intake_topic)
+            end = _offsets(source.get("endOffset"), intake_topic)
+            latest = _offsets(source.get("latestOffset"), intake_topic)
             for partition, offset in end.items():
                 if partition == heartbeats:
                     continue

@@ -1,7 +1,9 @@
 """The wheel's Kafka sink: every fired message goes to the ready topic
 (`<intake>.READY`) with its restore information in trailing headers, for the dispatch tasks
 (sinks/dispatch.py) to send at its due time; dead letters go straight to the dead-letter
-topic. Nothing waits here: a batch ends when Kafka has its rows.
+topic. Nothing waits here: a batch ends when Kafka has its rows. A batch replayed after a crash
+is written again (Spark's Kafka sink is at least once); the dispatch tasks skip the deliveries
+the ledger already holds (sinks/dispatch.py).
 
 The ready partition of a row keeps what Kafka keeps in order on one path: the messages to one
 (topic, REAL_QID), and one key's messages to one topic, go through one partition and so one
@@ -21,7 +23,7 @@ from pyspark.sql.classic.column import _to_seq
 
 from sinks.base import BatchSummary, Sent
 from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
-from sinks.kafka import header_struct
+from sinks.kafka import appended_headers, header_struct
 
 # The kinds of the wheel's rows counted in a summary, besides dead letters and tallies.
 _COUNTED_KINDS = ("deliver", "cold", "cancelled", "cancel_unknown")
@@ -37,21 +39,17 @@ def ready_lane(partitions: int) -> F.Column:
 
 def ready_headers() -> F.Column:
     """The message's headers as delivered, then the restore headers the dispatch removes."""
-    restore = F.filter(F.array(
+    return appended_headers(
         header_struct(READY_TOPIC, F.col("topic")),
         header_struct(READY_QID, F.col("partition").cast("string")),
         header_struct(READY_LEVEL, F.col("level").cast("string")),
-        header_struct(READY_FROM, F.concat_ws("-", "ipart", "ioff", "append_ms")),
-    ), lambda h: h["value"].isNotNull())
-    return F.concat(F.coalesce("headers", F.array().cast(
-        "array<struct<key:string,value:binary>>")), restore)
+        header_struct(READY_FROM, F.concat_ws("-", "ipart", "ioff", "append_ms")))
 
 
 def observed_counts() -> list[F.Column]:
     """What a write counts of its batch, as Spark aggregates computed in the write's own job
     (an Observation): the rows of each kind, each dead letter's reason and each tally row (a
-    few per batch). A Python pass over the rows to count them cost the Spark JVM a fifth of
-    its tasks' CPU (JFR, 5,000 msg/s) in moving 1 KB rows to Arrow and back."""
+    few per batch). Counted in the JVM, the rows are never moved to Python and back."""
     kind = F.col("kind")
     return [*(F.count_if(kind == name).alias(name) for name in _COUNTED_KINDS),
             F.collect_list(F.when(kind == "dead", F.coalesce("reason", F.lit("")))).alias("dead"),
@@ -74,9 +72,8 @@ def add_counts(seen: dict, summary: BatchSummary) -> None:
 
 class ReadySink:
     """The wheel batch's one write. Its columns, filter, counts and options are built as JVM
-    objects once, so a batch's write is a dozen Py4J calls: built anew each batch through
-    PySpark's DataFrame API, they took 6.2 ms of the driver's Python CPU a batch (a Py4J
-    call for every column of every list and every option)."""
+    objects once, so a batch's write is a dozen Py4J calls rather than one per column and
+    option through PySpark's DataFrame API."""
     name = "kafka"
 
     def __init__(self, spark, options: dict[str, str], ready_topic: str, partitions: int,
@@ -116,4 +113,4 @@ class ReadySink:
         add_counts(CPickleSerializer().loads(self._to_py_row(seen.getRow())).asDict(), summary)
         now_ms = int(time.time() * 1000)
         return Sent(lambda: batch.filter(self._written)
-                    .withColumn("sent_ms", F.lit(now_ms).cast("long")), batch.sparkSession)
+                    .withColumn("sent_ms", F.lit(now_ms).cast("long")))

@@ -2,11 +2,10 @@
 store (HDFS, S3), and the few small files delayq keeps beside Spark's in a checkpoint.
 
 `path(location)` gives a `pathlib.Path` for a local folder and a `HadoopPath` for a Hadoop
-URI (`hdfs://namenode:8020/delayq`, `s3a://bucket/delayq`). Both answer the same few
-questions (`/`, `name`, `exists`, `is_dir`, `iterdir`, `read_text`, `unlink`), so the
-checkpoint's guards, the cold tier's marker and the offsets view read either the same way.
-A `HadoopPath` goes through the Hadoop client of the running Spark driver: the same file
-system, settings and credentials Spark's own checkpoint uses.
+URI (`hdfs://…`, `s3a://…`). Both answer the same few questions (`/`, `name`, `exists`,
+`is_dir`, `iterdir`, `read_text`, `unlink`), so their callers read either the same way. A
+`HadoopPath` goes through the running Spark driver's Hadoop client: the file system, settings
+and credentials of Spark's own checkpoint.
 """
 from __future__ import annotations
 
@@ -51,9 +50,6 @@ class HadoopPath:
 
     def __str__(self) -> str:
         return self.uri
-
-    def __repr__(self) -> str:
-        return f"HadoopPath({self.uri!r})"
 
     def __eq__(self, other) -> bool:
         return isinstance(other, HadoopPath) and other.uri == self.uri
@@ -100,10 +96,6 @@ class HadoopPath:
             return bytes(stream.readAllBytes()).decode()   # py4j hands a byte[] over as bytes
         finally:
             stream.close()
-
-    def mkdir(self, parents: bool = True, exist_ok: bool = True) -> None:
-        _, _, fs, jpath = self._fs()
-        fs.mkdirs(jpath)
 
     def unlink(self) -> None:
         _, _, fs, jpath = self._fs()

@@ -1,25 +1,19 @@
 """Work-arounds for defects of the pinned PySpark and Python, each with its evidence and exit
-condition.
-
-PySpark 4.1.1, applyInPandasWithState: the JVM pads the hidden state-info column with null
-rows when a group has several data rows; pandas then turns the column's int32 children
-(startOffset, numRows) into float64, and `RecordBatch.slice(0.0, 2.0)` raises
-"TypeError: 'float' object cannot be interpreted as an integer" (reproduced here with pandas
-2.2/2.3 and pyarrow 19-26). We cast them back to int. This module is imported by the wheel,
-which the Python worker unpickles before it reads any data, so the patch is in place in every
-worker. Remove when the pinned PySpark converts the state info itself.
+condition. The wheel imports this module, and a Python worker unpickles the wheel before it reads
+any data, so every worker has the patches; the body runs once per process.
 """
 from __future__ import annotations
 
 _STATE_INFO_FIELDS = ("startOffset", "numRows")
 
 
+# PySpark 4.1.1's applyInPandasWithState pads the state-info column with null rows for a group of
+# several rows, so pandas makes its int32 children floats and `RecordBatch.slice(0.0, 2.0)` raises
+# TypeError: cast them back to int. Remove when the pinned PySpark converts the state info itself.
 def _patch_apply_in_pandas_with_state() -> None:
     try:
         from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer as Ser
     except ImportError:  # no pyspark: pure-Python use of the state package
-        return
-    if getattr(Ser, "_delayq_patched", False):
         return
     import pyarrow.types as pa_types
 
@@ -33,7 +27,6 @@ def _patch_apply_in_pandas_with_state() -> None:
         return series
 
     Ser.arrow_to_pandas = arrow_to_pandas
-    Ser._delayq_patched = True
 
 
 def _ints(info):
@@ -45,19 +38,14 @@ def _ints(info):
 _patch_apply_in_pandas_with_state()
 
 
-# PySpark's worker calls importlib.invalidate_caches() at the start of every task
-# (worker_util.setup_spark_files). On Python 3.10+ that makes every zipimporter on sys.path
-# re-read its archive's directory, and the workers' sys.path holds Spark's own archives
-# (pyspark.zip, the py4j zip, spark-core's jar). py-spy on an idle delayq job showed 96% of
-# worker time there, ~250 ms per task. Those archives never change under a running worker, so
-# their directories are read once; zips shipped with addPyFile are still re-read.
+# PySpark's worker invalidates the import caches every task (worker_util.setup_spark_files), so on
+# Python 3.10+ every zip on sys.path re-reads its directory; Spark's own archives never change under
+# a worker, so they skip it; addPyFile's zips are still re-read. Remove when PySpark stops doing so.
 def _patch_zip_invalidation() -> None:
     import os
     import zipimport
 
     original = zipimport.zipimporter.invalidate_caches
-    if getattr(original, "_delayq_patched", False):
-        return
 
     def invalidate_caches(self):
         name = os.path.basename(getattr(self, "archive", ""))
@@ -66,7 +54,6 @@ def _patch_zip_invalidation() -> None:
             return
         original(self)
 
-    invalidate_caches._delayq_patched = True
     zipimport.zipimporter.invalidate_caches = invalidate_caches
 
 

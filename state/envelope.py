@@ -1,7 +1,6 @@
 """Read one intake record's headers into an Envelope: what to do with it, and why if it is bad.
 
-Pure Python: the rules of DESIGN.md sections 2 and 3, unit-tested without Spark. The Spark
-side (`streaming/source.py`) only maps these functions over Arrow batches.
+Pure Python, unit-tested without Spark; state/parse.py applies these rules to Arrow batches.
 """
 from __future__ import annotations
 
@@ -144,22 +143,16 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
             user.append((name, value))
     if H.HEARTBEAT in control:
         return Envelope(Kind.HEARTBEAT, default_key)
+    uniq = default_key   # a dead letter's too, unless its own UNIQ_KEY is good
     try:
-        uniq = default_key
         if H.UNIQ_KEY in control:
-            uniq = _text(H.UNIQ_KEY, control[H.UNIQ_KEY]).strip()
-            if not uniq:
+            key = _text(H.UNIQ_KEY, control[H.UNIQ_KEY]).strip()
+            if not key:
                 raise BadInput("empty_header", "header UNIQ_KEY is empty")
+            uniq = key
         return _parse_control(control, tuple(user), uniq, append_ms, rules, now_ms)
     except BadInput as bad:
-        uniq_guess = default_key
-        raw = control.get(H.UNIQ_KEY)
-        if raw:
-            try:
-                uniq_guess = raw.decode("utf-8").strip() or default_key
-            except UnicodeDecodeError:
-                pass
-        return Envelope(Kind.DEAD, uniq_guess, reason=bad.reason)
+        return Envelope(Kind.DEAD, uniq, reason=bad.reason)
 
 
 def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], uniq: str,

@@ -2,8 +2,8 @@
 
 Kept apart from the wheel's own imports (pandas, pyarrow, numpy): transformWithStateInPandas
 plans a query by running the stateful processor's `init` in a Python process of its own on
-the driver, which imports what the pickled processor names (state/processor.py). With the
-wheel's imports that was 0.34-0.50 s more of a start's planning on an idle 2-core host.
+the driver, which imports what the pickled processor names (state/processor.py), so the
+wheel's heavy imports would slow every start's planning.
 """
 from __future__ import annotations
 
@@ -31,15 +31,13 @@ class WheelConfig:
     # The Spark watermark trails the newest append time by this much (see streaming/job.py);
     # the wheel adds it back so its own arithmetic is in real time.
     watermark_delay_ms: int
-    # The driver's clock when the query was built (epoch ms; 0 = none). A new query's first
-    # batch has no watermark yet (Spark passes 0): this stands in for it, so messages already
-    # overdue when a job starts on a backlog fire in that batch instead of waiting a batch in
-    # state. It is one value for every group of the batch, and a new query holds no state, so
-    # every group with messages is called in it: due order is kept (see fire_horizon).
     max_delay_ms: int
     dlq_topic: str
     # A state chunk's bound in bytes of messages (state/wheel.py encode).
     chunk_bytes: int
+    # The driver's clock when the query was built (epoch ms; 0 = none): the watermark of a new
+    # query's first batch (Spark passes 0), so a backlog's overdue messages fire in it. One value
+    # for every group, all called in that batch, so due order is kept (see fire_horizon).
     first_watermark_ms: int = 0
 
     def lead_for(self, messages: int, bucket: int) -> int:
@@ -50,10 +48,9 @@ class WheelConfig:
 
 
 # A timer slot is split into this many groups by a hash of the message's UNIQ_KEY, so that no
-# one state value holds a whole burst (500,000 timers due in the same second), and a cancel,
-# which names the UNIQ_KEY, still finds its group. A level's slot is one group: its messages
-# arrive spread over time, and splitting it made the steady benchmark's batches slower (more,
-# smaller groups).
+# one state value holds a whole burst, and a cancel, which names the UNIQ_KEY, still finds its
+# group. A level's slot is one group: its messages arrive spread over time, so more, smaller
+# groups would only slow its batches.
 TIMER_PARTS = 8
 
 

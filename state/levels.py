@@ -58,9 +58,3 @@ def clamp_level(level: int, level_count: int) -> int:
     if level < 0:
         raise ValueError(f"delay level {level} is negative")
     return min(level, level_count)
-
-
-def level_delay_ms(level: int, delays: tuple[int, ...]) -> int:
-    """Delay of a (clamped) level; level 0 is immediate."""
-    clamped = clamp_level(level, len(delays))
-    return 0 if clamped == 0 else delays[clamped - 1]

@@ -30,6 +30,10 @@ _COMMON = (H.REAL_TOPIC, H.UNIQ_KEY, *H.DELAY_HEADERS)
 # A timer's value the batch path reads itself: plain digits, short enough that no sum below
 # leaves int64 (other values, signs and spaces included, take the per-row rules).
 _PLAIN_TIMER = "^[0-9]{1,15}$"
+# The ENVELOPE columns the per-row path copies from an Envelope, by field.
+_ENVELOPE_FIELDS = {"level": "level", "due_ms": "due_ms", "uniq_key": "uniq_key",
+                    "topic": "real_topic", "qid": "real_qid", "reason": "reason",
+                    "cancel_key": "cancel_key", "rolled": "rolled"}
 
 
 def _flat_headers(headers: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
@@ -138,10 +142,9 @@ def _uniq_keys(values: pa.Array, key_at: np.ndarray, keyed: np.ndarray, ipart: n
     """Each row's UNIQ_KEY: its header's value (at `key_at`, for the rows `keyed`), or the
     default from its intake position.
 
-    The value is taken as it is only when it is UTF-8 and `strip()` would not change it: its
-    first and last bytes are printable ASCII other than space (a multi-byte character's first
-    and last bytes are >= 0x80, and every character `strip()` removes starts below 0x21 or
-    at or above 0x80). Any other clears the row's `good`: the per-row rules judge it."""
+    A value is taken only when it is UTF-8 and its first and last bytes are printable ASCII
+    other than space, so `strip()` would not change it (every character it removes starts below
+    0x21 or at 0x80 and above); any other clears the row's `good` for the per-row rules."""
     uniq = np.empty(len(keyed), dtype=object)
     if keyed.any():
         raw = values.take(key_at)
@@ -205,14 +208,8 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
             kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
             env.cancel_key if kind == Kind.CANCEL else env.uniq_key)
         cols["kind"][i] = kind.value
-        cols["level"][i] = env.level
-        cols["due_ms"][i] = env.due_ms
-        cols["uniq_key"][i] = env.uniq_key
-        cols["topic"][i] = env.real_topic
-        cols["qid"][i] = env.real_qid
-        cols["reason"][i] = env.reason
-        cols["cancel_key"][i] = env.cancel_key
-        cols["rolled"][i] = env.rolled
+        for column, attr in _ENVELOPE_FIELDS.items():
+            cols[column][i] = getattr(env, attr)
         dead[i] = env.kind == Kind.DEAD
     return dead
 
@@ -221,12 +218,11 @@ def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, append: np.ndarr
                  rules: Rules, direct_max_delay_ms: int, spread: int, now_ms: int) -> None:
     """Kind.DIRECT for every good level message (not a timer, not rolled from the cold tier)
     whose level's delay is at most `direct_max_delay_ms`, immediate ones included: the dispatch
-    tasks parse the records sinks/direct.py `is_direct` gives them with it, and hold these.
+    tasks hold these themselves (sinks/direct.py).
 
-    Their due time is the row's too, append time plus delay: the dispatch reads a message
-    milliseconds after its append, so a host clock a little behind the broker's would make
-    correctDeliverTimestamp's "deliver now" an early delivery. Only a clock behind by more than
-    `clock_tolerance_ms` (it moved) delivers at once, as the rule says."""
+    Their due time is append time plus delay, uncorrected: read milliseconds after its append,
+    a message would be delivered early by a host clock a little behind the broker's. Only a
+    clock behind by more than `clock_tolerance_ms` (it moved) delivers at once."""
     kind = cols["kind"]
     candidate = np.isin(kind, (Kind.NOW.value, Kind.DELAY.value)) & ~cols["rolled"].astype(bool)
     level = np.full(len(kind), -1, dtype=np.int64)
@@ -248,18 +244,16 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
                 direct_max_delay_ms: int = -1) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns.
 
-    A level message due before `overdue_before_ms` (the moment the checkpoint's query first
-    started) is overdue on arrival: it goes out with the immediate messages, spread over the
-    pass-through groups, instead of into its level's wheel group. Since that held from the
-    checkpoint's first batch, no such message is ever in the state, so a level still leaves in
-    due order: the ones due before that moment in intake order (for a level, due order),
-    every held one after them. A job started on a backlog then sends it as it reads it.
-    Timers (a cancel names their group) and messages rolled in from the cold tier keep to
-    the wheel.
+    A level message due before `overdue_before_ms` (when the checkpoint's query first started)
+    goes out with the immediate messages, so a job started on a backlog sends it as it reads it.
+    Since that held from the checkpoint's first batch, no such message is ever in the state, and
+    a level still leaves in due order: its overdue messages in intake order (their due order),
+    then the held ones. Timers (a cancel names their group) and messages rolled in from the
+    cold tier keep to the wheel.
 
-    The common rows are parsed for the whole batch at once (`_common`); with `common=False`
-    every row takes the per-row rules (the tests compare the two). With `direct_max_delay_ms`
-    at 0 or more, the short levels' messages are Kind.DIRECT (`_mark_direct`)."""
+    `common=False` sends every row through the per-row rules, not `_common`'s whole-batch path
+    (the tests compare both); `direct_max_delay_ms` >= 0 marks the short levels' messages
+    Kind.DIRECT (`_mark_direct`)."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
     row_of = np.repeat(np.arange(n), counts)
@@ -312,14 +306,13 @@ def _user_headers(keep: np.ndarray, row_of: np.ndarray, n: int, names: pa.Array,
             pa.ListArray.from_arrays(offsets, values.filter(mask)))
 
 
-def make_parser(rules: Rules, slot_ms: int, spread: int,
-                clock: Callable[[], float] = time.time, overdue_before_ms: int = 0):
+def make_parser(rules: Rules, slot_ms: int, spread: int, overdue_before_ms: int = 0):
     """The function handed to mapInArrow."""
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
         for batch in batches:
-            yield parse_batch(batch, rules, slot_ms, spread, int(clock() * 1000),
+            yield parse_batch(batch, rules, slot_ms, spread, int(time.time() * 1000),
                               overdue_before_ms)
 
     return parse_batches

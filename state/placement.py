@@ -7,13 +7,11 @@ cannot change that rule without breaking every checkpoint's state, so it is comp
 `tests/integration/test_placement.py` checks it against Spark's own placement.
 
 Pass-through groups keep no state, so their slot numbers are free: `spread_slots` picks one per
-partition, so the immediate messages spread over every partition. Spreading them by `ioff % n`
-did not: for two partitions, slots 0 and 1 of the immediate bucket both hash to partition 1,
-and the stateful stage of a drain ran in one task while the other core waited.
+partition, so the immediate messages spread over every partition (by `ioff % n` they would
+not: for two partitions, slots 0 and 1 of the immediate bucket both hash to partition 1).
 
-A timer slot's groups are placed the same way (`balanced_slot`): its TIMER_PARTS groups hashed
-as they come fell 2/6 or 3/5 on two partitions in ten of fourteen bursts measured, and the
-burst's releasing batch waited for the task that held three quarters of it.
+A timer slot's groups are placed the same way (`balanced_slot`), so they take the partitions
+in turn instead of as the hash falls, and no one task holds most of a burst.
 """
 from __future__ import annotations
 

@@ -3,11 +3,9 @@
 a group's state kept as a list of chunks instead of one value.
 
 Why: applyInPandasWithState hands a group's whole state to Python and back on every batch that
-adds to it, and scans every group's state for expired timeouts each batch; a burst of timers
-read over several batches moved each 90 MB group through the JVM and Python once per batch.
-Here a batch that only adds to a group appends its chunks as list elements, the count and
-earliest due time live in a small value of their own, and the timers are an index Spark reads
-by time.
+adds to it, and scans every group's state for expired timeouts each batch. Here a batch that
+only adds to a group appends its chunks as list elements, the count and earliest due time live
+in a small value of their own, and the timers are an index Spark reads by time.
 
 A group's state: `chunks`, a list state of Arrow IPC chunks (state/wheel.py encode), and
 `meta`, a value state (count, earliest due ms, timer ms). The timer is the group's one
@@ -106,6 +104,3 @@ class WheelProcessor(StatefulProcessor):
         held = ListHeld(self._handle, self._chunks, self._meta, timerValues,
                         expired_ms=expiredTimerInfo.getExpiryTimeInMs())
         yield from turn(int(key[0]), None, held, self._config, int(self._clock() * 1000))
-
-    def close(self) -> None:
-        pass

@@ -24,15 +24,9 @@ def fire_horizon(watermark_ms: int, lead_ms: int) -> int:
     """Messages due at or before this are released to the dispatch in this batch.
 
     The watermark trails the real clock by a batch or two; firing `lead_ms` ahead lets a
-    message reach its dispatch task before it is due, so the batch, not the timer, sets lateness.
-
-    One horizon for every group keeps a level in due order: a group is called when its timer
-    (earliest - lead) is under the watermark, so a batch releases exactly the messages due up
-    to the horizon. Releasing the overdue by the clock in groups that happen to be called (new
-    messages for them) sent a catch-up after downtime out of due order
-    (tests/faults/test_outages.py), since other groups holding earlier messages wait for the
-    watermark.
-    """
+    message reach its dispatch task before it is due. One horizon for every group, not the
+    clock, keeps a level in due order: a group is called when its timer (earliest - lead) is
+    under the watermark, so a batch releases exactly the messages due up to the horizon."""
     return watermark_ms + lead_ms
 
 

@@ -36,12 +36,10 @@ _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKE
 
 def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
              slot_ms: int, spread: int, uniq_key: str = "") -> tuple[int, int]:
-    """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A wheel
-    group is the due slot times its bucket's parts plus the part of `uniq_key` (for a cancel,
-    the UNIQ_KEY it cancels); a level's slot number is its group. A timer's is the group's
-    `balanced_slot`, so a slot's parts take the `spread` state partitions in turn. Pass-through rows
-    go, by intake offset, to one of `spread` groups that Spark runs on `spread` different state
-    partitions (`spread` is the shuffle partitions; state/placement.py).
+    """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A level's
+    slot number is its due slot; a timer's is `timer_slots`' (for a cancel, by the UNIQ_KEY it
+    cancels). Pass-through rows go, by intake offset, to one of `spread` groups that Spark runs
+    on `spread` different state partitions (`spread`: the shuffle partitions; state/placement.py).
 
     Heartbeats travel with immediate messages and are dropped in the wheel: a filter before
     the stateful operator would be pushed below withWatermark by the optimizer, and the
@@ -57,8 +55,8 @@ def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
 
 def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int) -> np.ndarray:
     """The slot numbers of timers' wheel groups: a due slot's TIMER_PARTS parts by UNIQ_KEY,
-    each numbered by `balanced_slot`. The one
-    rule for both of the parse's paths (`group_of` calls it for one timer)."""
+    each numbered by `balanced_slot` so a slot's parts take the state partitions in turn. The
+    one rule for both of the parse's paths (`group_of` calls it for one timer)."""
     groups = (due_ms // slot_ms) * TIMER_PARTS + np.fromiter(
         (part_of(k, TIMER_PARTS) for k in uniq_keys), np.int64, len(uniq_keys))
     distinct, back = np.unique(groups, return_inverse=True)
@@ -75,11 +73,9 @@ def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
 
 
 # A group's state text is one or more chunks, each the base64 of an Arrow IPC stream, joined
-# by CHUNK_SEP (not a base64 character). A batch that only adds messages to a group that does
-# not fire appends chunks of its own rows instead of decoding and encoding the whole group
-# again: a burst of timers read over several batches had each of them rewrite every group it
-# had filled so far. A group that fires, or takes a cancel or a rolled message, is read whole
-# and written back. (State format 3 was always one chunk.)
+# by CHUNK_SEP (not a base64 character), so a batch that only adds messages to a group that does
+# not fire appends chunks of its own instead of rewriting the whole group. A group that fires,
+# or takes a cancel or a rolled message, is read whole and written back.
 CHUNK_SEP = "."
 
 
@@ -87,8 +83,7 @@ def encode(pending: pa.Table, chunk_bytes: int) -> list[str]:
     """Pending messages as chunks of the state, each the base64 of an Arrow IPC stream of
     about `chunk_bytes` of messages at most. Spark moves a state value whole through an
     executor's heap (pickled, into the JVM and out), so the chunk bounds what one value costs
-    there, whatever the size of a group: a burst's groups of 62,500 messages of 1 KB, kept as
-    one chunk per batch, ran executors of 768 MB out of heap."""
+    there, whatever the size of a group."""
     count = max(1, -(-pending.nbytes // chunk_bytes))
     step = max(1, -(-pending.num_rows // count))
     chunks = []
@@ -106,19 +101,17 @@ def decode(blob: str) -> pa.Table:
 
 
 def decode_chunks(chunks: list[str]) -> pa.Table:
-    """Pending messages from their chunks (each `encode`d), in the order given. (pybase64's
-    SIMD codec: the standard library's decoded about 160 MB/s, 0.6 s of a burst's releasing
-    task for each group of 62,500 messages on the 2-core host.)"""
+    """Pending messages from their chunks (each `encode`d), in the order given (pybase64's SIMD
+    codec: decoding is on the path of every group that fires)."""
     tables = [pa.ipc.open_stream(pa.py_buffer(pybase64.b64decode(chunk, validate=True))).read_all()
               for chunk in chunks]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 def _rows(n: int, **columns) -> pd.DataFrame:
-    """A WHEEL_OUT frame of n rows; unnamed columns are null. (A scalar None given to pandas
-    becomes NaN, which Spark cannot convert to a list or string column, so nulls are object
-    arrays of None: `np.empty` of object dtype is one, made without a Python loop, where
-    `pd.Series([None] * n)` walked a list per column: 13 ms for 10,000 deliveries, now 4.6.)"""
+    """A WHEEL_OUT frame of n rows; unnamed columns are null: object arrays of None (`np.empty`,
+    no Python loop), since pandas turns a scalar None into NaN, which Spark cannot convert to a
+    list or string column."""
     return pd.DataFrame({
         name: (np.empty(n, dtype=object) if name not in columns
                else columns[name].values if isinstance(columns[name], pd.Series)
@@ -173,12 +166,11 @@ def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
 def _append(rows: pd.DataFrame, held: "Held", bucket: int, config: WheelConfig, now_ms: int):
     """New messages for a held group none of whose messages fires in this batch, and no
     cancel or rolled message among them: the ones due already leave, the others are appended
-    to the group's state as a chunk of their own, its stream left as it is. Yields the output
-    frames; returns False, having yielded nothing, when the group must be read whole.
+    to the group's state as chunks of their own. Yields the output frames; returns False,
+    having yielded nothing, when the group must be read whole.
 
     Only rolled messages are checked against the held ones (a roll retried after a crash): a
-    producer's own resend of a held message is appended and delivered twice, with the same
-    UNIQ_KEY, as it already was when the resend reached another group or batch."""
+    producer's resend of a held message is delivered twice, as it is in another group or batch."""
     if (rows["kind"] == Kind.CANCEL).any():
         return False
     new = rows[rows["kind"] == Kind.DELAY]

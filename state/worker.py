@@ -2,9 +2,8 @@
 
 PySpark reuses a worker process for task after task and runs a full `gc.collect()` after each
 (`pyspark/daemon.py`, when SPARK_REUSE_WORKER is set). A full collection walks every object
-the process tracks; with pandas, pyarrow, numpy and PySpark imported that is about 76,000
-objects, 37 ms, so every task of the job cost about 40 ms of a core however few its rows
-(measured on the 2-core host).
+the process tracks, pandas', pyarrow's, numpy's and PySpark's included, so every task cost a
+core that long however few its rows.
 
 `settle()`, called by each function the job hands to a worker (the parse and the
 wheel), collects once and then freezes what the worker holds at its first task (`gc.freeze`):

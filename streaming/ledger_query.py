@@ -115,7 +115,7 @@ class LedgerWriter:
             rows.write.format("noop").mode("append").save()
         else:
             self._append(rows, batch_id, now_ms)
-        summary = self._summary(batch_id, now_ms, self._counts.value)
+        summary = self._summary(batch_id, self._counts.value)
         if summary.count("dead") and self.settings.ledger:
             self._dead_letters(batch.mapInArrow(decoding(), self._schema), batch_id)
         if self.metrics is not None:
@@ -136,8 +136,8 @@ class LedgerWriter:
             str(self.settings.ledger_path), self._app_id, batch_id, ("sent_date",))
 
     @staticmethod
-    def _summary(batch_id: int, now_ms: int, counted: list[dict]) -> BatchSummary:
-        summary = BatchSummary(batch_id, now_ms)
+    def _summary(batch_id: int, counted: list[dict]) -> BatchSummary:
+        summary = BatchSummary(batch_id)
         delivered = [row for row in counted if row["status"] == "delivered"]
         for row in delivered:
             summary.add("deliver", row["level"], None, row["count_all"])

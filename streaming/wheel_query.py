@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from conf.settings import Settings
-from sinks.base import BatchSink, BatchSummary
+from sinks.base import BatchSummary
 from sinks.direct import WHEEL_HEADERS, direct_values
 from sinks.kafka import header_struct
 from sinks.ready import ReadySink
@@ -32,6 +32,7 @@ from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OU
 
 if TYPE_CHECKING:
     from sinks.cold import ColdTier
+    from sinks.ledger import DeadLetterTable
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class BatchWriter:
     Spark job, then handed to the cold tier and every other sink."""
 
     kafka: ReadySink
-    sinks: list[BatchSink] = field(default_factory=list)
+    sinks: list[DeadLetterTable] = field(default_factory=list)
     on_batch: Callable[[BatchSummary], None] | None = None
     cold: "ColdTier | None" = None
     first: tuple[float, dict] | None = None   # the first call's start and step timings
@@ -179,7 +180,7 @@ class BatchWriter:
             timings[step] = round(now - clock, 3)
             clock = now
         try:
-            summary = BatchSummary(batch_id, int(time.time() * 1000), timings=timings)
+            summary = BatchSummary(batch_id, timings=timings)
             # The batch's one Spark job: it computes the batch, writes what fired and counts
             # every row for the sinks and the metrics (sinks/ready.py).
             sent = self.kafka.write_batch(batch, summary)

@@ -4,7 +4,6 @@ from state.errors import DelayLevelError
 from state.levels import (
     clamp_level,
     format_duration,
-    level_delay_ms,
     parse_duration,
     parse_levels,
 )
@@ -59,6 +58,4 @@ def test_clamping_bounds():
 
 def test_level_delay():
     delays = parse_levels("1s 2s 3s")
-    assert level_delay_ms(0, delays) == 0
-    assert level_delay_ms(2, delays) == 2_000
-    assert level_delay_ms(99, delays) == 3_000
+    assert [(0, *delays)[clamp_level(level, len(delays))] for level in (0, 2, 99)] == [0, 2_000, 3_000]

@@ -19,7 +19,7 @@ def test_a_dead_letter_is_counted_by_the_label_its_reason_begins_with(reason, la
 
 def test_summary_counts_by_kind_level_and_reason():
     s = BatchSummary(7)
-    assert s.empty
+    assert not s.by_kind and not s.received_by_level
     s.add("deliver", 2, None, 5)
     s.add("deliver", 2, None, 1)
     s.add("dead", 0, "missing_real_topic: header REAL_TOPIC is missing", 3)
