@@ -67,6 +67,7 @@ class _Task:
         self._gathered_since = 0.0
         self._sender = [(SENDER, sender())]
         self.held: dict[int, int] = {}   # rows read and not yet in the ledger, by level
+        self._refused: set[tuple] = set()   # (source, offset) of rows whose dead letter was refused
         self._alone: set[tuple] = set()   # (source, offset) of rows sent again alone after "too large"
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -278,10 +279,14 @@ class _Task:
 
     def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
         if err is not None:   # the commit point stays below the row until it is taken
-            log.warning("dispatch %d: the dead-letter topic %s refused %s (%s); retrying",
-                        self.partition, self.config.dlq_topic, row.uniq_key, err)
+            if (row.source, row.offset) not in self._refused:   # said once, not at every retry
+                self._refused.add((row.source, row.offset))
+                log.warning("dispatch %d: the dead-letter topic %s refused %s (%s); retrying "
+                            "until it takes it", self.partition, self.config.dlq_topic,
+                            row.uniq_key, err)
             self._later(lambda: self._dead_letter(row, reason))
             return
+        self._refused.discard((row.source, row.offset))
         self.dead += 1
         self._acked(row, sent_ms, reason)
 

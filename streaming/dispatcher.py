@@ -34,6 +34,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
     consumer = {"bootstrap.servers": settings.bootstrap, **security,
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
                 "enable.partition.eof": False,
+                # fetch.wait.max.ms stays at 500 ms: a fetch returns once a record comes, and
+                # shorter waits made idle tasks cost the broker a fifth of a core.
                 # Spark's Kafka source's default: the wheel and the dispatch tasks see the same
                 # intake records.
                 "isolation.level": "read_uncommitted"}

@@ -19,10 +19,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streaming.tools.process import children
-
 DRIVER_FILE = "deploy/spark/main.py"
 PR_SET_PDEATHSIG = 1
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for child in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+        try:
+            with open(f"/proc/{child}/stat") as stat_file:
+                stat = stat_file.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid …: comm may hold spaces and parentheses.
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            found.append(child)
+    return found
 
 
 def _die_with_parent() -> None:

@@ -8,6 +8,8 @@ import socket
 import time
 from pathlib import Path
 
+from streaming.supervise import children  # noqa: F401  (the tests and tools take it from here)
+
 
 def pid_alive(pid: int) -> bool:
     try:
@@ -99,21 +101,6 @@ def session_pids(sid: int) -> list[int]:
         except OSError:
             pass
     return pids
-
-
-def children(pid: int) -> list[int]:
-    """The live processes whose parent is `pid` (Linux /proc)."""
-    found = []
-    for child in _live_pids():
-        try:
-            with open(f"/proc/{child}/stat") as stat_file:
-                stat = stat_file.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid …: comm may hold spaces and parentheses.
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            found.append(child)
-    return found
 
 
 def kill_session(proc, timeout_s: float = 30) -> None:

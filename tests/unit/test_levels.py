@@ -55,7 +55,3 @@ def test_clamping_bounds():
     with pytest.raises(ValueError):
         clamp_level(-1, 18)
 
-
-def test_level_delay():
-    delays = parse_levels("1s 2s 3s")
-    assert [(0, *delays)[clamp_level(level, len(delays))] for level in (0, 2, 99)] == [0, 2_000, 3_000]

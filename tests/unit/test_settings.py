@@ -72,3 +72,15 @@ def test_the_short_levels_split_must_stay_within_the_near_horizon():
         load_settings(near_horizon="10s", dispatch_direct_max_delay_ms=12000)
     assert load_settings(near_horizon="12s", dispatch_direct_max_delay_ms=12000)
     assert load_settings(near_horizon="10s", dispatch_direct_max_delay_ms=-1)
+
+
+@pytest.mark.parametrize("setting, bad, good", [
+    ("slot_ms", 0, 1), ("heartbeat_ms", -5, 1), ("job_restarts", -1, 0),
+    ("fire_lead_ms", -1, 0), ("spark_ui_port", -1, 0), ("spark_ui_port", 65536, 65535),
+    ("ledger_interval", "0s", "1s"), ("produce_timeout", "30", "30s"),
+    ("executor_slots_wait", "2 minutes", "2m"),
+])
+def test_each_setting_s_range_is_checked_naming_it(setting, bad, good):
+    with pytest.raises(ConfigError, match=setting):
+        load_settings(**{setting: bad})
+    assert getattr(load_settings(**{setting: good}), setting) == good
