@@ -233,6 +233,40 @@ def test_a_dead_letter_the_broker_refuses_is_retried_until_taken_and_never_commi
     assert result == [{"partition": 0, "sent": 5, "dead": 1, "skipped": 0}]
 
 
+def test_ledger_records_the_broker_refuses_are_each_sent_again_until_taken(
+        dispatch, kafka_bootstrap, new_topic, admin):
+    """The ledger topic refuses the task's ledger records (max.message.bytes below their size;
+    its small probes pass): the messages are delivered, the commit point stays below them, and
+    once the topic takes records again each refused record arrives, so every row is in the
+    ledger once and the commit point moves past them all."""
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    config, write = dispatch
+    config.ledger_topic = new_topic(max_message_bytes="400", **LOG_APPEND)
+    config.ledger_batch = 2   # six rows: three ledger records sent together
+    now = int(time.time() * 1000)
+    write([{"uniq": f"r{i}", "due": now} for i in range(6)])
+    thread, result = in_thread(config)
+    assert len(consume_all(kafka_bootstrap, config.real, expected=6, timeout_s=60)) == 6
+    time.sleep(2.0)           # several retries and commits (every 0.2 s)
+    reader = Consumer(config.consumer)
+    [got] = reader.committed([TopicPartition(config.ready_topic, 0)], timeout=10)
+    assert got.offset <= 0, "committed past rows the ledger does not have"
+    admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, config.ledger_topic, configs={
+        "max.message.bytes": "1048588", "message.timestamp.type": "LogAppendTime"})])
+    rows = ledger_of(kafka_bootstrap, config.ledger_topic, 6)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and got.offset < 6:
+        time.sleep(0.2)
+        [got] = reader.committed([TopicPartition(config.ready_topic, 0)], timeout=10)
+    reader.close()
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert sorted(row["uniq_key"] for row in rows) == [f"r{i}" for i in range(6)]
+    assert got.offset >= 6
+    assert result == [{"partition": 0, "sent": 6, "dead": 0, "skipped": 0}]
+
+
 def test_a_wheel_batch_fired_again_after_a_restart_is_sent_once(dispatch, kafka_bootstrap):
     """After a crash the wheel fires its last batch again: copies of rows that are still in the
     ready partition, not yet due, above the commit point. The restarted task reads both the
