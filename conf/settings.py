@@ -101,7 +101,6 @@ class Settings(BaseSettings):
     dispatch_intake_refresh_ms: PositiveInt
     dispatch_replay_window: Duration
     dispatch_direct_max_delay_ms: int
-    wheel_operator: Literal["applyInPandasWithState", "transformWithState"]
     wheel_chunk_kb: PositiveInt
     fire_lead_per_message_us: NonNegativeInt
     heartbeat_ms: PositiveInt

@@ -82,11 +82,6 @@ WHEEL_OUT = pa.schema([
                   else [OUTPUT.field(name)])
 ])
 
-# The wheel group's state: the pending messages as one Arrow IPC stream, so the state row
-# stays close to the payload size and Spark never deserialises messages it only scans. The
-# stream is kept as base64 text, not binary: Spark hands a group's state to Python through
-# Pyrolite's pickler, which copies a binary value byte by byte through a Java String but writes
-# ASCII text in one copy.
-STATE = pa.schema([("blob", pa.string()), ("count", pa.int32()), ("earliest_ms", pa.int64())])
-# Bumped whenever STATE or PENDING change: a checkpoint holding another format is refused.
+# Bumped whenever the wheel's state (state/processor.py) or PENDING change: a checkpoint
+# holding another format is refused.
 STATE_FORMAT = 4

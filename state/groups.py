@@ -64,8 +64,8 @@ def part_of(uniq_key: str, parts: int) -> int:
 
 
 class Held:
-    """A wheel group's state as the wheel sees it, whichever Spark operator keeps it: whether
-    it holds messages, their count and earliest due time, their chunks, the watermark, and
+    """A wheel group's state as the wheel sees it (state/processor.py keeps it): whether it
+    holds messages, their count and earliest due time, their chunks, the watermark, and
     `keep` (new chunks appended or all replaced, count, earliest, timer) or `remove`."""
 
     exists: bool

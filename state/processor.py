@@ -1,11 +1,14 @@
-"""The wheel under Spark 4's transformWithStateInPandas (setting `wheel_operator =
-"transformWithState"`): the same groups and the same turn of the wheel (state/wheel.py), with
-a group's state kept as a list of chunks instead of one value.
+"""The wheel's state under Spark 4's transformWithStateInPandas: the turn of the wheel
+(state/wheel.py) with a group's state kept as a list of chunks.
 
-Why: applyInPandasWithState hands a group's whole state to Python and back on every batch that
-adds to it, and scans every group's state for expired timeouts each batch. Here a batch that
-only adds to a group appends its chunks as list elements, the count and earliest due time live
-in a small value of their own, and the timers are an index Spark reads by time.
+Why this operator: applyInPandasWithState hands a group's whole state to Python and back on
+every batch that adds to it, and scans every group's state for expired timeouts each batch.
+Here a batch that only adds to a group appends its chunks as list elements, the count and
+earliest due time live in a small value of their own, and the timers are an index Spark reads
+by time. On the local standalone cluster, 500,000 timers due together were delivered with p99
+30 s (250,180 within 10 s) against 67 s (none within 10 s) with applyInPandasWithState, whose
+executors ran out of heap unless the burst was split into 64 groups (`delayq bench --scenarios
+cluster`, the same hour).
 
 A group's state: `chunks`, a list state of Arrow IPC chunks (state/wheel.py encode), and
 `meta`, a value state (count, earliest due ms, timer ms). The timer is the group's one

@@ -1,9 +1,9 @@
-"""The wheel: the turn that holds delayed messages (`turn`), run by either stateful operator
-(`make_wheel` for applyInPandasWithState, state/processor.py for transformWithStateInPandas).
+"""The wheel: the turn that holds delayed messages (`turn`), run by transformWithStateInPandas
+(state/processor.py keeps a group's state).
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
 slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is its
-pending messages as Arrow IPC streams (base64 text, see CHUNK_SEP); its event-time timer is
+pending messages as Arrow IPC streams (base64 text, see `encode`); its event-time timer is
 set `lead_ms` before the earliest of them. On a call it releases every message due before
 the fire horizon (watermark + lead) to the ready topic, whose dispatch tasks send each one at its
 due time.
@@ -11,8 +11,7 @@ Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
 """
 from __future__ import annotations
 
-import time
-from typing import Callable, Generator, Iterator
+from typing import Generator, Iterator
 
 import numpy as np
 import pandas as pd
@@ -27,7 +26,6 @@ from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  #
                           TIMER_PARTS, Held, WheelConfig, part_of, parts_of)
 from state.placement import balanced_slot, spread_slots
 from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
-from state.worker import settle
 
 # The pass-through bucket of each kind that keeps no state in the wheel.
 _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKET_NOW,
@@ -72,18 +70,13 @@ def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
     return spark_watermark_ms + config.watermark_delay_ms
 
 
-# A group's state text is one or more chunks, each the base64 of an Arrow IPC stream, joined
-# by CHUNK_SEP (not a base64 character), so a batch that only adds messages to a group that does
-# not fire appends chunks of its own instead of rewriting the whole group. A group that fires,
-# or takes a cancel or a rolled message, is read whole and written back.
-CHUNK_SEP = "."
-
-
 def encode(pending: pa.Table, chunk_bytes: int) -> list[str]:
     """Pending messages as chunks of the state, each the base64 of an Arrow IPC stream of
     about `chunk_bytes` of messages at most. Spark moves a state value whole through an
     executor's heap (pickled, into the JVM and out), so the chunk bounds what one value costs
-    there, whatever the size of a group."""
+    there, whatever the size of a group. A batch that only adds messages to a group that does
+    not fire appends chunks of its own; a group that fires, or takes a cancel or a rolled
+    message, is read whole and written back."""
     count = max(1, -(-pending.nbytes // chunk_bytes))
     step = max(1, -(-pending.num_rows // count))
     chunks = []
@@ -93,11 +86,6 @@ def encode(pending: pa.Table, chunk_bytes: int) -> list[str]:
             writer.write_table(pending.slice(start, step))
         chunks.append(pybase64.b64encode_as_string(sink.getvalue()))
     return chunks
-
-
-def decode(blob: str) -> pa.Table:
-    """A group's pending messages, every chunk of its state's text, in the order written."""
-    return decode_chunks(blob.split(CHUNK_SEP))
 
 
 def decode_chunks(chunks: list[str]) -> pa.Table:
@@ -202,35 +190,6 @@ def _timer(earliest: int, count: int, bucket: int, watermark: int, config: Wheel
     """The group's event-time timer: its lead before the earliest due time, in Spark's
     watermark units (real time minus the delay Spark subtracts)."""
     return timer_for(earliest, config.lead_for(count, bucket), watermark) - config.watermark_delay_ms
-
-
-class GroupHeld(Held):
-    """applyInPandasWithState's GroupState: one row (chunks joined by CHUNK_SEP, count,
-    earliest), read and written whole, and its one event-time timeout."""
-
-    def __init__(self, state):
-        self._state = state
-        self.exists = state.exists
-
-    def meta(self) -> tuple[int, int]:
-        _, count, earliest = self._state.get
-        return int(count), int(earliest)
-
-    def chunks(self) -> list[str]:
-        return self._state.get[0].split(CHUNK_SEP)
-
-    def watermark_ms(self) -> int:
-        return self._state.getCurrentWatermarkMs()
-
-    def keep(self, count, earliest, timer_ms, chunks, append) -> None:
-        if chunks:
-            text = CHUNK_SEP.join(chunks)
-            self._state.update(((self._state.get[0] + CHUNK_SEP + text) if append else text,
-                                count, earliest))
-        self._state.setTimeoutTimestamp(timer_ms)
-
-    def remove(self) -> None:
-        self._state.remove()
 
 
 def _pass_through(bucket: int, rows: pd.DataFrame, config: WheelConfig,
@@ -350,14 +309,3 @@ def incoming(frames: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
     """A group's new rows of this batch as one frame, or None."""
     frames = [frame for frame in frames if len(frame)]
     return pd.concat(frames, ignore_index=True) if frames else None
-
-
-def make_wheel(config: WheelConfig, clock: Callable[[], float] = time.time):
-    """The function handed to applyInPandasWithState, closed over its configuration."""
-
-    def wheel(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
-        settle()
-        rows = incoming(frames)
-        yield from turn(int(key[0]), rows, GroupHeld(state), config, int(clock() * 1000))
-
-    return wheel

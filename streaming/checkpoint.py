@@ -153,7 +153,7 @@ def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> Non
     """The stamp, with `started_ms` (see that function)."""
     store.write_atomic(store.path(checkpoint) / STAMP, json.dumps(
         {"settings": fingerprint(settings), "state_format": STATE_FORMAT,
-         "wheel_operator": settings.wheel_operator, "started_ms": started_ms},
+         "started_ms": started_ms},
         indent=1) + "\n")
 
 
@@ -167,26 +167,6 @@ def _stamp(path: Path | HadoopPath, read=lambda stamp: stamp):
         return read(json.loads(stamp_file.read_text()))
     except (OSError, ValueError, TypeError) as exc:
         raise CheckpointError(f"checkpoint {path} is unreadable: {stamp_file}: {exc}") from None
-
-
-def wheel_operator_of(checkpoint: str, default: str) -> str:
-    """The Spark operator that keeps the checkpoint's wheel state, from its stamp; `default`
-    where there is no stamp."""
-    stamp = _stamp(store.path(checkpoint))
-    return default if stamp is None else stamp.get("wheel_operator", default)
-
-
-def operator_for(settings: Settings, checkpoint: str, verdict: str) -> str:
-    """The checkpoint's own operator when resuming (Spark cannot read one operator's state
-    with the other), the setting for a new checkpoint."""
-    if verdict != "resume":
-        return settings.wheel_operator
-    # A stamp written before the setting existed names no operator: there was one then.
-    was = wheel_operator_of(checkpoint, "applyInPandasWithState")
-    if was != settings.wheel_operator:
-        log.warning("checkpoint %s keeps the wheel's state with %s; wheel_operator = %r applies "
-                    "to new checkpoints only", checkpoint, was, settings.wheel_operator)
-    return was
 
 
 def direct_was_on(checkpoint: str, verdict: str) -> bool:

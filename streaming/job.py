@@ -131,7 +131,7 @@ class DelayJob:
         return self.query
 
     def _check_checkpoint(self) -> tuple[int, int]:
-        """The checkpoint's guards (streaming/checkpoint.py), its operator and its stamp. Returns
+        """The checkpoint's guards (streaming/checkpoint.py) and its stamp. Returns
         (started_ms, now_ms): the moment before which level messages pass through for good (on
         a fresh checkpoint, this run's start), and the stand-in for a new query's first
         watermark."""
@@ -142,9 +142,6 @@ class DelayJob:
         now_ms = int(time.time() * 1000)
         started_ms = ckpt.started_ms(self.checkpoint, verdict, now_ms)
         self._direct_was_on = ckpt.direct_was_on(self.checkpoint, verdict)
-        operator = ckpt.operator_for(self.settings, self.checkpoint, verdict)
-        if operator != self.settings.wheel_operator:
-            self.settings = self.settings.model_copy(update={"wheel_operator": operator})
         ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
         return started_ms, now_ms
 
@@ -270,8 +267,7 @@ class DelayJob:
                 time.sleep(0.2)
             t0 = time.monotonic()
             try:
-                self.metrics.add_pending(pending_by_level(self.spark, self.checkpoint, batch_id,
-                                                               self.settings.wheel_operator))
+                self.metrics.add_pending(pending_by_level(self.spark, self.checkpoint, batch_id))
             except Exception as e:  # a gauge, never a reason to stop delivering
                 log.warning("could not read the pending messages of batch %d from the state: %s",
                             batch_id, e)

@@ -18,7 +18,7 @@ from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
 from sinks import store
 from sinks.store import HadoopPath
-from state.wheel import decode
+from state.wheel import decode_chunks
 from streaming.wheel_query import wheel_state
 
 
@@ -95,7 +95,7 @@ def _pending(spark: SparkSession, uniq_key: str,
     for row in wheel_state(spark, str(checkpoint), "chunk").toLocalIterator():
         if row["chunk"] is None:
             continue
-        table = decode(row["chunk"])
+        table = decode_chunks([row["chunk"]])
         keys = table.column("uniq_key").to_pylist()
         if uniq_key in keys:
             return _pending_at(SimpleNamespace(**table.slice(keys.index(uniq_key), 1).to_pylist()[0]))

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from state.columns import ENVELOPE, OUTPUT, STATE, WHEEL_OUT
+from state.columns import ENVELOPE, OUTPUT, WHEEL_OUT
 
 ENVELOPE_SPARK = from_arrow_schema(ENVELOPE)
 OUTPUT_SPARK = from_arrow_schema(OUTPUT)
-STATE_SPARK = from_arrow_schema(STATE)
 WHEEL_OUT_SPARK = from_arrow_schema(WHEEL_OUT)

@@ -1,12 +1,11 @@
-"""The wheel query: intake → parse → wheel (applyInPandasWithState, or transformWithStateInPandas
-when `wheel_operator` says so) → the ready topic, written by `BatchWriter` once per batch;
+"""The wheel query: intake → parse → wheel (transformWithStateInPandas, state/processor.py) →
+the ready topic, written by `BatchWriter` once per batch;
 and the reads of its state (`pending_by_level`, `wheel_state`). DelayJob (streaming/job.py)
 starts it beside the dispatch tasks and the ledger query.
 """
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING, Callable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.state import GroupStateTimeout
 
 from conf.settings import Settings
 from sinks.base import BatchSummary
@@ -26,9 +24,10 @@ from state import headers as H
 from state.envelope import Rules
 from state.errors import JobError
 from state.parse import make_parser
-from state.wheel import CHUNK_SEP, WheelConfig, make_wheel
+from state.processor import WheelProcessor
+from state.wheel import WheelConfig
 from streaming.kafka_config import spark_options
-from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
+from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, WHEEL_OUT_SPARK
 
 if TYPE_CHECKING:
     from sinks.cold import ColdTier
@@ -99,14 +98,8 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
     config = wheel_config_of(settings, first_watermark_ms)
-    groups = timed.groupBy("bucket", "slot")
-    if settings.wheel_operator == "transformWithState":
-        from state.processor import WheelProcessor
-        fired = groups.transformWithStateInPandas(WheelProcessor(config), WHEEL_OUT_SPARK,
-                                                  "Append", "EventTime")
-    else:
-        fired = groups.applyInPandasWithState(make_wheel(config), WHEEL_OUT_SPARK, STATE_SPARK,
-                                              "append", GroupStateTimeout.EventTimeTimeout)
+    fired = timed.groupBy("bucket", "slot").transformWithStateInPandas(
+        WheelProcessor(config), WHEEL_OUT_SPARK, "Append", "EventTime")
     return with_kafka_headers(fired)
 
 
@@ -296,8 +289,8 @@ def error_conditions(error) -> set[str]:
     return found
 
 
-def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None = None,
-                     default_operator: str = "applyInPandasWithState") -> dict[int, int]:
+def pending_by_level(spark: SparkSession, checkpoint: str,
+                     batch_id: int | None = None) -> dict[int, int]:
     """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
     `batch_id` (the last one when None), read with Spark's state data source; {} for a
     checkpoint without state."""
@@ -306,32 +299,23 @@ def pending_by_level(spark: SparkSession, checkpoint: str, batch_id: int | None 
     root = store.path(checkpoint)
     if not (root / "state" / "0").is_dir() or not (root / "commits").is_dir():
         return {}
-    groups = wheel_state(spark, checkpoint, "count", batch_id, default_operator)
+    groups = wheel_state(spark, checkpoint, "count", batch_id)
     rows = groups.groupBy("bucket").agg(F.sum("count").alias("n")).collect()
     return {int(r["bucket"]): int(r["n"] or 0) for r in rows}
 
 
-def wheel_state(spark: SparkSession, checkpoint: str, part: str, batch_id: int | None = None,
-                default_operator: str = "applyInPandasWithState") -> DataFrame:
-    """The checkpoint's wheel state read with Spark's state data source, whichever operator
-    wrote it (its stamp says; `default_operator` where it has none): columns bucket, slot and
-    `count` (one row per group) or `chunk` (one row per chunk of a group's messages,
-    state/wheel.py decode)."""
-    from streaming.checkpoint import wheel_operator_of
-
+def wheel_state(spark: SparkSession, checkpoint: str, part: str,
+                batch_id: int | None = None) -> DataFrame:
+    """The checkpoint's wheel state read with Spark's state data source: columns bucket, slot
+    and `count` (one row per group) or `chunk` (one row per chunk of a group's messages,
+    state/wheel.py decode_chunks)."""
     spark.streams.active  # the state reader needs the state store coordinator
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
     key = [F.col("key.bucket").alias("bucket"), F.col("key.slot").alias("slot")]
-    if wheel_operator_of(checkpoint, default_operator) == "transformWithState":
-        if part == "count":
-            return (reader.option("stateVarName", "meta").load(checkpoint)
-                    .select(*key, F.col("value.count").alias("count")))
-        return (reader.option("stateVarName", "chunks").load(checkpoint)
-                .select(*key, F.col("list_element.chunk").alias("chunk")))
-    groups = reader.load(checkpoint)
     if part == "count":
-        return groups.select(*key, F.col("value.groupState.count").alias("count"))
-    chunks = F.explode(F.split("value.groupState.blob", re.escape(CHUNK_SEP)))
-    return groups.select(*key, chunks.alias("chunk"))
+        return (reader.option("stateVarName", "meta").load(checkpoint)
+                .select(*key, F.col("value.count").alias("count")))
+    return (reader.option("stateVarName", "chunks").load(checkpoint)
+            .select(*key, F.col("list_element.chunk").alias("chunk")))

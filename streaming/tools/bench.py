@@ -311,7 +311,7 @@ class Bench:
                    "shuffle_partitions": self.settings.spark_shuffle_partitions,
                    "max_offsets_per_trigger": self.settings.max_offsets_per_trigger,
                    "ledger": self.settings.ledger,
-                   "wheel_operator": self.settings.wheel_operator, "cpu_probe_ms": {"before": cpu_probe_ms()}}
+                   "cpu_probe_ms": {"before": cpu_probe_ms()}}
         result = Result(plan=self.plan.__dict__.copy(), machine=machine)
         memory = self.memory = MemoryPeaks()
         memory.start()

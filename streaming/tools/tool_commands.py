@@ -80,8 +80,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         changes["levels"] = tuple(int(v) for v in args.levels.split(","))
     plan = dataclasses.replace(plan, **changes)
     overrides = {**setting_overrides(args), "spark_driver_memory": args.driver_memory}
-    if args.wheel_operator:
-        overrides["wheel_operator"] = args.wheel_operator
     if args.no_ledger:
         overrides["ledger"] = "false"
     return bench(overrides, plan, Path(args.out) if args.out else None,
@@ -146,8 +144,6 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                        help="restart: level-1 messages sent while it is down (an outage's "
                             "backlog) [0]")
     bench.add_argument("--driver-memory", default="4g", help="Spark driver memory")
-    bench.add_argument("--wheel-operator", choices=("applyInPandasWithState", "transformWithState"),
-                       help="the Spark operator that keeps the wheel's state [setting wheel_operator]")
     bench.add_argument("--no-ledger", action="store_true", help="run the job without the Delta ledger")
     bench.add_argument("--out", help="JSON result [<data_dir>/bench-*.json]")
     bench.add_argument("--plot", help="PNG of lateness over time [next to the JSON]")

@@ -10,7 +10,7 @@ import pytest
 from kafka import KafkaProducer
 
 from state.errors import JobError
-from state.wheel import decode
+from state.wheel import decode_chunks
 from streaming.admin import ensure_topics
 from streaming.wheel_query import pending_by_level, wheel_state
 from streaming.offsets import delay_offset_table, last_committed_batch
@@ -394,15 +394,13 @@ def test_a_stop_whose_query_thread_does_not_end_says_where_it_is(
     check_deliveries(list(once.values()), sent)
 
 
-@pytest.mark.parametrize("operator", ["transformWithState", "applyInPandasWithState"])
 def test_timers_added_to_held_groups_in_a_later_batch_are_appended_and_all_delivered(
-        job_settings, start_job, new_topic, kafka_bootstrap, work_dir, spark, operator):
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir, spark):
     """Timers of one slot sent in two batches: the second batch's rows for a group that holds
-    the first's, and does not fire yet, are appended to its state as a chunk (state/wheel.py
-    CHUNK_SEP; a list element with transformWithState), as Spark's state store keeps it, in
-    chunks of wheel_chunk_kb at most (here less than a message: a message a chunk); the timer
-    releases every chunk, none early."""
-    settings = job_settings(wheel_operator=operator, wheel_chunk_kb=1)
+    the first's, and does not fire yet, are appended to its state as a chunk (a list element,
+    state/processor.py), as Spark's state store keeps it, in chunks of wheel_chunk_kb at most
+    (here less than a message: a message a chunk); the timer releases every chunk, none early."""
+    settings = job_settings(wheel_chunk_kb=1)
     real = new_topic(**LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-chunks-{settings.intake_topic}")
     start_job(settings, checkpoint=checkpoint)
@@ -419,7 +417,7 @@ def test_timers_added_to_held_groups_in_a_later_batch_are_appended_and_all_deliv
     held = wheel_state(spark, checkpoint, "chunk")
     chunks = held.groupBy("bucket", "slot").count().collect()
     assert any(r["count"] > 1 for r in chunks), "a group took the second batch as a chunk"
-    sizes = [decode(r["chunk"]).num_rows for r in held.collect()]
+    sizes = [decode_chunks([r["chunk"]]).num_rows for r in held.collect()]
     assert sizes == [1] * len(sent), f"a message a chunk: {sizes}"
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent)
@@ -468,14 +466,12 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
     assert sorted(fired) == sorted(positions)
 
 
-@pytest.mark.parametrize("operator", ["transformWithState", "applyInPandasWithState"])
 def test_restart_keeps_pending_messages_and_offsets_agree(
-        job_settings, start_job, new_topic, kafka_bootstrap, work_dir, operator):
-    """Pending messages survive a stop in the state of either operator; the restart keeps the
-    checkpoint's operator even when the setting now names the other one."""
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
+    """Pending messages survive a stop in the wheel's state."""
     # In the wheel's state when the job stops: at the default lead (12 s) these 12 s messages
     # would fire in the next batch, into the ready topic, instead of waiting in the state.
-    settings = job_settings(delay_levels="1s 2s 12s", wheel_operator=operator, fire_lead_ms=4000)
+    settings = job_settings(delay_levels="1s 2s 12s", fire_lead_ms=4000)
     real = new_topic(partitions=2, **LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-restart-{settings.intake_topic}")
     job = start_job(settings, checkpoint=checkpoint)
@@ -495,10 +491,7 @@ def test_restart_keeps_pending_messages_and_offsets_agree(
         "level-3 messages must still be pending when the job stops"
 
     time.sleep(2)
-    other = ({"transformWithState", "applyInPandasWithState"} - {operator}).pop()
-    restarted = start_job(job_settings(**{**settings.model_dump(), "wheel_operator": other}),
-                          checkpoint=checkpoint)
-    assert restarted.settings.wheel_operator == operator, "the checkpoint keeps its operator"
+    start_job(settings, checkpoint=checkpoint)
     records = consume_all(kafka_bootstrap, real, expected=21, timeout_s=90, idle_s=2)
     # Not in the lateness log: these fell due while the job was stopped, late by design.
     check_deliveries(records, sent)

@@ -9,8 +9,8 @@ import pytest
 
 from conf import load_settings
 from state.columns import STATE_FORMAT
-from streaming.checkpoint import (STAMP, CheckpointError, check, direct_was_on, operator_for,
-                                  started_ms, write_stamp)
+from streaming.checkpoint import (STAMP, CheckpointError, check, direct_was_on, started_ms,
+                                  write_stamp)
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
                          delay_levels="1s 2s 3s")
@@ -90,20 +90,6 @@ def test_a_checkpoint_with_wheel_state_of_another_format_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=rf"wheel state in format 1; this delayq reads "
                                               rf"format {STATE_FORMAT}\. Let that checkpoint drain"):
         check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
-
-
-def test_a_checkpoint_keeps_the_wheel_operator_it_was_started_with(tmp_path):
-    """Spark reads one operator's state only with that operator: a resumed checkpoint keeps
-    its own; the setting decides for a new checkpoint."""
-    aip = load_settings(**{**SETTINGS.model_dump(), "wheel_operator": "applyInPandasWithState"})
-    tws = load_settings(**{**SETTINGS.model_dump(), "wheel_operator": "transformWithState"})
-    ckpt = spark_checkpoint(tmp_path / "ckpt")
-    assert operator_for(tws, str(tmp_path / "new"), "fresh") == "transformWithState"
-    write_stamp(aip, ckpt)
-    assert check(tws, ckpt, {0: 1}) == "resume", "not a setting that refuses the start"
-    assert operator_for(tws, ckpt, "resume") == "applyInPandasWithState"
-    write_stamp(tws, ckpt)
-    assert operator_for(aip, ckpt, "resume") == "transformWithState"
 
 
 @pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])

@@ -1,71 +1,13 @@
-"""The wheel under transformWithStateInPandas (state/processor.py), driven through a stand-in
-of the processor handle that keeps PySpark's state semantics in memory (no JVM): a list of
-chunks, a meta value, the registered timers. The real operator is run by
-tests/integration/test_delivery.py with wheel_operator = "transformWithState"."""
+"""The processor's state calls (state/processor.py), through tests/unit/test_wheel.py's stand-in
+of its handle (no JVM). The real operator is run by tests/integration/test_delivery.py."""
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from state.processor import WheelProcessor
-from state.wheel import decode
+from state.wheel import decode_chunks
 
 from tests.support import fresh_python
-from tests.unit.test_wheel import CONFIG, NOW, envelopes, timers
-
-
-class Value:
-    def __init__(self):
-        self.value, self.writes = None, 0
-
-    def get(self):
-        return self.value
-
-    def update(self, value):
-        self.value, self.writes = tuple(value), self.writes + 1
-
-    def clear(self):
-        self.value = None
-
-
-class Chunks:
-    def __init__(self):
-        self.rows, self.calls = [], []
-
-    def get(self):
-        return iter(list(self.rows))
-
-    def appendValue(self, row):
-        self.rows.append(tuple(row))
-        self.calls.append("append")
-
-    def put(self, rows):
-        self.rows = [tuple(r) for r in rows]
-        self.calls.append("put")
-
-    def clear(self):
-        self.rows = []
-        self.calls.append("clear")
-
-
-class Handle:
-    """One grouping key's state, as the handle shows it to the processor."""
-
-    def __init__(self):
-        self.chunks, self.meta, self.timers = Chunks(), Value(), set()
-
-    def getListState(self, name, schema):
-        assert name == "chunks"
-        return self.chunks
-
-    def getValueState(self, name, schema):
-        assert name == "meta"
-        return self.meta
-
-    def registerTimer(self, ms):
-        self.timers.add(ms)
-
-    def deleteTimer(self, ms):
-        assert ms in self.timers, f"deleted a timer that is not registered: {ms}"
-        self.timers.remove(ms)
+from tests.unit.test_wheel import CONFIG, NOW, Handle, envelopes, timers
 
 
 def processor(clock_ms=NOW):
@@ -129,7 +71,7 @@ def test_an_expired_timer_with_messages_beyond_the_horizon_keeps_them_as_one_chu
     out = rows_of(proc.handleExpiredTimer((-1, 0), watermark(later), ExpiredTimerInfo(timer)))
     assert list(out["uniq_key"]) == ["a"]
     assert len(handle.chunks.rows) == 1
-    assert decode(handle.chunks.rows[0][0]).column("uniq_key").to_pylist() == ["b"]
+    assert decode_chunks([handle.chunks.rows[0][0]]).column("uniq_key").to_pylist() == ["b"]
     count, earliest, new_timer = handle.meta.value
     assert (count, earliest) == (1, NOW + 90_000) and handle.timers == {new_timer}
 
@@ -145,7 +87,7 @@ def test_a_cancel_reads_the_whole_group_and_writes_back_one_chunk():
     out = rows_of(proc.handleInputRows((-1, 0), iter([cancel]), watermark(NOW)))
     assert list(zip(out["kind"], out["uniq_key"])) == [("cancelled", "a")]
     assert handle.chunks.calls[-1] == "put" and len(handle.chunks.rows) == 1
-    assert decode(handle.chunks.rows[0][0]).column("uniq_key").to_pylist() == ["b"]
+    assert decode_chunks([handle.chunks.rows[0][0]]).column("uniq_key").to_pylist() == ["b"]
     assert handle.meta.value[:2] == (1, NOW + 40_000) and len(handle.timers) == 1
 
 

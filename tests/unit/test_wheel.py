@@ -1,4 +1,6 @@
-"""The wheel function, driven through PySpark's own GroupState class (pure Python, no JVM)."""
+"""The wheel (state/wheel.py) under its processor (state/processor.py), driven through a
+stand-in of the processor's handle that keeps PySpark's state semantics in memory (no JVM): a
+list of chunks, a meta value, the registered timers."""
 import base64
 from dataclasses import replace
 
@@ -6,20 +8,17 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
+from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-from state.columns import ENVELOPE
+from state.columns import ENVELOPE, WHEEL_OUT
 from state.envelope import Rules
 from state.parse import parse_batch
 from state.placement import partition_of
+from state.processor import WheelProcessor
 from state.timing import (correct_deliver_timestamp, correct_deliver_timestamps, fire_horizon,
                           slot_of, timer_for)
-from state.wheel import (BUCKET_DEAD, BUCKET_NOW, CHUNK_SEP, TIMER_PARTS, WheelConfig, decode,
-                         encode, make_wheel)
-from pyspark.sql.pandas.serializers import ApplyInPandasWithStateSerializer
-
-from state.columns import WHEEL_OUT
-from streaming.schema import STATE_SPARK
+from state.wheel import BUCKET_DEAD, BUCKET_NOW, TIMER_PARTS, WheelConfig, decode_chunks, encode
 
 NOW = 1_700_000_000_000
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),
@@ -44,23 +43,114 @@ def intake(*rows):
     })
 
 
-def state(watermark_ms, value=None, timed_out=False):
-    return GroupState(
-        optionalValue=value, batchProcessingTimeMs=NOW, eventTimeWatermarkMs=watermark_ms,
-        timeoutConf=GroupStateTimeout.EventTimeTimeout, hasTimedOut=timed_out,
-        watermarkPresent=True, defined=value is not None, updated=False, removed=False,
-        timeoutTimestamp=-1, keyAsUnsafe=b"", valueSchema=STATE_SPARK)
+class Value:
+    def __init__(self):
+        self.value, self.writes = None, 0
+
+    def get(self):
+        return self.value
+
+    def update(self, value):
+        self.value, self.writes = tuple(value), self.writes + 1
+
+    def clear(self):
+        self.value = None
 
 
-# As pyspark/worker.py builds it for applyInPandasWithState (with state/compat.py's patch,
-# which the wheel's module imports).
-SERIALIZER = ApplyInPandasWithStateSerializer("UTC", False, True, STATE_SPARK, 10_000, False, False)
+class Chunks:
+    def __init__(self):
+        self.rows, self.calls = [], []
+
+    def get(self):
+        return iter(list(self.rows))
+
+    def appendValue(self, row):
+        self.rows.append(tuple(row))
+        self.calls.append("append")
+
+    def put(self, rows):
+        self.rows = [tuple(r) for r in rows]
+        self.calls.append("put")
+
+    def clear(self):
+        self.rows = []
+        self.calls.append("clear")
 
 
-def run(frame, st, clock_ms=NOW, config=CONFIG):
-    wheel = make_wheel(config, clock=lambda: clock_ms / 1000)
-    key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else (2, 0)
-    out = list(wheel(key, iter([frame] if len(frame) else []), st))
+class Handle:
+    """One grouping key's state, as the processor's handle shows it."""
+
+    def __init__(self):
+        self.chunks, self.meta, self.timers = Chunks(), Value(), set()
+
+    def getListState(self, name, schema):
+        assert name == "chunks"
+        return self.chunks
+
+    def getValueState(self, name, schema):
+        assert name == "meta"
+        return self.meta
+
+    def registerTimer(self, ms):
+        self.timers.add(ms)
+
+    def deleteTimer(self, ms):
+        assert ms in self.timers, f"deleted a timer that is not registered: {ms}"
+        self.timers.remove(ms)
+
+
+class Group:
+    """A wheel group's state (`handle`) and one call's Spark watermark; `timed_out`: the call
+    is the group's timer's."""
+
+    def __init__(self, watermark_ms: int, handle: Handle, timed_out: bool):
+        self.watermark_ms, self.handle, self.timed_out = watermark_ms, handle, timed_out
+
+    @property
+    def exists(self) -> bool:
+        return self.handle.meta.value is not None
+
+    @property
+    def chunks(self) -> list[str]:
+        return [row[0] for row in self.handle.chunks.rows]
+
+    @property
+    def meta(self) -> tuple[int, int]:
+        """(count, earliest due ms)."""
+        return self.handle.meta.value[:2]
+
+    @property
+    def timer(self) -> int:
+        """The group's one registered timer, in Spark's watermark units."""
+        (timer,) = self.handle.timers
+        return timer
+
+    @property
+    def removed(self) -> bool:
+        return not self.exists and not self.handle.chunks.rows and not self.handle.timers
+
+
+def state(watermark_ms, of: Group | None = None, timed_out=False) -> Group:
+    """A call's view of a group: a new one, or `of`'s state."""
+    return Group(watermark_ms, of.handle if of else Handle(), timed_out)
+
+
+# As pyspark/worker.py builds it for transformWithStateInPandas.
+SERIALIZER = TransformWithStateInPandasSerializer("UTC", False, True, 10_000, 0, False)
+
+
+def run(frame, st, clock_ms=NOW, config=CONFIG, key=(2, 0)):
+    """One call for a group: `frame`'s rows, or, empty, none (`key` names its group then)."""
+    proc = WheelProcessor(config, clock=lambda: clock_ms / 1000)
+    proc.init(st.handle)
+    key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else key
+    values = TimerValues(currentWatermarkInMs=st.watermark_ms)
+    if st.timed_out:
+        timer = st.timer
+        st.handle.timers.remove(timer)   # Spark drops an expired timer before the call
+        out = list(proc.handleExpiredTimer(key, values, ExpiredTimerInfo(timer)))
+    else:
+        out = list(proc.handleInputRows(key, iter([frame] if len(frame) else []), values))
     for part in out:  # what PySpark's worker does with each frame: every column to Arrow
         for field in WHEEL_OUT:
             SERIALIZER._create_array(part[field.name], field.type, arrow_cast=True)
@@ -80,26 +170,23 @@ def test_delayed_messages_wait_in_state_with_a_timer_lead_before_due():
     out = run(frame, st)
     assert out.empty, "due in 2 s, lead 0.5 s: nothing fires yet"
     assert list(zip(run.tally["level"], run.tally["received"], run.tally["pending_delta"])) == [(2, 1, 1)]
-    assert st.exists
-    blob, count, earliest = st.get
-    assert (count, earliest) == (1, NOW + 2_000)
-    assert decode(blob).num_rows == 1
+    assert st.meta == (1, NOW + 2_000)
+    assert decode_chunks(st.chunks).num_rows == 1
     # The Spark timer is in Spark's watermark units (real time minus the watermark delay).
-    assert st._timeout_timestamp == NOW + 2_000 - 500 - 10_000
+    assert st.timer == NOW + 2_000 - 500 - 10_000
 
 
 def test_timeout_releases_messages_due_before_the_horizon_with_their_own_headers():
     frame = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"a"), ("u", b"1")], 1))
     st = state(NOW - 10_000)
     run(frame, st)
-    value = st.get
-    fired = state(NOW + 1_600 - 10_000, value=value, timed_out=True)
+    fired = state(NOW + 1_600 - 10_000, of=st, timed_out=True)
     out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 1_600)
     assert list(out["kind"]) == ["deliver"]
     row = out.iloc[0]
     assert (row["topic"], row["due_ms"], row["uniq_key"]) == ("t", NOW + 2_000, "a")
     assert (list(row["hkeys"]), list(row["hvals"])) == (["u"], [b"1"]), "control headers cut"
-    assert fired._removed
+    assert fired.removed
     assert list(run.tally["pending_delta"]) == [-1]
 
 
@@ -110,7 +197,7 @@ def test_messages_beyond_the_horizon_stay_with_a_new_timer():
     st = state(NOW + 600 - 10_000)
     out = run(frame, st, clock_ms=NOW + 600)
     assert list(out["uniq_key"]) == ["a"]
-    assert st.get[1:] == (1, NOW + 3_000)
+    assert st.meta == (1, NOW + 3_000)
 
 
 def test_immediate_and_dead_pass_through_without_state():
@@ -141,7 +228,7 @@ def test_cancel_drops_a_pending_message_and_reports_unknown_ones():
     out = run(frame, st)
     assert sorted(zip(out["kind"], out["uniq_key"])) == [("cancel_unknown", "zzz"),
                                                         ("cancelled", "a")]
-    assert decode(st.get[0]).column("uniq_key").to_pylist() == ["b"]
+    assert decode_chunks(st.chunks).column("uniq_key").to_pylist() == ["b"]
 
 
 def test_parse_cuts_control_headers_and_keeps_all_headers_of_a_dead_letter():
@@ -175,14 +262,14 @@ def test_a_large_group_fires_ahead_by_its_size_and_its_timer_releases_it():
               ("UNIQ_KEY", f"k{i}".encode())], i) for i in range(10)]
     frame = envelopes(*rows)
     frame["bucket"], frame["slot"] = -1, 0  # one group for the test
-    wheel = make_wheel(config, clock=lambda: NOW / 1000)
     st = state(NOW - 10_000)
-    list(wheel((-1, 0), iter([frame]), st))
-    timer = st._timeout_timestamp + 10_000
+    assert run(frame, st, config=config).empty
+    timer = st.timer + 10_000
     assert timer == NOW + 60_000 - config.lead_for(10, -1)
-    fired = state(timer - 10_000, value=st.get, timed_out=True)
-    out = [f for f in wheel((-1, 0), iter([]), fired) if (f["kind"] == "deliver").any()]
-    assert sum(len(f) for f in out) == 10 and fired._removed, "the timer's call releases the group"
+    fired = state(timer - 10_000, of=st, timed_out=True)
+    out = run(frame.iloc[:0], fired, config=config, key=(-1, 0))
+    assert list(out["kind"]) == ["deliver"] * 10 and fired.removed, \
+        "the timer's call releases the group"
 
 
 def test_a_timer_cancel_reaches_the_group_part_of_the_timer_it_names():
@@ -211,27 +298,26 @@ def timers(*keys_due, first_offset=1):
 
 
 def test_messages_added_to_a_group_that_does_not_fire_are_appended_as_a_chunk():
-    """A later batch's messages for a held group are appended to its state text as a chunk
-    of their own (the held stream is not decoded and written again); one due already leaves at
-    once. The group's count, earliest due time and timer are the whole group's, and its timer
+    """A later batch's messages for a held group are appended to its state as a chunk of their
+    own (the held chunk is not read or written again); one due already leaves at once. The group's count, earliest due time and timer are the whole group's, and its timer
     releases every message of every chunk."""
     st = state(NOW - 10_000)
     assert run(timers(("a", NOW + 30_000), ("b", NOW + 40_000)), st).empty
-    first = st.get[0]
-    later = state(NOW - 10_000, value=st.get)
+    first = st.chunks
+    later = state(NOW - 10_000, of=st)
     out = run(timers(("c", NOW + 20_000), ("d", NOW + 100), ("e", NOW + 50_000), first_offset=3),
               later)
     assert list(out["uniq_key"]) == ["d"], "due within the lead: leaves at once"
-    blob, count, earliest = later.get
-    assert blob.startswith(first + CHUNK_SEP) and blob.count(CHUNK_SEP) == 1
-    assert (count, earliest) == (4, NOW + 20_000)
-    assert decode(blob).column("uniq_key").to_pylist() == ["a", "b", "c", "e"]
+    assert later.chunks[:1] == first and len(later.chunks) == 2
+    assert later.handle.chunks.calls == ["put", "append"]
+    assert later.meta == (4, NOW + 20_000)
+    assert decode_chunks(later.chunks).column("uniq_key").to_pylist() == ["a", "b", "c", "e"]
     assert list(zip(run.tally["received"], run.tally["pending_delta"])) == [(3, 2)]
-    assert later._timeout_timestamp + 10_000 == NOW + 20_000 - CONFIG.lead_for(4, -1)
+    assert later.timer + 10_000 == NOW + 20_000 - CONFIG.lead_for(4, -1)
 
-    fired = state(NOW + 60_000 - 10_000, value=later.get, timed_out=True)
+    fired = state(NOW + 60_000 - 10_000, of=later, timed_out=True)
     out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 60_000)
-    assert sorted(out["uniq_key"]) == ["a", "b", "c", "e"] and fired._removed
+    assert sorted(out["uniq_key"]) == ["a", "b", "c", "e"] and fired.removed
     assert list(run.tally["pending_delta"]) == [-4]
 
 
@@ -240,14 +326,14 @@ def test_a_chunk_is_the_standard_base64_of_an_arrow_stream_both_ways():
     what this version writes, the standard library reads."""
     st = state(NOW - 10_000)
     run(timers(("a", NOW + 30_000), ("b", NOW + 40_000)), st)
-    chunk = st.get[0]
+    (chunk,) = st.chunks
     raw = base64.b64decode(chunk, validate=True)
     assert base64.b64encode(raw).decode() == chunk
     table = pa.ipc.open_stream(raw).read_all()
-    assert decode(base64.b64encode(raw).decode()).equals(table)
+    assert decode_chunks([base64.b64encode(raw).decode()]).equals(table)
     assert encode(table, CONFIG.chunk_bytes) == [chunk]
     with pytest.raises(ValueError):
-        decode(chunk[:-5] + "!" + chunk[-4:])
+        decode_chunks([chunk[:-5] + "!" + chunk[-4:]])
 
 
 def test_a_group_is_kept_in_chunks_of_at_most_the_bound_in_order():
@@ -259,27 +345,26 @@ def test_a_group_is_kept_in_chunks_of_at_most_the_bound_in_order():
     config = replace(CONFIG, chunk_bytes=256 * 1024)
     st = state(NOW - 10_000)
     assert run(frame, st, config=config).empty
-    chunks = st.get[0].split(CHUNK_SEP)
-    sizes = [decode(c).nbytes for c in chunks]
-    assert len(chunks) >= 12 and max(sizes) <= config.chunk_bytes, sizes
-    assert decode(st.get[0]).column("uniq_key").to_pylist() == [k for k, _ in keys]
-    fired = state(NOW + 40_000 - 10_000, value=st.get, timed_out=True)
+    sizes = [decode_chunks([c]).nbytes for c in st.chunks]
+    assert len(sizes) >= 12 and max(sizes) <= config.chunk_bytes, sizes
+    assert decode_chunks(st.chunks).column("uniq_key").to_pylist() == [k for k, _ in keys]
+    fired = state(NOW + 40_000 - 10_000, of=st, timed_out=True)
     out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 40_000, config=config)
-    assert list(out["uniq_key"]) == [k for k, _ in keys] and fired._removed
+    assert list(out["uniq_key"]) == [k for k, _ in keys] and fired.removed
 
 
 def test_a_group_read_whole_again_is_written_back_as_one_chunk():
     """A cancel (or a message that fires) reads every chunk; what stays is one chunk again."""
     st = state(NOW - 10_000)
     run(timers(("a", NOW + 30_000)), st)
-    run(timers(("b", NOW + 40_000), first_offset=2), st := state(NOW - 10_000, value=st.get))
-    assert st.get[0].count(CHUNK_SEP) == 1
+    run(timers(("b", NOW + 40_000), first_offset=2), st := state(NOW - 10_000, of=st))
+    assert len(st.chunks) == 2
     cancel = envelopes(([("TIMER_DEL_UNIQKEY", b"a"), ("TIMER_DELIVER_MS", str(NOW + 30_000).encode())], 9))
     cancel["bucket"], cancel["slot"] = -1, 0
-    out = run(cancel, st := state(NOW - 10_000, value=st.get))
+    out = run(cancel, st := state(NOW - 10_000, of=st))
     assert list(zip(out["kind"], out["uniq_key"])) == [("cancelled", "a")]
-    assert CHUNK_SEP not in st.get[0] and st.get[1] == 1
-    assert decode(st.get[0]).column("uniq_key").to_pylist() == ["b"]
+    assert len(st.chunks) == 1 and st.meta[0] == 1 and st.handle.chunks.calls[-1] == "put"
+    assert decode_chunks(st.chunks).column("uniq_key").to_pylist() == ["b"]
 
 
 def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
@@ -293,11 +378,11 @@ def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
                       ([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"b")], 8))
     again["bucket"], again["slot"] = first["bucket"].iloc[0], first["slot"].iloc[0]
     assert list(again["rolled"]) == [True, False]
-    fired = state(NOW + 2_000 - 10_000, value=st.get)
+    fired = state(NOW + 2_000 - 10_000, of=st)
     out = run(again, fired, clock_ms=NOW + 2_000)
     assert list(zip(out["uniq_key"], out["ioff"])) == [("a", 1), ("b", 8)], \
         "the held copy of a leaves, once; b, due on arrival, after it"
-    assert fired._removed
+    assert fired.removed
     assert list(zip(run.tally["received"], run.tally["pending_delta"])) == [(1, -1)], \
         "b taken in, a delivered: one fewer pending (the dropped copy was never pending twice)"
 
@@ -309,7 +394,7 @@ def test_a_message_due_on_arrival_leaves_as_it_would_from_the_state():
                 ("h", b"\x00\xff"), ("h", None)], 5)
     held = state(NOW - 10_000)
     assert run(envelopes(message), held).empty
-    timed_out = state(NOW + 1_000 - 10_000, value=held.get, timed_out=True)
+    timed_out = state(NOW + 1_000 - 10_000, of=held, timed_out=True)
     from_state = run(pd.DataFrame(columns=ENVELOPE.names), timed_out, clock_ms=NOW + 1_000)
     on_arrival = run(envelopes(message), state(NOW + 1_000 - 10_000), clock_ms=NOW + 1_000)
     assert list(on_arrival["kind"]) == ["deliver"]
@@ -327,31 +412,27 @@ def test_a_new_query_s_first_batch_takes_the_job_s_start_for_its_missing_waterma
     stands in for it: a message overdue at the start fires in that batch, one due later waits
     in state with its timer; once Spark has a watermark, the start is ignored."""
     config = replace(CONFIG, first_watermark_ms=NOW + 5_000)
-    wheel = make_wheel(config, clock=lambda: (NOW + 5_000) / 1000)
+    clock = NOW + 5_000
     overdue = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"old")], 1))
     later = envelopes(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 9_000).encode()),
                         ("UNIQ_KEY", b"new")], 2))
 
     first = state(0)
-    out = pd.concat(wheel((3, 0), iter([overdue]), first))
-    assert list(out.loc[out["kind"] == "deliver", "uniq_key"]) == ["old"]
+    assert list(run(overdue, first, clock, config)["uniq_key"]) == ["old"]
     assert not first.exists
 
     held = state(0)
-    assert not any((f["kind"] == "deliver").any() for f in wheel((-1, 0), iter([later]), held))
-    assert held._timeout_timestamp + 10_000 == NOW + 9_000 - 500, "its timer, as in any batch"
+    assert run(later, held, clock, config).empty
+    assert held.timer + 10_000 == NOW + 9_000 - 500, "its timer, as in any batch"
 
     # A later batch whose Spark watermark (real time NOW) is behind the job's start: Spark's
     # watermark rules, and the overdue message waits for it like any other.
     second = state(NOW - 10_000)
-    out = list(wheel((3, 0), iter([overdue]), second))
-    assert not any((f["kind"] == "deliver").any() for f in out) and second.exists
+    assert run(overdue, second, clock, config).empty and second.exists
 
     # Without a start (the default), a first batch holds everything, as Spark's watermark says.
-    plain = make_wheel(CONFIG, clock=lambda: (NOW + 5_000) / 1000)
     untouched = state(0)
-    assert not any((f["kind"] == "deliver").any() for f in plain((3, 0), iter([overdue]), untouched))
-    assert untouched.exists
+    assert run(overdue, untouched, clock).empty and untouched.exists
 
 
 def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_state():

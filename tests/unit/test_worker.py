@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 import state.parse
-import state.wheel
+import state.processor
 from state.parse import make_parser
-from state.wheel import make_wheel
 from tests.support import fresh_python
-from tests.unit.test_wheel import CONFIG, NOW, RULES, intake, state as group_state
+from tests.unit.test_wheel import NOW, RULES, envelopes, intake, run, state as group
 
 PROBE = """
 import gc
@@ -40,7 +39,7 @@ def test_outside_a_reused_worker_nothing_is_frozen():
 @pytest.fixture
 def settles(monkeypatch):
     calls = []
-    for module in (state.parse, state.wheel):
+    for module in (state.parse, state.processor):
         monkeypatch.setattr(module, "settle", lambda name=module.__name__: calls.append(name))
     return calls
 
@@ -48,5 +47,5 @@ def settles(monkeypatch):
 def test_the_parse_and_the_wheel_each_settle_their_worker(settles):
     batch = intake(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0))
     assert list(make_parser(RULES, 1_000, 2)(iter([batch])))
-    list(make_wheel(CONFIG)((2, 0), iter([]), group_state(NOW)))
-    assert settles == ["state.parse", "state.wheel"]
+    run(envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0)), group(NOW))
+    assert settles == ["state.parse", "state.processor"]
