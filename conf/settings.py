@@ -10,12 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import (AfterValidator, Field, NonNegativeInt, PositiveInt, SecretStr,
                       ValidationError, ValidationInfo, model_validator)
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
+from pydantic_settings import BaseSettings, SettingsConfigDict, TomlConfigSettingsSource
 
 from state.errors import ConfigError, DelayLevelError
 from state.levels import parse_duration, parse_levels
@@ -138,14 +133,8 @@ class Settings(BaseSettings):
     cluster_worker_memory: str
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, **_):
+        # Code, then the environment, then defaults.toml; no .env file, no secrets directory.
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
     @model_validator(mode="after")
@@ -179,6 +168,9 @@ class Settings(BaseSettings):
     checkpoint_path = _in_store("checkpoints/delivery")
     ledger_path = _in_store("tables/ledger")
     dead_letter_path = _in_store("tables/dead_letters")
+    ready_topic = property(lambda self: f"{self.intake_topic}.READY")
+    ledger_topic = property(lambda self: f"{self.intake_topic}.LEDGER")
+    data_path = property(lambda self: self.data_dir.resolve())
 
     @cached_property
     def dispatch_restart_backoff_ms(self) -> tuple[int, ...]:
@@ -192,23 +184,13 @@ class Settings(BaseSettings):
         return len(self.level_delays_ms)
 
     @property
-    def ready_topic(self) -> str:
-        return f"{self.intake_topic}.READY"
-
-    @property
-    def ledger_topic(self) -> str:
-        return f"{self.intake_topic}.LEDGER"
-
-    @property
     def embedded(self) -> bool:
         """No bootstrap servers configured: the local broker is the service's Kafka."""
         return not self.bootstrap_servers.strip()
 
     @property
     def bootstrap(self) -> str:
-        if self.embedded:
-            return f"{self.kafka_host}:{self.kafka_port}"
-        return self.bootstrap_servers.strip()
+        return self.bootstrap_servers.strip() or f"{self.kafka_host}:{self.kafka_port}"
 
     @property
     def store_root(self) -> str:
@@ -216,16 +198,12 @@ class Settings(BaseSettings):
         return self.store.strip().rstrip("/") or str(self.data_path)
 
     @property
-    def data_path(self) -> Path:
-        return self.data_dir.resolve()
-
-    @property
     def jars_path(self) -> Path:
         return Path(self.jars_dir).resolve() if self.jars_dir else PROJECT_ROOT / ".lib"
 
     @property
     def allowed_topic_set(self) -> frozenset[str]:
-        return frozenset(t for t in self.allowed_topics.replace(",", " ").split() if t)
+        return frozenset(self.allowed_topics.replace(",", " ").split())
 
 
 def _shown(error: dict) -> str:

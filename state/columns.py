@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-HEADER = pa.struct([("key", pa.string()), ("value", pa.binary())])
-HEADERS = pa.list_(HEADER)
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 # Inside the parse stage and the wheel, headers travel as two parallel lists (names, values):
 # a list of structs costs PySpark a Python dict per header on every pandas conversion, a list
 # of strings or bytes does not. The job zips them back into HEADERS after the wheel.
@@ -36,21 +35,10 @@ ENVELOPE = pa.schema([
     ("ioff", pa.int64()),
 ])
 
-# A pending message inside a wheel group's state blob.
-PENDING = pa.schema([
-    ("due_ms", pa.int64()),
-    ("uniq_key", pa.string()),
-    ("topic", pa.string()),
-    ("qid", pa.int32()),
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("hkeys", HEADER_KEYS),
-    ("hvals", HEADER_VALUES),
-    ("level", pa.int32()),
-    ("append_ms", pa.int64()),
-    ("ipart", pa.int32()),
-    ("ioff", pa.int64()),
-])
+# A pending message inside a wheel group's state blob: these ENVELOPE columns.
+PENDING = pa.schema([ENVELOPE.field(name) for name in (
+    "due_ms", "uniq_key", "topic", "qid", "key", "value", "hkeys", "hvals", "level", "append_ms",
+    "ipart", "ioff")])
 
 # What the job emits, per batch: deliveries, dead letters and cancel outcomes.
 OUTPUT = pa.schema([

@@ -5,7 +5,7 @@ Pure Python, unit-tested without Spark; state/parse.py applies these rules to Ar
 from __future__ import annotations
 
 import re
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
 from enum import Enum
 
 from state import headers as H
@@ -34,7 +34,6 @@ class Kind(str, Enum):
 class Rules:
     """What parsing needs to know of the configuration (conf/defaults.toml, through
     streaming/wheel_query.py rules_of): no defaults of its own."""
-
     level_delays_ms: tuple[int, ...]
     intake_topic: str
     dlq_topic: str
@@ -56,7 +55,7 @@ class Envelope:
     real_qid: int | None = None
     level: int = 0             # 1..N for level messages, 0 for immediate, TIMER_LEVEL for timers
     due_ms: int = 0
-    user_headers: tuple[Header, ...] = field(default_factory=tuple)
+    user_headers: tuple[Header, ...] = ()
     reason: str | None = None
     cancel_key: str | None = None
     rolled: bool = False      # came back from the cold tier (already counted as received)
@@ -204,16 +203,13 @@ def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, app
     target = _text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
     if not target:
         raise BadInput("empty_header", "header TIMER_DEL_UNIQKEY is empty")
-    if H.DELAY in control and H.TIMER_DELIVER_MS in control and len(present) == 2:
-        level = _level(control, rules)
-        due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
-        return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
-    if len(present) > 1:
+    if len(present) > 1 and present != [H.DELAY, H.TIMER_DELIVER_MS]:
         raise BadInput("several_delay_headers", f"more than one delay header: {', '.join(present)}")
-    if present == [H.TIMER_DELIVER_MS]:
+    if H.TIMER_DELIVER_MS in present:
+        level = _level(control, rules) if H.DELAY in present else TIMER_LEVEL
         due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
-        return Envelope(Kind.CANCEL, uniq, level=TIMER_LEVEL, due_ms=due, cancel_key=target)
-    level, due = _due(control, present, append_ms, rules, now_ms)
+    else:
+        level, due = _due(control, present, append_ms, rules, now_ms)
     return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
 
 
@@ -241,12 +237,10 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
     value = _integer(name, control[name])
     if name == H.TIMER_DELIVER_MS:
         due = value
-    elif name == H.TIMER_DELAY_MS:
-        due = append_ms + value
-    else:
-        due = append_ms + value * 1000
-    if name != H.TIMER_DELIVER_MS and value < 0:
+    elif value < 0:
         raise BadInput("negative", f"header {name}={value} is negative")
+    else:
+        due = append_ms + value * (1000 if name == H.TIMER_DELAY_SEC else 1)
     if due - append_ms > rules.max_delay_ms:
         raise BadInput(
             "beyond_max_delay",

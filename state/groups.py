@@ -1,4 +1,4 @@
-"""A wheel group's buckets, settings and state interface (state/wheel.py turns the wheel).
+"""A wheel group's buckets and settings (state/wheel.py turns the wheel).
 
 Kept apart from the wheel's own imports (pandas, pyarrow, numpy): transformWithStateInPandas
 plans a query by running the stateful processor's `init` in a Python process of its own on
@@ -14,6 +14,12 @@ BUCKET_NOW = 0
 BUCKET_DEAD = -2
 BUCKET_TIMER = -1  # == TIMER_LEVEL: timer messages share one bucket of slots
 BUCKET_COLD = -3   # pass-through: to the cold tier
+
+# A timer slot is split into this many groups by a hash of the message's UNIQ_KEY, so that no
+# one state value holds a whole burst, and a cancel, which names the UNIQ_KEY, still finds its
+# group. A level's slot is one group: its messages arrive spread over time, so more, smaller
+# groups would only slow its batches.
+TIMER_PARTS = 8
 
 
 @dataclass(frozen=True)
@@ -44,35 +50,10 @@ class WheelConfig:
         """How long before its earliest due time a group of this many messages fires. The
         group is one of its bucket's equal parts of a slot, which all fire in one batch, so the
         lead grows with the slot's size."""
-        return self.lead_ms + messages * parts_of(bucket) * self.lead_per_message_us // 1000
+        parts = TIMER_PARTS if bucket == BUCKET_TIMER else 1
+        return self.lead_ms + messages * parts * self.lead_per_message_us // 1000
 
 
-# A timer slot is split into this many groups by a hash of the message's UNIQ_KEY, so that no
-# one state value holds a whole burst, and a cancel, which names the UNIQ_KEY, still finds its
-# group. A level's slot is one group: its messages arrive spread over time, so more, smaller
-# groups would only slow its batches.
-TIMER_PARTS = 8
-
-
-def parts_of(bucket: int) -> int:
-    return TIMER_PARTS if bucket == BUCKET_TIMER else 1
-
-
-def part_of(uniq_key: str, parts: int) -> int:
-    """The group part of a message: a hash that is the same in every Python process."""
-    return zlib.crc32(uniq_key.encode()) % parts if parts > 1 else 0
-
-
-class Held:
-    """A wheel group's state as the wheel sees it (state/processor.py keeps it): whether it
-    holds messages, their count and earliest due time, their chunks, the watermark, and
-    `keep` (new chunks appended or all replaced, count, earliest, timer) or `remove`."""
-
-    exists: bool
-
-    def meta(self) -> tuple[int, int]: ...
-    def chunks(self) -> list[str]: ...
-    def watermark_ms(self) -> int: ...
-    def keep(self, count: int, earliest: int, timer_ms: int, chunks: list[str],
-             append: bool) -> None: ...
-    def remove(self) -> None: ...
+def part_of(uniq_key: str) -> int:
+    """The timer group part of a message: a hash that is the same in every Python process."""
+    return zlib.crc32(uniq_key.encode()) % TIMER_PARTS

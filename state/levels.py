@@ -46,8 +46,7 @@ def parse_levels(spec: str) -> tuple[int, ...]:
 
 def format_duration(millis: int) -> str:
     """The shortest exact token for a duration: 7_200_000 → '2h'."""
-    for unit in ("d", "h", "m", "s"):
-        size = _UNIT_MS[unit]
+    for unit, size in reversed(_UNIT_MS.items()):
         if millis % size == 0:
             return f"{millis // size}{unit}"
     raise ValueError(f"{millis} ms is not a whole number of seconds")

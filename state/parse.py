@@ -23,9 +23,7 @@ from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of, timer_slots
 from state.worker import settle
 
 _CONTROL = pa.array(sorted(H.CONTROL_HEADERS), pa.string())
-# The control headers of the common message, a level message or a timer with its topic and
-# maybe its key: rows with only these, once each and one delay header, are parsed for the whole
-# batch at once (`_common`).
+# The control headers of the common message, parsed for the whole batch at once (`_common`).
 _COMMON = (H.REAL_TOPIC, H.UNIQ_KEY, *H.DELAY_HEADERS)
 # A timer's value the batch path reads itself: plain digits, short enough that no sum below
 # leaves int64 (other values, signs and spaces included, take the per-row rules).
@@ -205,7 +203,7 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
                 and env.due_ms < overdue_before_ms:
             kind = Kind.NOW
         cols["bucket"][i], cols["slot"][i] = group_of(
-            kind, env.level, env.due_ms, ipart[i], ioff[i], slot_ms, spread,
+            kind, env.level, env.due_ms, ioff[i], slot_ms, spread,
             env.cancel_key if kind == Kind.CANCEL else env.uniq_key)
         cols["kind"][i] = kind.value
         for column, attr in _ENVELOPE_FIELDS.items():
@@ -267,17 +265,14 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
                    numbers["append_ms"], rules, slot_ms, spread, now_ms, overdue_before_ms) \
         if common else {"rows": np.zeros(0, np.int64)}
 
-    cols: dict[str, np.ndarray] = {name: np.empty(n, dtype=object) for name in
-                                   ("kind", "bucket", "slot", "level", "due_ms", "uniq_key",
-                                    "topic", "qid", "reason", "cancel_key", "rolled")}
+    cols = {name: np.empty(n, dtype=object)
+            for name in ("kind", "bucket", "slot", *_ENVELOPE_FIELDS)}
+    taken = fast.pop("rows")
     for name, column in fast.items():
-        if name != "rows":
-            cols[name][fast["rows"]] = column
-    cols["rolled"][fast["rows"]] = False
-    slow = np.ones(n, dtype=bool)
-    slow[fast["rows"]] = False
-    dead = _per_row(np.nonzero(slow)[0].tolist(), cols, starts, names, values, numbers, rules,
-                    slot_ms, spread, now_ms, overdue_before_ms)
+        cols[name][taken] = column
+    cols["rolled"][taken] = False
+    dead = _per_row(np.setdiff1d(np.arange(n), taken).tolist(), cols, starts, names, values,
+                    numbers, rules, slot_ms, spread, now_ms, overdue_before_ms)
     if direct_max_delay_ms >= 0:
         _mark_direct(cols, numbers["ioff"], numbers["append_ms"], rules, direct_max_delay_ms,
                      spread, now_ms)

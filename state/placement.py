@@ -5,13 +5,6 @@ partition `pmod(murmur3(bucket, slot), partitions)`, Spark's Murmur3 x86 32-bit 
 42 over the int32 bucket and then the int64 slot (`Murmur3Hash`, `hashInt`, `hashLong`). Spark
 cannot change that rule without breaking every checkpoint's state, so it is computed here, and
 `tests/integration/test_placement.py` checks it against Spark's own placement.
-
-Pass-through groups keep no state, so their slot numbers are free: `spread_slots` picks one per
-partition, so the immediate messages spread over every partition (by `ioff % n` they would
-not: for two partitions, slots 0 and 1 of the immediate bucket both hash to partition 1).
-
-A timer slot's groups are placed the same way (`balanced_slot`), so they take the partitions
-in turn instead of as the hash falls, and no one task holds most of a burst.
 """
 from __future__ import annotations
 
@@ -72,7 +65,9 @@ def partition_of(bucket: int, slot: int, partitions: int) -> int:
 @lru_cache(maxsize=None)
 def spread_slots(bucket: int, partitions: int) -> tuple[int, ...]:
     """For each state partition in order, the smallest slot number ≥ 0 whose group of `bucket`
-    Spark runs there."""
+    Spark runs there. Pass-through groups keep no state, so their slot numbers are free; by
+    `ioff % n` the immediate messages would not spread over every partition (for two, slots 0
+    and 1 of the immediate bucket both hash to partition 1)."""
     slots: dict[int, int] = {}
     slot = 0
     while len(slots) < partitions:
@@ -84,7 +79,8 @@ def spread_slots(bucket: int, partitions: int) -> tuple[int, ...]:
 @lru_cache(maxsize=1 << 16)
 def balanced_slot(bucket: int, group: int, partitions: int) -> int:
     """A slot number for the wheel group `group` of `bucket` that Spark runs on state partition
-    `group % partitions`, so that consecutive groups take the partitions in turn: the smallest
+    `group % partitions`, so that consecutive groups (a timer slot's parts) take the partitions
+    in turn, not as the hash falls, and no one task holds most of a burst: the smallest
     `group * BALANCE_WIDTH + j` there. Where no j < BALANCE_WIDTH lands there (for 200 partitions,
     one group in about 800 million), `group * BALANCE_WIDTH`: placed by the hash."""
     seed = _hash_int(bucket, _SEED)

@@ -9,10 +9,6 @@ by time. On the local standalone cluster, 500,000 timers due together were deliv
 30 s (250,180 within 10 s) against 67 s (none within 10 s) with applyInPandasWithState, whose
 executors ran out of heap unless the burst was split into 64 groups (`delayq bench --scenarios
 cluster`, the same hour).
-
-A group's state: `chunks`, a list state of Arrow IPC chunks (state/wheel.py encode), and
-`meta`, a value state (count, earliest due ms, timer ms). The timer is the group's one
-registered event-time timer; moving it deletes the old one.
 """
 from __future__ import annotations
 
@@ -23,25 +19,29 @@ from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, Stateful
                                                       StatefulProcessorHandle, TimerValues)
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from state.groups import Held, WheelConfig
+from state.groups import WheelConfig
 from state.worker import settle
 
 if TYPE_CHECKING:
     import pandas as pd
 
+# A group's state: its chunks (state/wheel.py encode), and its count, earliest due time and the
+# one event-time timer it has registered.
 CHUNKS = StructType([StructField("chunk", StringType(), False)])
 META = StructType([StructField("count", IntegerType(), False),
                    StructField("earliest_ms", LongType(), False),
                    StructField("timer_ms", LongType(), False)])
 
 
-class ListHeld(Held):
-    """A group's state under transformWithState, for one call."""
+class Held:
+    """A group's state for one call, as the wheel (`turn`) sees it: whether it holds messages,
+    their count and earliest due time, their chunks, the watermark, and `keep` (new chunks
+    appended or all replaced, count, earliest, timer) or `remove`."""
 
     def __init__(self, handle: StatefulProcessorHandle, chunks, meta, timer_values: TimerValues,
                  expired_ms: int | None = None):
         self._handle, self._chunks, self._meta = handle, chunks, meta
-        self._watermark = timer_values.getCurrentWatermarkInMs()
+        self.watermark_ms = timer_values.getCurrentWatermarkInMs()
         got = meta.get()
         self.exists = got is not None
         self._got = tuple(int(v) for v in got) if got is not None else None
@@ -53,9 +53,6 @@ class ListHeld(Held):
 
     def chunks(self) -> list[str]:
         return [row[0] for row in self._chunks.get()]
-
-    def watermark_ms(self) -> int:
-        return self._watermark
 
     def keep(self, count, earliest, timer_ms, chunks, append) -> None:
         # A chunk a call: Spark's state server reads each call's message whole into the
@@ -82,8 +79,7 @@ class WheelProcessor(StatefulProcessor):
     """The stateful processor handed to transformWithStateInPandas."""
 
     def __init__(self, config: WheelConfig, clock: Callable[[], float] = time.time):
-        self._config = config
-        self._clock = clock
+        self._config, self._clock = config, clock
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self._handle = handle
@@ -96,7 +92,7 @@ class WheelProcessor(StatefulProcessor):
 
         settle()
         frame = incoming(rows)
-        held = ListHeld(self._handle, self._chunks, self._meta, timerValues)
+        held = Held(self._handle, self._chunks, self._meta, timerValues)
         yield from turn(int(key[0]), frame, held, self._config, int(self._clock() * 1000))
 
     def handleExpiredTimer(self, key, timerValues: TimerValues,
@@ -104,6 +100,6 @@ class WheelProcessor(StatefulProcessor):
         from state.wheel import turn
 
         settle()
-        held = ListHeld(self._handle, self._chunks, self._meta, timerValues,
-                        expired_ms=expiredTimerInfo.getExpiryTimeInMs())
+        held = Held(self._handle, self._chunks, self._meta, timerValues,
+                    expired_ms=expiredTimerInfo.getExpiryTimeInMs())
         yield from turn(int(key[0]), None, held, self._config, int(self._clock() * 1000))

@@ -3,15 +3,14 @@
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
 slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is its
-pending messages as Arrow IPC streams (base64 text, see `encode`); its event-time timer is
-set `lead_ms` before the earliest of them. On a call it releases every message due before
-the fire horizon (watermark + lead) to the ready topic, whose dispatch tasks send each one at its
-due time.
-Pass-through buckets (immediate, dead) are emitted on arrival and keep no state.
+pending messages (`encode`); its event-time timer is set `lead_ms` before the earliest of them.
+On a call it releases every message due before the fire horizon (watermark + lead) to the ready
+topic, whose dispatch tasks send each one at its due time. Pass-through buckets (immediate,
+dead, cold) are emitted on arrival and keep no state.
 """
 from __future__ import annotations
 
-from typing import Generator, Iterator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 import numpy as np
 import pandas as pd
@@ -23,29 +22,30 @@ from state import compat  # noqa: F401  (patches the pinned PySpark in every wor
 from state.columns import PENDING, WHEEL_OUT
 from state.envelope import Kind
 from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  # noqa: F401
-                          TIMER_PARTS, Held, WheelConfig, part_of, parts_of)
+                          TIMER_PARTS, WheelConfig, part_of)
 from state.placement import balanced_slot, spread_slots
 from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
 
-# The pass-through bucket of each kind that keeps no state in the wheel.
+if TYPE_CHECKING:
+    from state.processor import Held
+
+# The pass-through bucket of each kind that keeps no state in the wheel. Heartbeats travel with
+# immediate messages and are dropped in the wheel: a filter before the stateful operator would
+# be pushed below withWatermark by the optimizer, and the watermark would never see them.
 _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKET_NOW,
                  Kind.HEARTBEAT: BUCKET_NOW}
 
 
-def group_of(kind: str, level: int, due_ms: int, ipart: int, ioff: int,
-             slot_ms: int, spread: int, uniq_key: str = "") -> tuple[int, int]:
+def group_of(kind: str, level: int, due_ms: int, ioff: int, slot_ms: int, spread: int,
+             uniq_key: str = "") -> tuple[int, int]:
     """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A level's
     slot number is its due slot; a timer's is `timer_slots`' (for a cancel, by the UNIQ_KEY it
     cancels). Pass-through rows go, by intake offset, to one of `spread` groups that Spark runs
-    on `spread` different state partitions (`spread`: the shuffle partitions; state/placement.py).
-
-    Heartbeats travel with immediate messages and are dropped in the wheel: a filter before
-    the stateful operator would be pushed below withWatermark by the optimizer, and the
-    watermark would never see them."""
+    on `spread` (the shuffle partitions) different state partitions (state/placement.py)."""
     passing = _PASS_THROUGH.get(kind)
     if passing is not None:
         return passing, spread_slots(passing, spread)[ioff % spread]
-    if parts_of(level) > 1:
+    if level == BUCKET_TIMER:
         return level, int(timer_slots(np.array([due_ms], np.int64), np.array([uniq_key]),
                                       slot_ms, spread)[0])
     return level, slot_of(due_ms, slot_ms)
@@ -56,7 +56,7 @@ def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread:
     each numbered by `balanced_slot` so a slot's parts take the state partitions in turn. The
     one rule for both of the parse's paths (`group_of` calls it for one timer)."""
     groups = (due_ms // slot_ms) * TIMER_PARTS + np.fromiter(
-        (part_of(k, TIMER_PARTS) for k in uniq_keys), np.int64, len(uniq_keys))
+        (part_of(k) for k in uniq_keys), np.int64, len(uniq_keys))
     distinct, back = np.unique(groups, return_inverse=True)
     return np.array([balanced_slot(BUCKET_TIMER, int(g), spread) for g in distinct],
                     dtype=np.int64)[back]
@@ -74,9 +74,7 @@ def encode(pending: pa.Table, chunk_bytes: int) -> list[str]:
     """Pending messages as chunks of the state, each the base64 of an Arrow IPC stream of
     about `chunk_bytes` of messages at most. Spark moves a state value whole through an
     executor's heap (pickled, into the JVM and out), so the chunk bounds what one value costs
-    there, whatever the size of a group. A batch that only adds messages to a group that does
-    not fire appends chunks of its own; a group that fires, or takes a cancel or a rolled
-    message, is read whole and written back."""
+    there, whatever the size of a group."""
     count = max(1, -(-pending.nbytes // chunk_bytes))
     step = max(1, -(-pending.num_rows // count))
     chunks = []
@@ -108,16 +106,10 @@ def _rows(n: int, **columns) -> pd.DataFrame:
 
 
 def _message(rows: pd.DataFrame) -> dict:
-    """The columns a message keeps from intake to delivery."""
-    return {"topic": rows["topic"], "partition": rows["qid"], "key": rows["key"],
-            "value": rows["value"], "hkeys": rows["hkeys"], "hvals": rows["hvals"],
-            "uniq_key": rows["uniq_key"], "level": rows["level"], "append_ms": rows["append_ms"],
-            "ipart": rows["ipart"], "ioff": rows["ioff"]}
-
-
-def _cold(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows for the cold tier: the message as the wheel would hold it, user headers only."""
-    return _rows(len(rows), kind="cold", due_ms=rows["due_ms"], **_message(rows))
+    """The columns a message keeps from intake to delivery (its partition is REAL_QID's)."""
+    return {"partition": rows["qid"], **{name: rows[name] for name in (
+        "topic", "key", "value", "hkeys", "hvals", "uniq_key", "level", "append_ms", "ipart",
+        "ioff")}}
 
 
 def _deliveries(pending: pd.DataFrame, config: WheelConfig, now_ms: int) -> pd.DataFrame:
@@ -130,20 +122,6 @@ def _deliveries(pending: pd.DataFrame, config: WheelConfig, now_ms: int) -> pd.D
     return _rows(len(pending), kind="deliver", due_ms=due, **_message(pending))
 
 
-def _dead_letters(rows: pd.DataFrame, dlq_topic: str) -> pd.DataFrame:
-    """Bad input for the dead-letter topic, with all its original headers (the job adds
-    DLQ_REASON from `reason`)."""
-    message = {**_message(rows), "topic": dlq_topic, "partition": None}
-    return _rows(len(rows), kind="dead", due_ms=0, reason=rows["reason"], **message)
-
-
-def _cancel_outcomes(cancels: pd.DataFrame, found: set[str]) -> pd.DataFrame:
-    return _rows(len(cancels),
-                 kind=["cancelled" if k in found else "cancel_unknown" for k in cancels["cancel_key"]],
-                 uniq_key=cancels["cancel_key"], level=cancels["level"], due_ms=cancels["due_ms"],
-                 append_ms=cancels["append_ms"], ipart=cancels["ipart"], ioff=cancels["ioff"])
-
-
 def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
     """One row per level: (received, pending_delta); every other column null."""
     return _rows(len(levels), kind="tally", level=list(levels),
@@ -151,7 +129,7 @@ def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
                  pending_delta=[d for _, d in levels.values()])
 
 
-def _append(rows: pd.DataFrame, held: "Held", bucket: int, config: WheelConfig, now_ms: int):
+def _append(rows: pd.DataFrame, held: Held, bucket: int, config: WheelConfig, now_ms: int):
     """New messages for a held group none of whose messages fires in this batch, and no
     cancel or rolled message among them: the ones due already leave, the others are appended
     to the group's state as chunks of their own. Yields the output frames; returns False,
@@ -159,13 +137,11 @@ def _append(rows: pd.DataFrame, held: "Held", bucket: int, config: WheelConfig, 
 
     Only rolled messages are checked against the held ones (a roll retried after a crash): a
     producer's resend of a held message is delivered twice, as it is in another group or batch."""
-    if (rows["kind"] == Kind.CANCEL).any():
-        return False
     new = rows[rows["kind"] == Kind.DELAY]
-    if not len(new) or new["rolled"].astype(bool).any():
+    if (rows["kind"] == Kind.CANCEL).any() or not len(new) or new["rolled"].astype(bool).any():
         return False
     count, earliest = held.meta()
-    watermark = real_watermark(held.watermark_ms(), config)
+    watermark = real_watermark(held.watermark_ms, config)
     horizon = fire_horizon(watermark, config.lead_for(count + len(new), bucket))
     if earliest <= horizon:
         return False
@@ -198,16 +174,17 @@ def _pass_through(bucket: int, rows: pd.DataFrame, config: WheelConfig,
     tier, the dead-letter topic or the ready topic."""
     taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
     if len(taken):
-        cold = taken["kind"] == Kind.COLD
         counts = taken.groupby("level")["kind"].count()
-        colds = taken[cold].groupby("level")["kind"].count()
+        colds = taken[taken["kind"] == Kind.COLD].groupby("level")["kind"].count()
         yield _tally({int(lv): (int(n), int(colds.get(lv, 0))) for lv, n in counts.items()})
-    if bucket == BUCKET_COLD:
-        yield _cold(rows[rows["kind"] == Kind.COLD])
+    if bucket == BUCKET_COLD:   # the message as the wheel would hold it, user headers only
+        cold = rows[rows["kind"] == Kind.COLD]
+        yield _rows(len(cold), kind="cold", due_ms=cold["due_ms"], **_message(cold))
         return
     dead = rows[rows["kind"] == Kind.DEAD]
-    if len(dead):
-        yield _dead_letters(dead, config.dlq_topic)
+    if len(dead):   # with all its original headers; the job adds DLQ_REASON from `reason`
+        yield _rows(len(dead), kind="dead", due_ms=0, reason=dead["reason"],
+                    **{**_message(dead), "topic": config.dlq_topic, "partition": None})
     ready = rows[rows["kind"] == Kind.NOW]
     if len(ready):
         yield _deliveries(ready, config, now_ms)
@@ -231,18 +208,21 @@ def _arrivals(held_rows: pa.Table, new: pd.DataFrame) -> tuple[pa.Table, pd.Data
 
 
 def _cancel(cancels: pd.DataFrame, held_rows: pa.Table,
-            new: pd.DataFrame | None) -> Generator[pd.DataFrame, None, tuple]:
+            new: pd.DataFrame) -> Generator[pd.DataFrame, None, tuple]:
     """Drop the messages the group's cancels name, held or arriving in this batch; yields the
     cancels' outcomes and returns (held, new)."""
     targets = sorted(set(cancels["cancel_key"]))
     hit = pc.is_in(held_rows.column("uniq_key"), value_set=pa.array(targets, pa.string()))
     found = set(held_rows.filter(hit).column("uniq_key").to_pylist())
     held_rows = held_rows.filter(pc.invert(hit))
-    if new is not None and len(new):
+    if len(new):
         gone = new["uniq_key"].isin(targets).to_numpy()
         found.update(new["uniq_key"][gone])
         new = new[~gone]
-    yield _cancel_outcomes(cancels, found)
+    outcome = ["cancelled" if k in found else "cancel_unknown" for k in cancels["cancel_key"]]
+    yield _rows(len(cancels), kind=outcome, uniq_key=cancels["cancel_key"], level=cancels["level"],
+                due_ms=cancels["due_ms"], append_ms=cancels["append_ms"], ipart=cancels["ipart"],
+                ioff=cancels["ioff"])
     return held_rows, new
 
 
@@ -265,17 +245,17 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held, config: WheelConfig
     held_rows = decode_chunks(held.chunks()) if held.exists else PENDING.empty_table()
     before = held_rows.num_rows
     received = rolled = 0
-    new = rows[rows["kind"] == Kind.DELAY] if rows is not None else None
-    if new is not None and len(new):
-        held_rows, new, received, rolled = _arrivals(held_rows, new)
-
+    new = None
     if rows is not None:
+        new = rows[rows["kind"] == Kind.DELAY]
+        if len(new):
+            held_rows, new, received, rolled = _arrivals(held_rows, new)
         cancels = rows[rows["kind"] == Kind.CANCEL]
         if len(cancels):
             held_rows, new = yield from _cancel(cancels, held_rows, new)
 
     arriving = len(new) if new is not None else 0
-    watermark = real_watermark(held.watermark_ms(), config)
+    watermark = real_watermark(held.watermark_ms, config)
     horizon = fire_horizon(watermark, config.lead_for(held_rows.num_rows + arriving, bucket))
     due = pc.less_equal(held_rows.column("due_ms"), horizon)
     fired = [held_rows.filter(due).to_pandas()] if held_rows.num_rows else []

@@ -1,15 +1,12 @@
 """A Python worker's cyclic garbage collector, settled once per worker process.
 
 PySpark reuses a worker process for task after task and runs a full `gc.collect()` after each
-(`pyspark/daemon.py`, when SPARK_REUSE_WORKER is set). A full collection walks every object
-the process tracks, pandas', pyarrow's, numpy's and PySpark's included, so every task cost a
-core that long however few its rows.
-
-`settle()`, called by each function the job hands to a worker (the parse and the
-wheel), collects once and then freezes what the worker holds at its first task (`gc.freeze`):
-the modules and their tables, which live as long as the process. The collection after each
-task then walks only the objects made since. Frozen objects are still freed by reference
-counting; only a reference cycle among them is never collected, and they were made once.
+(`pyspark/daemon.py`, when SPARK_REUSE_WORKER is set), which walks every object the process
+tracks, pandas', pyarrow's, numpy's and PySpark's included: every task cost a core that long
+however few its rows. Freezing what the worker holds at its first task (the modules and their
+tables, which live as long as the process) leaves the later collections only the objects made
+since. Frozen objects are still freed by reference counting; only a reference cycle among them
+is never collected, and they were made once.
 """
 from __future__ import annotations
 
@@ -20,8 +17,9 @@ _settled = False
 
 
 def settle() -> None:
-    """Freeze the objects this process holds, the first time it is called in a reused PySpark
-    worker; elsewhere (the driver, a test) nothing."""
+    """Collect once and freeze the objects this process holds, the first time it is called in a
+    reused PySpark worker; elsewhere (the driver, a test) nothing. Each function the job hands
+    to a worker (the parse and the wheel) calls it."""
     global _settled
     if _settled:
         return

@@ -73,7 +73,7 @@ def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job
     with DelayProducer(settings) as producer:
         handles = [producer.send("anywhere", f"timer {i}".encode(), deliver_at_ms=due_ms)
                    for i in range(64)]
-    assert {part_of(h.uniq_key, TIMER_PARTS) for h in handles} == set(range(TIMER_PARTS))
+    assert {part_of(h.uniq_key) for h in handles} == set(range(TIMER_PARTS))
     seen: list = []
 
     def collect(batch, _batch_id):
@@ -92,5 +92,5 @@ def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job
         query.stop()
     assert query.exception() is None, query.exception()
     assert sorted(r.uniq_key for r in seen) == sorted(h.uniq_key for h in handles)
-    wanted = {h.uniq_key: part_of(h.uniq_key, TIMER_PARTS) % 2 for h in handles}
+    wanted = {h.uniq_key: part_of(h.uniq_key) % 2 for h in handles}
     assert {r.uniq_key: r.p for r in seen} == wanted

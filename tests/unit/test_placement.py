@@ -46,7 +46,7 @@ def test_spread_slots_cover_every_partition_once(bucket, partitions):
                                          (Kind.DEAD, BUCKET_DEAD), (Kind.COLD, BUCKET_COLD)])
 def test_pass_through_rows_reach_every_state_partition_evenly(kind, bucket):
     partitions = 2
-    placed = [group_of(kind, 0, 0, 0, ioff, 1_000, partitions) for ioff in range(1_000)]
+    placed = [group_of(kind, 0, 0, ioff, 1_000, partitions) for ioff in range(1_000)]
     assert {b for b, _ in placed} == {bucket}
     per_partition = [sum(partition_of(b, s, partitions) == p for b, s in placed)
                      for p in range(partitions)]
@@ -69,10 +69,10 @@ def test_a_burst_s_timer_groups_fall_half_on_each_of_two_state_partitions():
     hold up the batch that releases the burst (2/6 or 3/5 in ten of fourteen bursts measured on
     the 2-core host)."""
     due_ms, keys = 1_795_400_002_123, [f"burst-{i}" for i in range(200)]
-    groups = {group_of(Kind.DELAY, BUCKET_TIMER, due_ms, 0, 0, 1_000, 2, k) for k in keys}
+    groups = {group_of(Kind.DELAY, BUCKET_TIMER, due_ms, 0, 1_000, 2, k) for k in keys}
     assert len(groups) == TIMER_PARTS
     assert sorted(partition_of(b, s, 2) for b, s in groups) == [0] * 4 + [1] * 4
     hashed = {(BUCKET_TIMER, 1_795_400_002 * TIMER_PARTS + p) for p in range(TIMER_PARTS)}
     assert sorted(partition_of(b, s, 2) for b, s in hashed) == [0] + [1] * 7, \
         "Spark's hash alone"
-    assert {part_of(k, TIMER_PARTS) for k in keys} == set(range(TIMER_PARTS))
+    assert {part_of(k) for k in keys} == set(range(TIMER_PARTS))
