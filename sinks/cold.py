@@ -130,8 +130,7 @@ class ColdTier:
         self.roll(messages.join(waiting, named, "left_anti"))
         for row in messages.join(waiting, named, "left_semi").groupBy("level").count().collect():
             summary.add("cancelled", row["level"], None, row["count"])
-            summary.pending_delta_by_level[row["level"]] = \
-                summary.pending_delta_by_level.get(row["level"], 0) - row["count"]
+            summary.pending_delta_by_level[row["level"]] -= row["count"]
         summary.add("cancel_unknown", None, None,
                     waiting.join(messages, named, "left_anti").count())
 

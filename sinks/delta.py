@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from pyspark.sql import DataFrame
+from pyspark.sql.types import StructField, StructType
 
 from sinks import store
 
@@ -25,36 +26,30 @@ def query_id(checkpoint: str | Path) -> str:
     return json.loads((store.path(checkpoint) / "metadata").read_text())["id"]
 
 
-def create_table(spark, path: str, schema, partition_by: tuple[str, ...] = ()) -> None:
+def create_table(spark, path: str, schema, partition_by: tuple[str, ...]) -> None:
     """An empty Delta table, unless one is there: in a local folder by delta-rs, so the start
     runs no Spark job for it; on a store (HDFS, S3), by Delta's own builder. Every column
     nullable, as Spark's writes declare them."""
-    from pyspark.sql.types import StructField, StructType
-
     schema = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema])
     if store.is_local(path):
         from deltalake import DeltaTable
         from pyspark.sql.pandas.types import to_arrow_schema
 
         DeltaTable.create(str(path).removeprefix("file:"), schema=to_arrow_schema(schema),
-                          mode="ignore", partition_by=list(partition_by) or None)
+                          mode="ignore", partition_by=list(partition_by))
         return
     from delta.tables import DeltaTable as SparkDeltaTable
 
-    builder = SparkDeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
-    if partition_by:
-        builder = builder.partitionedBy(*partition_by)
-    builder.execute()
+    (SparkDeltaTable.createIfNotExists(spark).location(str(path)).addColumns(schema)
+     .partitionedBy(*partition_by).execute())
 
 
 def append_once(rows: DataFrame, path: str, app_id: str, txn_version: int,
-                partition_by: tuple[str, ...] = (), merge_schema: bool = False) -> None:
+                partition_by: tuple[str, ...], merge_schema: bool = False) -> None:
     """Append rows in one Delta commit, skipped when the table already has `txn_version` (or
     a later one) of `app_id`. `merge_schema`: a column the table lacks is added to it."""
-    writer = (rows.write.format("delta").mode("append")
+    writer = (rows.write.format("delta").mode("append").partitionBy(*partition_by)
               .option("txnAppId", app_id).option("txnVersion", txn_version))
     if merge_schema:
         writer = writer.option("mergeSchema", "true")
-    if partition_by:
-        writer = writer.partitionBy(*partition_by)
     writer.save(path)

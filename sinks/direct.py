@@ -3,13 +3,12 @@
 A message whose level's delay is at most `dispatch_direct_max_delay_ms` (an immediate one too)
 would fire in the wheel batch that reads it, so the wheel's micro-batches would set its
 lateness. Instead, ready partition p's dispatch task also reads the intake partitions q with
-q mod (ready partitions) = p, parses them by the wheel's own rules (state/parse.py marks those
-messages Kind.DIRECT) and holds them like fired rows. Which records are the dispatch's is a rule
-of the headers alone (`is_direct`), which the wheel applies in the JVM before its parse
+q mod (ready partitions) = p, parses them by the wheel's rules (state/parse.py marks them
+Kind.DIRECT) and holds them like fired rows. Which records are the dispatch's is a rule of the
+headers alone (`is_direct`), which the wheel applies in the JVM before its parse
 (streaming/wheel_query.py `direct_column`), so the short levels' payloads never reach the
-wheel's Python. The dispatch dead-letters the bad ones among its records, with the wheel's
-reasons. One intake partition has one sender, so a key's messages keep their intake order. No
-Spark import: it runs in the dispatch task's Python worker.
+wheel's Python. One intake partition has one sender, so a key's messages keep their intake
+order. No Spark import: it runs in the dispatch task's Python worker.
 """
 from __future__ import annotations
 
@@ -45,11 +44,6 @@ def is_direct(headers: list | None, values: frozenset[bytes]) -> bool:
         if name in WHEEL_HEADERS or (name == H.DELAY and value not in values):
             return False
     return True
-
-
-def owned(intake_partitions: int, ready_partitions: int, task: int) -> list[int]:
-    """The intake partitions ready partition `task`'s dispatch task reads."""
-    return [q for q in range(intake_partitions) if q % ready_partitions == task]
 
 
 def intake_batch(msgs: list) -> pa.RecordBatch:

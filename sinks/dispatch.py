@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Callable
 
 import pyarrow as pa
@@ -78,8 +79,8 @@ class Row:
                  level, append_ms, uniq_key, source=None):
         self.due_ms, self.ipart, self.ioff, self.offset = due_ms, ipart, ioff, offset
         self.topic, self.partition, self.key, self.value = topic, partition, key, value
-        self.headers, self.level, self.append_ms, self.uniq_key = headers, level, append_ms, uniq_key
-        self.source = source
+        self.headers, self.level, self.append_ms = headers, level, append_ms
+        self.uniq_key, self.source = uniq_key, source
 
     def order(self) -> tuple:
         """Its place in the heap: due time, then intake position (one key's order)."""
@@ -154,8 +155,8 @@ class Skew:
         self.measured = False
 
     def observe(self, broker_ms: int) -> None:
-        bound = self._clock() * 1000 - broker_ms
         now = self._clock()
+        bound = now * 1000 - broker_ms
         if self._best is None or now - self._since > self._window_s:
             self._best, self._since = bound, now
         else:
@@ -202,9 +203,8 @@ SENDER = "DELAYQ_SENDER"
 
 
 def sender() -> bytes:
-    """Who sends: host, pid and working folder of this Python worker. On a standalone cluster
-    the folder is the executor's (`<work>/app-…/<executor id>`), on Kubernetes the host is
-    the executor's pod; in local mode, the driver's."""
+    """Who sends: host, pid and working folder of this Python worker (the folder names the
+    executor on a standalone cluster, `<work>/app-…/<executor id>`; the host, its pod on k8s)."""
     return f"{socket.gethostname()}:{os.getpid()}:{os.getcwd()}".encode()
 
 
@@ -222,22 +222,18 @@ def ledger_record(sent: list[tuple[Row, int, str | None]]) -> bytes:
     """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, None) when delivered
     or (row, sent_ms, reason) when dead-lettered, as one Arrow IPC stream built a column at a
     time; a dead letter's row carries the message for the dead-letter table."""
-    rows = [row for row, _, _ in sent]
-    reasons = [reason for _, _, reason in sent]
-    dead = [(row, reason is not None) for row, reason in zip(rows, reasons)]
-    columns = {
-        "uniq_key": [r.uniq_key for r in rows], "topic": [r.topic for r in rows],
-        "partition": [r.partition for r in rows], "level": [r.level for r in rows],
-        "ipart": [r.ipart for r in rows], "ioff": [r.ioff for r in rows],
-        "append_ms": [r.append_ms for r in rows], "due_ms": [r.due_ms for r in rows],
-        "sent_ms": [sent_ms for _, sent_ms, _ in sent],
+    rows, sent_ms, reasons = (list(column) for column in zip(*sent))
+    dead = [row if reason is not None else None for row, reason in zip(rows, reasons)]
+    columns = {name: list(map(attrgetter(name), rows)) for name in (
+        "uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms")}
+    columns.update({
+        "sent_ms": sent_ms,
         "ready_offset": [r.offset if r.source is None else None for r in rows],
         "status": ["delivered" if reason is None else "dead" for reason in reasons],
         "reason": reasons,
-        "key": [r.key if d else None for r, d in dead],
-        "value": [r.value if d else None for r, d in dead],
-        "headers": [[{"key": k, "value": v} for k, v in r.headers] if d else None
-                    for r, d in dead]}
+        "key": [r.key if r else None for r in dead],
+        "value": [r.value if r else None for r in dead],
+        "headers": [[{"key": k, "value": v} for k, v in r.headers] if r else None for r in dead]})
     schema = ledger_schema()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:

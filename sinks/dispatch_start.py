@@ -12,7 +12,6 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from sinks.direct import owned
 from sinks.dispatch import DispatchConfig, identity, ledger_rows
 
 log = logging.getLogger(__name__)
@@ -51,8 +50,8 @@ def owned_partitions(consumer, config: DispatchConfig, task: int) -> list:
     topic = consumer.list_topics(config.intake_topic, timeout=60).topics[config.intake_topic]
     if topic.error is not None:
         raise KafkaException(topic.error)
-    return [TopicPartition(config.intake_topic, q)
-            for q in owned(len(topic.partitions), config.ready_partitions, task)]
+    return [TopicPartition(config.intake_topic, q) for q in range(len(topic.partitions))
+            if q % config.ready_partitions == task]
 
 
 def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int | None]:

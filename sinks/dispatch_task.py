@@ -9,6 +9,7 @@ import heapq
 import json
 import logging
 import time
+from collections import Counter
 from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -66,9 +67,9 @@ class _Task:
         self._gathered: list = []   # intake records read and not yet parsed (`gather_s`)
         self._gathered_since = 0.0
         self._sender = [(SENDER, sender())]
-        self.held: dict[int, int] = {}   # rows read and not yet in the ledger, by level
-        self._refused: set[tuple] = set()   # (source, offset) of rows whose dead letter was refused
-        self._alone: set[tuple] = set()   # (source, offset) of rows sent again alone after "too large"
+        self.held: Counter[int] = Counter()   # rows read and not yet in the ledger, by level
+        self._refused: set[tuple] = set()   # (source, offset): dead letter refused, logged once
+        self._alone: set[tuple] = set()   # (source, offset): sent again alone after "too large"
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -79,8 +80,7 @@ class _Task:
         # The rows already in the ready partition at the start: read again from the commit
         # point, they are remembered too, for a wheel batch fired again after a crash writes
         # copies of them after this end.
-        self._old_end = retrying(lambda: self.consumer.get_watermark_offsets(
-            self.ready, timeout=60))[1]
+        self._old_end = retrying(lambda: consumer.get_watermark_offsets(self.ready, timeout=60))[1]
         self.offsets = {source: Offsets(start) for source, start in starts.items()}
         self._probe(wait=True)
         self._assign()
@@ -93,7 +93,7 @@ class _Task:
             self.producer.poll(0)
             self._ledger()
             self._pace()
-            for msg in self.consumer.consume(5000, timeout=self._wait_s()):
+            for msg in consumer.consume(5000, timeout=self._wait_s()):
                 if msg.error():   # the client's own report; it reconnects and goes on
                     if msg.error().fatal():
                         raise KafkaException(msg.error())
@@ -104,18 +104,18 @@ class _Task:
                     if not self._gathered:
                         self._gathered_since = time.monotonic()
                     self._gathered.append(msg)
-            if self._gathered and (len(self._gathered) >= self.config.ledger_batch or time.monotonic()
-                                 - self._gathered_since >= self.config.gather_s):
+            if self._gathered and (len(self._gathered) >= config.ledger_batch
+                                   or time.monotonic() - self._gathered_since >= config.gather_s):
                 intake, self._gathered = self._gathered, []
                 self._take_intake(intake, done)
-            if self.config.direct_max_delay_ms >= 0 \
-                    and time.monotonic() - looked >= self.config.intake_refresh_s:
+            if config.direct_max_delay_ms >= 0 \
+                    and time.monotonic() - looked >= config.intake_refresh_s:
                 self._look_for_partitions()
                 looked = time.monotonic()
-            if time.monotonic() - last_commit >= self.config.commit_interval_s:
+            if time.monotonic() - last_commit >= config.commit_interval_s:
                 self._commit()
                 last_commit = time.monotonic()
-            if time.monotonic() - self._last_ack > self.config.probe_interval_s:
+            if time.monotonic() - self._last_ack > config.probe_interval_s:
                 self._probe()
         # A clean stop: what was handed to the producer is acknowledged (and its ledger row
         # with it) before the commit, so the next run skips it; rows not yet due stay above
@@ -192,7 +192,7 @@ class _Task:
                 self.skipped += 1
                 continue
             offsets.read(row.offset, self.ledger_end)
-            self.held[row.level] = self.held.get(row.level, 0) + 1
+            self.held[row.level] += 1
             if reason is None:
                 heapq.heappush(self.heap, row.order())
             else:   # bad input: its dead letter now, with the wheel's reason
@@ -218,7 +218,7 @@ class _Task:
                 done.add(known)
         self.offsets[None].read(offset, self.ledger_end)
         heapq.heappush(self.heap, row.order())
-        self.held[row.level] = self.held.get(row.level, 0) + 1
+        self.held[row.level] += 1
 
     def _send_due(self) -> None:
         heap, pop, produce, delivered = self.heap, heapq.heappop, self._produce, self._delivered
@@ -299,11 +299,11 @@ class _Task:
         """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows,
         once `gather_s` has passed since the first of them or `ledger_batch` are waiting; their
         rows are done once the ledger has them."""
-        if not self._unledgered or not force and len(self._unledgered) < self.config.ledger_batch and \
-                time.monotonic() - self._unledgered_since < self.config.gather_s:
+        batch = self.config.ledger_batch
+        if not self._unledgered or not force and len(self._unledgered) < batch \
+                and time.monotonic() - self._unledgered_since < self.config.gather_s:
             return
         acked, self._unledgered = self._unledgered, []
-        batch = self.config.ledger_batch
         for start in range(0, len(acked), batch):
             chunk = acked[start:start + batch]
             send = self._ledger_send(ledger_record(chunk), [row for row, _, _ in chunk])

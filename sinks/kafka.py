@@ -6,6 +6,7 @@ from pyspark import AccumulatorParam
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
+
 def producer_options(settings) -> dict[str, str]:
     """The options of Spark's Kafka sink for the wheel's writes: every record acknowledged by
     all in-sync replicas before the batch ends, and the batching of `conf/defaults.toml`."""

@@ -3,11 +3,12 @@ delivery ledger is written by the ledger query, streaming/ledger_query.py.)"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sinks.base import BatchSummary, Sent
+from sinks.base import BatchSummary
 from sinks.delta import append_once, create_table, query_id, table_exists
 
 
@@ -44,12 +45,10 @@ class DeadLetterTable:
     def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
         return sent.filter(F.col("kind") == "dead").select(*dead_letter_columns(summary.batch_id))
 
-    def write_batch(self, sent: Sent, summary: BatchSummary) -> None:
-        """The batch's dead letters in one Delta commit, with the query's id and the batch id
-        as its txnAppId and txnVersion."""
+    def write_batch(self, sent: Callable[[], DataFrame], summary: BatchSummary) -> None:
         if not summary.count("dead"):
             return
         if self._app_id is None:
             self._app_id = query_id(self._checkpoint)
-        append_once(self.select(sent.frame(), summary), self.path, self._app_id,
+        append_once(self.select(sent(), summary), self.path, self._app_id,
                     summary.batch_id, self.partition_by)

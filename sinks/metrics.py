@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
@@ -72,23 +73,20 @@ class Metrics:
                                     "Intake records written but not yet read by the job.", **r)
         self.delay_offset = Gauge("delayq_delay_offset", "Next intake offset of each level's "
                                   "partition (RocketMQ's delayOffset).", ["level"], **r)
-        self.build = Gauge("delayq_build_info", "Build information.",
-                           ["version", "spark_version"], **r)
-        self.build.labels(version=version, spark_version=spark_version).set(1)
+        Gauge("delayq_build_info", "Build information.", ["version", "spark_version"],
+              **r).labels(version=version, spark_version=spark_version).set(1)
         self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds",
                                    "When the last micro-batch finished.", **r)
 
     def add_pending(self, by_level: dict[int, int]) -> None:
-        """Messages pending before this run (the state as of the last committed batch), added
-        to the deltas of the batches this run has already observed."""
-        for level, n in by_level.items():
-            self._add_in_wheel(str(level), n)
-
-    def _add_in_wheel(self, level: str, n: float) -> None:
+        """Messages the wheel's state gained (lost, when negative) by level: a batch's deltas,
+        or at the start those pending as of the last committed batch."""
         with self._pending_lock:
-            self._in_wheel[level] = self._in_wheel.get(level, 0) + n
-            self.pending.labels(level=level).set(
-                self._in_wheel[level] + self._in_dispatch.get(level, 0))
+            for level, n in by_level.items():
+                level = str(level)
+                self._in_wheel[level] = self._in_wheel.get(level, 0) + n
+                self.pending.labels(level=level).set(
+                    self._in_wheel[level] + self._in_dispatch.get(level, 0))
 
     def set_dispatch_held(self, by_level: dict[int, int]) -> None:
         """The dispatch tasks' held messages by level, as their last commits report them."""
@@ -106,8 +104,7 @@ class Metrics:
             self.dead.labels(reason=reason).inc(n)
         self.cancelled.inc(summary.count("cancelled"))
         self.cancel_misses.inc(summary.count("cancel_unknown"))
-        for level, delta in summary.pending_delta_by_level.items():
-            self._add_in_wheel(str(level), delta)
+        self.add_pending(summary.pending_delta_by_level)
         self.observe_sent(summary.delivered_by_level, summary.lateness)
 
     def observe_sent(self, delivered_by_level: dict[int, int],
@@ -129,8 +126,6 @@ class Metrics:
         self.last_batch_ms.set(now)
         watermark = progress.get("eventTime", {}).get("watermark")
         if watermark and not watermark.startswith("1970-01-01"):
-            from datetime import datetime
-
             ms = datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp() * 1000
             self.watermark_lag.set(max(0.0, now - (ms + late_tolerance_ms) / 1000.0))
         for source in progress.get("sources", []):

@@ -1,9 +1,8 @@
-"""The wheel's Kafka sink: every fired message goes to the ready topic
-(`<intake>.READY`) with its restore information in trailing headers, for the dispatch tasks
-(sinks/dispatch.py) to send at its due time; dead letters go straight to the dead-letter
-topic. Nothing waits here: a batch ends when Kafka has its rows. A batch replayed after a crash
-is written again (Spark's Kafka sink is at least once); the dispatch tasks skip the deliveries
-the ledger already holds (sinks/dispatch.py).
+"""The wheel's Kafka sink: every fired message goes to the ready topic (`<intake>.READY`)
+with its restore information in trailing headers, for the dispatch tasks (sinks/dispatch.py) to
+send at its due time; dead letters go straight to the dead-letter topic. A batch replayed after
+a crash is written again (Spark's Kafka sink is at least once); the dispatch tasks skip the
+deliveries the ledger already holds.
 
 The ready partition of a row keeps what Kafka keeps in order on one path: the messages to one
 (topic, REAL_QID), and one key's messages to one topic, go through one partition and so one
@@ -13,7 +12,9 @@ reads them (a restart's backlog), so they must come in due order too.
 """
 from __future__ import annotations
 
+import functools
 import time
+from typing import Callable
 
 from py4j.java_collections import MapConverter
 from pyspark.serializers import CPickleSerializer
@@ -21,7 +22,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.classic.column import _to_seq
 
-from sinks.base import BatchSummary, Sent
+from sinks.base import BatchSummary
 from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
 from sinks.kafka import appended_headers, header_struct
 
@@ -74,7 +75,6 @@ class ReadySink:
     """The wheel batch's one write. Its columns, filter, counts and options are built as JVM
     objects once, so a batch's write is a dozen Py4J calls rather than one per column and
     option through PySpark's DataFrame API."""
-    name = "kafka"
 
     def __init__(self, spark, options: dict[str, str], ready_topic: str, partitions: int,
                  max_request_bytes: int = 1_048_576):
@@ -102,9 +102,12 @@ class ReadySink:
             {"kafka.max.request.size": str(max_request_bytes), **options},
             sc._gateway._gateway_client)
 
-    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Sent:
+    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Callable[[], DataFrame]:
         """Fired rows to the ready topic and dead letters to theirs, in the batch's one Spark
-        job, every row counted into `summary` on the way (`observed_counts`)."""
+        job, every row counted into `summary` on the way (`observed_counts`). Returns the sent
+        rows (the batch's columns and `sent_ms`), built on first call: most batches never need
+        them (dead letters are rare), and building them costs the driver an analysis of the
+        micro-batch's whole plan."""
         seen = self._observation()
         (batch._jdf.observe(seen, self._first_count, self._counts).filter(self._written._jc)
          .select(self._with_lane).repartition(self._partitions, self._by_lane)
@@ -112,5 +115,5 @@ class ReadySink:
          .write().mode("append").format("kafka").options(self._options).save())
         add_counts(CPickleSerializer().loads(self._to_py_row(seen.getRow())).asDict(), summary)
         now_ms = int(time.time() * 1000)
-        return Sent(lambda: batch.filter(self._written)
-                    .withColumn("sent_ms", F.lit(now_ms).cast("long")))
+        return functools.cache(lambda: batch.filter(self._written)
+                               .withColumn("sent_ms", F.lit(now_ms).cast("long")))

@@ -1,11 +1,10 @@
 """The data location: checkpoints and Delta tables on this machine's disk or on a distributed
 store (HDFS, S3), and the few small files delayq keeps beside Spark's in a checkpoint.
 
-`path(location)` gives a `pathlib.Path` for a local folder and a `HadoopPath` for a Hadoop
-URI (`hdfs://…`, `s3a://…`). Both answer the same few questions (`/`, `name`, `exists`,
-`is_dir`, `iterdir`, `read_text`, `unlink`), so their callers read either the same way. A
-`HadoopPath` goes through the running Spark driver's Hadoop client: the file system, settings
-and credentials of Spark's own checkpoint.
+`path(location)` gives a `pathlib.Path` for a local folder and a `HadoopPath` for a Hadoop URI
+(`hdfs://…`, `s3a://…`), which answers the few Path questions its callers ask through the
+running Spark driver's Hadoop client: the file system, settings and credentials of Spark's own
+checkpoint.
 """
 from __future__ import annotations
 
