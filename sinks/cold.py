@@ -94,8 +94,7 @@ class ColdTier:
                      .withColumn("due_bucket", bucket))
             frames.append(tombs)
             if misses:
-                parked = batch.filter(waiting).count()
-                summary.recount("cancel_unknown", "cancel_parked", parked)
+                summary.recount("cancel_unknown", "cancel_parked", batch.filter(waiting).count())
         if self._app_id is None:
             self._app_id = query_id(self.checkpoint)
         rows = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])

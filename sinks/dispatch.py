@@ -203,8 +203,8 @@ SENDER = "DELAYQ_SENDER"
 
 
 def sender() -> bytes:
-    """Who sends: host, pid and working folder of this Python worker (the folder names the
-    executor on a standalone cluster, `<work>/app-…/<executor id>`; the host, its pod on k8s)."""
+    """Who sends: host, pid and working folder of this Python worker (on a standalone cluster
+    the executor's folder, `<work>/app-…/<executor id>`; on Kubernetes the host is its pod)."""
     return f"{socket.gethostname()}:{os.getpid()}:{os.getcwd()}".encode()
 
 

@@ -25,21 +25,20 @@ def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: floa
         try:
             return call()
         except KafkaException as e:
-            if not transient(e.args[0] if e.args else None) or time.monotonic() > deadline:
+            if not transient(e) or time.monotonic() > deadline:
                 raise
             log.info("dispatch: %s; retrying", e)
             time.sleep(pause_s)
 
 
-def transient(err) -> bool:
-    """A Kafka error that passes by itself (retriable, or a cluster still starting)."""
-    if err is None or not hasattr(err, "code"):
-        return False
-    return err.retriable() or err.code() in {
+def transient(e: KafkaException) -> bool:
+    """A Kafka failure that passes by itself (retriable, or a cluster still starting)."""
+    err = e.args[0] if e.args else None
+    return hasattr(err, "code") and (err.retriable() or err.code() in {
         KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN, KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.REQUEST_TIMED_OUT}
+        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.REQUEST_TIMED_OUT})
 
 
 def owned_partitions(consumer, config: DispatchConfig, task: int) -> list:

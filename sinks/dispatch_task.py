@@ -380,7 +380,7 @@ class _Task:
         try:
             self.consumer.commit(offsets=commits, asynchronous=False)
         except KafkaException as e:
-            if not transient(e.args[0] if e.args else None):
+            if not transient(e):
                 raise
             log.warning("dispatch %d: commit failed (%s); the next one retries it",
                         self.partition, e)

@@ -132,19 +132,17 @@ class Metrics:
             end = _offsets(source.get("endOffset"), intake_topic)
             latest = _offsets(source.get("latestOffset"), intake_topic)
             for partition, offset in end.items():
-                if partition == heartbeats:
-                    continue
-                self.delay_offset.labels(level=str(partition + 1)).set(offset)
+                if partition != heartbeats:
+                    self.delay_offset.labels(level=str(partition + 1)).set(offset)
             if latest:
                 self.offsets_behind.set(sum(max(0, latest[p] - end.get(p, 0)) for p in latest))
 
 
 def _offsets(value, topic: str) -> dict[int, int]:
-    if value is None:
-        return {}
+    """`topic`'s offsets by partition in a progress report's source offsets (JSON or parsed)."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError:
             return {}
-    return {int(p): int(o) for p, o in (value.get(topic) or {}).items()}
+    return {int(p): int(o) for p, o in ((value or {}).get(topic) or {}).items()}

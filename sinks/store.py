@@ -9,6 +9,7 @@ checkpoint.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -23,7 +24,7 @@ def path(location: str | Path) -> Path | HadoopPath:
         return location
     if is_local(location):
         return Path(location.removeprefix("file://").removeprefix("file:"))
-    return HadoopPath(location)
+    return HadoopPath(location.rstrip("/"))
 
 
 def write_atomic(target: Path | HadoopPath, text: str) -> None:
@@ -38,23 +39,17 @@ def write_atomic(target: Path | HadoopPath, text: str) -> None:
     os.replace(tmp, target)
 
 
+@dataclass(frozen=True)
 class HadoopPath:
     """A file or folder on a Hadoop file system, read and written from the driver."""
 
-    def __init__(self, uri: str):
-        self.uri = uri.rstrip("/")
+    uri: str   # without a trailing slash
 
     def __truediv__(self, name: str) -> HadoopPath:
         return HadoopPath(f"{self.uri}/{name}")
 
     def __str__(self) -> str:
         return self.uri
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, HadoopPath) and other.uri == self.uri
-
-    def __hash__(self) -> int:
-        return hash(self.uri)
 
     @property
     def name(self) -> str:
@@ -83,8 +78,7 @@ class HadoopPath:
 
     def iterdir(self) -> list[HadoopPath]:
         _, _, fs, jpath = self._fs()
-        return [HadoopPath(f"{self.uri}/{status.getPath().getName()}")
-                for status in fs.listStatus(jpath)]
+        return [self / status.getPath().getName() for status in fs.listStatus(jpath)]
 
     def read_text(self) -> str:
         _, _, fs, jpath = self._fs()
