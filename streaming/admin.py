@@ -3,9 +3,10 @@ rule, and look up how many partitions a topic has."""
 from __future__ import annotations
 
 import logging
+from contextlib import closing, nullcontext, suppress
 
 from kafka import KafkaAdminClient
-from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, NewPartitions, NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from conf.settings import Settings
@@ -23,7 +24,6 @@ KAFKA_DEFAULT_MAX_MESSAGE = 1_048_588
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:
-    """An admin client, or a JobError that says why Kafka could not be reached."""
     try:
         return KafkaAdminClient(**python_client_config(settings))
     except KafkaError as exc:
@@ -53,9 +53,11 @@ def unreachable_reason(settings: Settings, exc: Exception) -> str:
 def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
                  configs: dict[str, str] | None = None) -> bool:
     """Create a topic; False if it already existed."""
+    # One replica on a single broker, else the broker's default (-1).
+    replicas = 1 if len(admin.describe_cluster().get("brokers", [])) <= 1 else -1
     try:
-        admin.create_topics([NewTopic(name, partitions, 1 if _single_broker(admin) else -1,
-                                      topic_configs=configs or {})], wait_for_metadata=True)
+        admin.create_topics([NewTopic(name, partitions, replicas, topic_configs=configs or {})],
+                            wait_for_metadata=True)
         return True
     except TopicAlreadyExistsError:
         return False
@@ -63,8 +65,6 @@ def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
 
 def _grow(admin: KafkaAdminClient, topic: str, partitions: int) -> None:
     """At least `partitions` partitions for an existing topic (Kafka adds, never removes)."""
-    from kafka.admin import NewPartitions
-
     have = topic_partitions(admin, [topic])[topic]
     if have is not None and have < partitions:
         admin.create_partitions({topic: NewPartitions(total_count=partitions)})
@@ -72,18 +72,12 @@ def _grow(admin: KafkaAdminClient, topic: str, partitions: int) -> None:
                  partitions - have)
 
 
-def _single_broker(admin: KafkaAdminClient) -> bool:
-    return len(admin.describe_cluster().get("brokers", [])) <= 1
-
-
 def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> int:
     """The intake (one partition per level and the heartbeats', LogAppendTime; an intake with
     fewer gets the partitions it lacks) and the dead-letter topic, which takes any record the
     intake took plus the headers the service adds. Returns the largest record the service
     must be able to write (the dead-letter topic's limit)."""
-    own = admin is None
-    admin = admin or admin_client(settings)
-    try:
+    with closing(admin_client(settings)) if admin is None else nullcontext(admin) as admin:
         wanted_parts = settings.heartbeat_partition + 1
         if not create_topic(admin, settings.intake_topic, wanted_parts, LOG_APPEND_TIME):
             _grow(admin, settings.intake_topic, wanted_parts)
@@ -91,9 +85,6 @@ def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> 
         wanted = max(intake_max + DLQ_HEADROOM_BYTES, KAFKA_DEFAULT_MAX_MESSAGE)
         create_topic(admin, settings.dlq_topic, 1, {"max.message.bytes": str(wanted)})
         return max_message_bytes(admin, settings.dlq_topic) or wanted
-    finally:
-        if own:
-            admin.close()
 
 
 def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient, largest: int) -> int:
@@ -148,10 +139,8 @@ def topic_partitions(admin: KafkaAdminClient, topics: list[str]) -> dict[str, in
     except KafkaError:   # UnknownTopicOrPartitionError among them: one by one
         described = []
         for topic in topics:
-            try:
+            with suppress(KafkaError):
                 described += admin.describe_topics([topic])
-            except KafkaError:
-                pass
     found = {info.get("name"): len(info["partitions"]) for info in described
              if info and info.get("error_code", 0) == 0 and info.get("partitions")}
     return {topic: found.get(topic) for topic in topics}

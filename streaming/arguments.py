@@ -13,19 +13,15 @@ def env_name(name: str) -> str:
 
 
 def setting_overrides(args: argparse.Namespace) -> dict[str, str]:
-    return {
-        key: value
-        for key in ("bootstrap_servers", "data_dir", "intake_topic", "delay_levels")
-        if (value := getattr(args, key, None)) is not None
-    }
+    keys = ("bootstrap_servers", "data_dir", "intake_topic")
+    return {key: value for key in keys if (value := getattr(args, key, None)) is not None}
 
 
 def settings_of(args: argparse.Namespace):
     return load_settings(**setting_overrides(args))
 
 
-# What `delayq run` prints once its first batch is done (the bench's restart scenario waits
-# for it).
+# What `delayq run` prints once its first batch is done (the benches wait for it).
 STARTED = "delayq started in"
 # The project's top-level packages: their loggers take the `log_level` setting.
 PACKAGES = ("conf", "state", "sinks", "streaming")

@@ -1,15 +1,10 @@
-"""A class data sharing archive for the Spark driver JVM: the classes a delayq JVM loads
-(Spark SQL and streaming, RocksDB state, Arrow, Delta), stored once by `deploy/setup.sh` and
-mapped by every later JVM instead of being loaded and verified from the jars again, which
-starts the job faster.
+"""A class data sharing archive for the Spark driver JVM: the classes a delayq JVM loads, stored
+once by `deploy/setup.sh` (`python -m streaming.tools.cds_train`) and mapped by every later JVM
+instead of being loaded and verified from the jars again, which starts the job faster.
 
-The archive is JDK 17's dynamic archive (`-XX:ArchiveClassesAtExit`), written when a training
-JVM exits. It is only valid for the Java and the jars it was made with, so its name carries a
-digest of both; a JVM given an archive that does not match ignores it (`-Xshare:auto`) and
-starts as it would have without it.
-
-    python -m streaming.tools.cds_train    # build the archive for these settings, if missing
-"""
+It is JDK 17's dynamic archive (`-XX:ArchiveClassesAtExit`), only valid for the Java and the
+jars it was made with, so its name carries a digest of both; a JVM given one that does not match
+ignores it (`-Xshare:auto`)."""
 from __future__ import annotations
 
 import hashlib
@@ -23,11 +18,10 @@ from streaming.jars import local_fs_jar, spark_jars
 
 def _java() -> Path | None:
     home = os.environ.get("JAVA_HOME")
-    java = Path(home) / "bin" / "java" if home else None
-    if java is None or not java.exists():
-        found = shutil.which("java")
-        java = Path(found) if found else None
-    return java.resolve() if java else None
+    if home and (java := Path(home) / "bin" / "java").exists():
+        return java.resolve()
+    found = shutil.which("java")
+    return Path(found).resolve() if found else None
 
 
 def archive_path(settings: Settings) -> Path | None:

@@ -1,6 +1,5 @@
-"""`delayq`: the one entry point. Its parser, the dispatch and the job commands (run, submit)
-live here; the service commands are in streaming/commands.py, the local tools and their options
-in streaming/tools/tool_commands.py.
+"""`delayq`: the one entry point, its parser and the job commands (run, submit); the service
+commands are in streaming/commands.py, the local tools' in streaming/tools/tool_commands.py.
 
 Every option can also be set from the environment as DELAYQ_<NAME> (named in --help);
 the defaults shown come from conf/defaults.toml.
@@ -43,19 +42,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_flags(args: argparse.Namespace) -> list[str]:
-    return [flag for flag, on in (("--allow-fresh-checkpoint", args.allow_fresh_checkpoint),
-                                  ("--allow-config-change", args.allow_config_change)) if on]
-
-
 def cmd_submit(args: argparse.Namespace) -> int:
     from streaming.tools import cluster
     from streaming.submit import submit, submit_command
 
     settings = settings_of(args)
     master = args.master or cluster.spec_from_settings(settings).master_url
+    run_args = [flag for flag, on in (("--allow-fresh-checkpoint", args.allow_fresh_checkpoint),
+                                      ("--allow-config-change", args.allow_config_change)) if on]
     options = dict(deploy_mode=args.deploy_mode, total_cores=args.total_executor_cores,
-                   run_args=_run_flags(args))
+                   run_args=run_args)
     if args.dry_run:
         print(" ".join(submit_command(settings, master, **options)))
         return 0
@@ -87,7 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
-    """run and submit."""
     run = sub.add_parser("run", help="run the delivery job (embedded broker unless Kafka is configured)")
     add_common(run)
     run.add_argument("--allow-fresh-checkpoint", action="store_true",
@@ -111,7 +106,6 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_message_parsers(sub: argparse._SubParsersAction) -> None:
-    """produce and cancel."""
     produce = sub.add_parser("produce", help="send one delayed message",
                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     produce.add_argument("--topic", required=True, help="the real topic (REAL_TOPIC)")
@@ -134,7 +128,6 @@ def _add_message_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
-    """offsets, ledger, tables and status."""
     offsets = sub.add_parser("offsets", help="print the delayOffset table of the last committed batch")
     offsets.add_argument("--checkpoint", help="checkpoint folder [default: <data_dir>/checkpoints/delivery]")
     add_common(offsets)
@@ -167,8 +160,7 @@ def _add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except DelayqError as exc:

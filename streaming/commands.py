@@ -33,31 +33,29 @@ def cmd_produce(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from streaming.producer import DelayProducer, Handle
 
-    settings = settings_of(args)
     try:
         handle = Handle.parse(args.handle)
     except ValueError as exc:
         raise SystemExit(f"delayq cancel: {exc}")
-    with DelayProducer(settings) as producer:
+    with DelayProducer(settings_of(args)) as producer:
         producer.cancel(handle)
     print(f"cancel sent for {handle.uniq_key} (due {handle.due_ms})")
     return 0
 
 
 def cmd_offsets(args: argparse.Namespace) -> int:
+    import json
+    from contextlib import nullcontext
+
     from sinks import store
-    from streaming.offsets import delay_offset_table, format_delay_offsets
+    from streaming.offsets import delay_offset_table
 
     settings = settings_of(args)
     checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
     # A checkpoint on a store is read through Spark's Hadoop client.
-    spark = None if store.is_local(str(checkpoint)) else _reader_session(settings)
-    try:
-        print(format_delay_offsets(delay_offset_table(checkpoint, settings.intake_topic,
-                                                      settings.heartbeat_partition)))
-    finally:
-        if spark is not None:
-            spark.stop()
+    with nullcontext() if store.is_local(str(checkpoint)) else _reader_session(settings):
+        print(json.dumps(delay_offset_table(checkpoint, settings.intake_topic,
+                                            settings.heartbeat_partition)))
     return 0
 
 
@@ -83,8 +81,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from streaming import lookup
 
     settings = settings_of(args)
-    spark = _reader_session(settings)
-    try:
+    with _reader_session(settings) as spark:
         if args.summary:
             rows = lookup.summary(spark, settings.ledger_path, _ms(args.since), _ms(args.until))
             print(f"{'level':>5} {'delivered':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'early':>6}")
@@ -102,21 +99,16 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         for key, value in where.detail.items():
             print(f"  {key:12} {value}")
         return 0 if where.status != "unknown" else 1
-    finally:
-        spark.stop()
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
     from streaming.maintenance import maintain
 
     settings = settings_of(args)
-    spark = _reader_session(settings)
-    try:
+    with _reader_session(settings) as spark:
         for path, column in ((settings.ledger_path, "sent_date"),
                              (settings.dead_letter_path, "dead_date")):
             print(maintain(spark, path, column, args.retain_days, args.vacuum_hours))
-    finally:
-        spark.stop()
     return 0
 
 

@@ -10,15 +10,12 @@ from conf.settings import Settings
 from sinks.metrics import Metrics
 
 
-def delayq_version() -> str:
-    try:
-        return version("delayq")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
 def build_metrics() -> Metrics:
-    return Metrics(CollectorRegistry(), version=delayq_version(), spark_version=pyspark.__version__)
+    try:
+        own = version("delayq")
+    except PackageNotFoundError:
+        own = "0+unknown"
+    return Metrics(CollectorRegistry(), version=own, spark_version=pyspark.__version__)
 
 
 def serve(settings: Settings, metrics: Metrics):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import cached_property
 
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener
@@ -36,21 +37,16 @@ class _JsonEvents(JStreamingQueryListener):
 
 
 class ProgressJsonListener(StreamingQueryListener):
-    """A listener of one query's progress reports, each as the dict of Spark's JSON."""
-
     failure = "could not read a progress report"
 
     def __init__(self, query_name: str):
         self._name = query_name
 
-    @property
+    @cached_property   # one JVM wrapper, so that removeListener finds the one added
     def _jlistener(self):
         from pyspark import SparkContext
 
-        if not hasattr(self, "_jlistenerobj"):
-            self._jlistenerobj = SparkContext._jvm.PythonStreamingQueryListenerWrapper(
-                _JsonEvents(self))
-        return self._jlistenerobj
+        return SparkContext._jvm.PythonStreamingQueryListenerWrapper(_JsonEvents(self))
 
     def on_progress(self, progress: dict) -> None:
         if progress.get("name") != self._name:

@@ -5,21 +5,28 @@ short level's message, or the wheel's state, read with Spark's state data source
 And `--summary`: counts and lateness percentiles per level over a time range."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
+from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from sinks import store
 from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
-from sinks import store
+from sinks.direct import direct_rows
+from sinks.dispatch import ledger_rows, ready_row
 from sinks.store import HadoopPath
+from state import headers as H
+from state.envelope import default_uniq_key
 from state.wheel import decode_chunks
-from streaming.wheel_query import wheel_state
+from streaming.kafka_config import librdkafka_config
+from streaming.wheel_query import rules_of, wheel_state
 
 
 @dataclass
@@ -61,40 +68,30 @@ def _matching(spark: SparkSession, table: str, uniq_key: str) -> list:
 def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
          checkpoint: str | Path | HadoopPath, cold: str | None = None,
          recent: Callable[[str], Whereabouts | None] | None = None) -> Whereabouts:
-    """Where `uniq_key` is: delivered, dead-lettered, cancelled, pending, or unknown. `recent`
-    looks in the Kafka topics between the wheel and the tables (`in_topics`)."""
+    """`recent` looks in the Kafka topics between the wheel and the tables (`in_topics`)."""
     if table_exists(ledger) and (rows := _matching(spark, ledger, uniq_key)):
         return _delivered(rows[0].asDict())
     if table_exists(dead) and (rows := _matching(spark, dead, uniq_key)):
         return _dead(rows[0])
+    # Cancelled: every cancel that found its message leaves a tombstone in the cold tier, as
+    # does one that waits for it there.
     if cold is not None and table_exists(cold):
-        where = _in_cold_tier(spark, uniq_key, cold)
-        if where is not None:
-            return where
-    where = recent(uniq_key) if recent is not None else None
-    if where is not None:
+        rows = [r.asDict() for r in _matching(spark, cold, uniq_key)]
+        if tomb := next((r for r in rows if r.get(TOMBSTONE)), None):
+            return Whereabouts("cancelled", {"due": _iso(tomb["due_ms"]),
+                                             "cancel": _iso(tomb["append_ms"]),
+                                             "intake": f"{tomb['ipart']}-{tomb['ioff']}"})
+    if recent is not None and (where := recent(uniq_key)) is not None:
         return where
     return _pending(spark, uniq_key, store.path(checkpoint)) or Whereabouts("unknown", {})
-
-
-def _in_cold_tier(spark: SparkSession, uniq_key: str, cold: str) -> Whereabouts | None:
-    """Cancelled when a cancel's tombstone in the cold tier names it (every cancel that found
-    its message leaves one, as does one that waits for it there), else None."""
-    rows = [r.asDict() for r in _matching(spark, cold, uniq_key)]
-    tomb = next((r for r in rows if r.get(TOMBSTONE)), None)
-    if tomb is not None:
-        return Whereabouts("cancelled", {"due": _iso(tomb["due_ms"]), "cancel": _iso(tomb["append_ms"]),
-                                         "intake": f"{tomb['ipart']}-{tomb['ioff']}"})
-    return None
 
 
 def _pending(spark: SparkSession, uniq_key: str,
              checkpoint: Path | HadoopPath) -> Whereabouts | None:
     if not (checkpoint / "state").is_dir():
         return None
-    for row in wheel_state(spark, str(checkpoint), "chunk").toLocalIterator():
-        if row["chunk"] is None:
-            continue
+    chunks = wheel_state(spark, str(checkpoint), "chunk").where(F.col("chunk").isNotNull())
+    for row in chunks.toLocalIterator():
         table = decode_chunks([row["chunk"]])
         keys = table.column("uniq_key").to_pylist()
         if uniq_key in keys:
@@ -126,14 +123,6 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
     `ledger_interval`: the records of the last three intervals are read); or fired into the
     ready topic and not yet done (from each ready partition's committed offset, the dispatch
     group's, to its end)."""
-    import time
-
-    from confluent_kafka import Consumer, TopicPartition
-
-    from sinks.dispatch import ledger_rows, ready_row
-    from state import headers as H
-    from streaming.kafka_config import librdkafka_config
-
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                          "group.id": f"delayq.{settings.intake_topic}.dispatch",
                          "enable.auto.commit": False})
@@ -165,11 +154,6 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
 def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
     """A short level's message a dispatch task read from the intake itself (sinks/direct.py)
     and has not finished: from each intake partition's offset the dispatch group committed."""
-    from sinks.direct import direct_rows
-    from state import headers as H
-    from state.envelope import default_uniq_key
-    from streaming.wheel_query import rules_of
-
     if settings.dispatch_direct_max_delay_ms < 0:
         return None
     wanted = (H.UNIQ_KEY, uniq_key.encode())
@@ -189,8 +173,6 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
 def _records(consumer, topic: str, starts, from_earliest: bool = False):
     """Every record of `topic` from the offsets `starts(partitions)` gives to each partition's
     end; where it gives none, from the earliest (`from_earliest`) or nothing."""
-    from confluent_kafka import TopicPartition
-
     found = consumer.list_topics(topic, timeout=30).topics.get(topic)
     if found is None or found.error is not None:
         return

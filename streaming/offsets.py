@@ -3,11 +3,9 @@ own record of the last committed micro-batch.
 
     {"offsetTable": {"1": 2, "3": 17}}
 
-Level L is intake partition L-1 (the job's heartbeats have the partition after the levels'
-and are not shown); the number is the next intake offset of that partition the
-job will read, i.e. everything before it is in the wheel's state or already delivered.
-Pure file reading: no Spark, no broker.
-"""
+Level L is intake partition L-1 (the heartbeats' partition, after the levels', is not shown);
+the number is the next offset of that partition the job will read: everything before it is in
+the wheel's state or already delivered. Pure file reading: no Spark, no broker."""
 from __future__ import annotations
 
 import json
@@ -34,8 +32,7 @@ def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
     batch = last_committed_batch(checkpoint)
     if batch is None:
         return {}
-    lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
-    for line in lines[2:]:
+    for line in (checkpoint / "offsets" / str(batch)).read_text().splitlines()[2:]:
         if line.strip().startswith("{"):
             sources = json.loads(line)
             if topic in sources:
@@ -48,7 +45,3 @@ def delay_offset_table(checkpoint: Path, topic: str,
     """The view, without the heartbeats' partition (`Settings.heartbeat_partition`)."""
     offsets = committed_offsets(checkpoint, topic)
     return {"offsetTable": {str(p + 1): o for p, o in sorted(offsets.items()) if p != heartbeats}}
-
-
-def format_delay_offsets(table: dict) -> str:
-    return json.dumps(table)

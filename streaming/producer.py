@@ -129,6 +129,4 @@ class DelayProducer:
             return append_ms + self.settings.level_delays_ms[level - 1]
         if deliver_at_ms is not None:
             return max(int(deliver_at_ms), append_ms)
-        if delay_ms is not None:
-            return append_ms + int(delay_ms)
-        return append_ms
+        return append_ms + int(delay_ms or 0)

@@ -7,8 +7,8 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def fetch(url: str, timeout_s: float = 5.0) -> dict[str, list[tuple[dict, float]]]:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+def fetch(url: str) -> dict[str, list[tuple[dict, float]]]:
+    with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
     samples: dict[str, list[tuple[dict, float]]] = defaultdict(list)
     for family in text_string_to_metric_families(text):
@@ -39,12 +39,10 @@ def quantile(samples, name: str, q: float) -> float | None:
 
 
 def render(samples) -> str:
-    lines = []
-    received = _total(samples, "delayq_messages_received_total")
-    delivered = _total(samples, "delayq_messages_delivered_total")
-    dead = _total(samples, "delayq_messages_dead_lettered_total")
-    lines.append(f"received {received:.0f}   delivered {delivered:.0f}   dead-lettered {dead:.0f}   "
-                 f"cancelled {_total(samples, 'delayq_messages_cancelled_total'):.0f}")
+    lines = [f"received {_total(samples, 'delayq_messages_received_total'):.0f}   "
+             f"delivered {_total(samples, 'delayq_messages_delivered_total'):.0f}   "
+             f"dead-lettered {_total(samples, 'delayq_messages_dead_lettered_total'):.0f}   "
+             f"cancelled {_total(samples, 'delayq_messages_cancelled_total'):.0f}"]
     p50 = quantile(samples, "delayq_delivery_lateness_seconds", 0.5)
     p99 = quantile(samples, "delayq_delivery_lateness_seconds", 0.99)
     fmt = lambda v: "-" if v is None else (f"≤{v:g} s" if v != float("inf") else ">60 s")
@@ -57,7 +55,7 @@ def render(samples) -> str:
     pending = _by(samples, "delayq_pending_messages", "level")
     offsets = _by(samples, "delayq_delay_offset", "level")
     lines.append(f"{'level':>6} {'pending':>9} {'delayOffset':>12}")
-    for level in sorted(set(pending) | set(offsets), key=lambda x: int(x)):
+    for level in sorted(set(pending) | set(offsets), key=int):
         lines.append(f"{level:>6} {pending.get(level, 0):>9.0f} {offsets.get(level, 0):>12.0f}")
     for reason, n in sorted(_by(samples, "delayq_messages_dead_lettered_total", "reason").items()):
         lines.append(f"dead letters {reason}: {n:.0f}")
