@@ -43,16 +43,9 @@ def group_id(settings: Settings) -> str:
 
 
 def fingerprint(settings: Settings) -> dict:
-    return {key: _plain(getattr(settings, key)) for key in SHAPING}
-
-
-def _plain(value):
-    return list(value) if isinstance(value, tuple) else value
-
-
-def has_progress(path: Path | HadoopPath) -> bool:
-    """True once a batch has been planned into this checkpoint."""
-    return latest_batch(path / "offsets") is not None
+    """The shaping settings as the stamp's JSON holds them (tuples as lists)."""
+    values = {key: getattr(settings, key) for key in SHAPING}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 def check_readable(path: Path | HadoopPath) -> None:
@@ -97,21 +90,26 @@ def _is_json(line: str) -> bool:
         return False
 
 
-def format_refusal(stamp: dict, path: Path) -> str | None:
-    """Why a checkpoint's wheel state cannot be read by this version, or None."""
-    was = stamp.get("state_format", 1)
-    if was == STATE_FORMAT:
-        return None
-    return (f"checkpoint {path} holds wheel state in format {was}; this delayq reads format "
-            f"{STATE_FORMAT}. Let that checkpoint drain with the delayq version that wrote it, "
-            f"then start this version on a new checkpoint.")
-
-
-def config_differences(stamp: dict, settings: Settings) -> dict[str, tuple]:
-    """Setting → (value in the checkpoint, value now), for every shaping setting that moved."""
-    now = fingerprint(settings)
-    was = stamp.get("settings", {})
-    return {key: (was[key], now[key]) for key in SHAPING if key in was and was[key] != now[key]}
+def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change: bool) -> None:
+    """Refuse wheel state in another format, or shaping settings that moved since the stamp."""
+    stamp = _stamp(path)
+    if stamp is None:
+        return
+    was_format = stamp.get("state_format", 1)
+    if was_format != STATE_FORMAT:
+        raise CheckpointError(
+            f"checkpoint {path} holds wheel state in format {was_format}; this delayq reads "
+            f"format {STATE_FORMAT}. Let that checkpoint drain with the delayq version that "
+            f"wrote it, then start this version on a new checkpoint.")
+    now, was = fingerprint(settings), stamp.get("settings", {})
+    moved = {key: (was[key], now[key]) for key in SHAPING if key in was and was[key] != now[key]}
+    if moved and not allow_config_change:
+        lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in moved.items())
+        raise CheckpointError(
+            f"checkpoint {path} was written with other settings ({lines}). Spark keeps "
+            f"state laid out by the old values, so pending messages could be misplaced. "
+            f"Put the settings back, or start a new checkpoint for the new settings and "
+            f"let this one drain; --allow-config-change overrides this check.")
 
 
 def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
@@ -119,7 +117,7 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
     """Decide whether the job may start on `checkpoint`. Returns "fresh" or "resume";
     raises CheckpointError with the reason and the way out otherwise."""
     path = store.path(checkpoint)
-    fresh = not path.exists() or (path.is_dir() and not has_progress(path))
+    fresh = not path.exists() or (path.is_dir() and latest_batch(path / "offsets") is None)
     if fresh and group_offsets and not allow_fresh:
         shown = ", ".join(f"{p}:{o}" for p, o in sorted(group_offsets.items()))
         raise CheckpointError(
@@ -133,24 +131,11 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
         check_readable(path)
     if fresh:
         return "fresh"
-    stamp = _stamp(path)
-    if stamp is not None:
-        refusal = format_refusal(stamp, path)
-        if refusal:
-            raise CheckpointError(refusal)
-        moved = config_differences(stamp, settings)
-        if moved and not allow_config_change:
-            lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in moved.items())
-            raise CheckpointError(
-                f"checkpoint {path} was written with other settings ({lines}). Spark keeps "
-                f"state laid out by the old values, so pending messages could be misplaced. "
-                f"Put the settings back, or start a new checkpoint for the new settings and "
-                f"let this one drain; --allow-config-change overrides this check.")
+    check_stamp(path, settings, allow_config_change)
     return "resume"
 
 
 def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> None:
-    """The stamp, with `started_ms` (see that function)."""
     store.write_atomic(store.path(checkpoint) / STAMP, json.dumps(
         {"settings": fingerprint(settings), "state_format": STATE_FORMAT,
          "started_ms": started_ms},
@@ -202,7 +187,6 @@ def read_group_offsets(admin, settings: Settings) -> dict[int, int]:
     while True:
         try:
             answer = admin.list_group_offsets({group: None}).get(group, {})
-            break
         except KafkaError as exc:
             # A broker's first minutes: no coordinator until __consumer_offsets is made.
             if exc.retriable and time.monotonic() < deadline:
@@ -210,8 +194,8 @@ def read_group_offsets(admin, settings: Settings) -> dict[int, int]:
                 continue
             log.warning("could not read consumer group %s: %s", group, exc)
             return {}
-    return {tp.partition: meta.offset for tp, meta in answer.items()
-            if tp.topic == settings.intake_topic and meta.offset >= 0}
+        return {tp.partition: meta.offset for tp, meta in answer.items()
+                if tp.topic == settings.intake_topic and meta.offset >= 0}
 
 
 def mirror_offsets(admin, settings: Settings, offsets: dict[int, int]) -> None:

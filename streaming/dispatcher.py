@@ -24,14 +24,10 @@ from streaming.wheel_query import rules_of
 
 log = logging.getLogger(__name__)
 
-JOB_GROUP = "delayq-dispatch-{topic}-{partition}"
-
 
 def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, partitions: int,
                     intake_start: dict[int, int]) -> DispatchConfig:
-    security = librdkafka_config(settings)
-    producer = dispatch_producer_config(settings, max_request_bytes)
-    consumer = {"bootstrap.servers": settings.bootstrap, **security,
+    consumer = {"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
                 "enable.partition.eof": False,
                 # fetch.wait.max.ms stays at 500 ms: a fetch returns once a record comes, and
@@ -39,7 +35,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                 # Spark's Kafka source's default: the wheel and the dispatch tasks see the same
                 # intake records.
                 "isolation.level": "read_uncommitted"}
-    return DispatchConfig(consumer=consumer, producer=producer,
+    return DispatchConfig(consumer=consumer,
+                          producer=dispatch_producer_config(settings, max_request_bytes),
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
                           dlq_topic=settings.dlq_topic, run_id=run_id,
                           commit_interval_s=settings.dispatch_commit_interval_ms / 1000,
@@ -108,7 +105,7 @@ class Dispatcher:
         return held
 
     def _group(self, partition: int) -> str:
-        return JOB_GROUP.format(topic=self.settings.ready_topic, partition=partition)
+        return f"delayq-dispatch-{self.settings.ready_topic}-{partition}"
 
     def _supervise(self, partition: int) -> None:
         context = self.spark.sparkContext

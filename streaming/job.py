@@ -37,7 +37,6 @@ from streaming.schema import OUTPUT_SPARK
 from streaming.wheel_query import BatchWriter, pending_by_level, wheel_stream
 
 log = logging.getLogger(__name__)
-QUERY_NAME = "delayq"
 # How long the stop waits for the query's thread to park in the writer before interrupting it.
 PARK_WAIT_S = 5.0
 
@@ -49,30 +48,23 @@ class DelayJob:
                  on_batch: Callable[[BatchSummary], None] | None = None,
                  metrics: Metrics | None = None,
                  allow_fresh_checkpoint: bool = False, allow_config_change: bool = False):
-        self.settings = settings
+        self.settings, self.spark, self.metrics = settings, spark, metrics
         self._allow_fresh = allow_fresh_checkpoint
         self._allow_config_change = allow_config_change
-        self._mirror = None
-        self._mirror_admin = None
-        self.metrics = metrics
-        self._listener = None
-        self.query_name = f"{QUERY_NAME}-{settings.intake_topic}"
-        self.spark = spark
+        self._on_batch = on_batch
+        self.query_name = f"delayq-{settings.intake_topic}"
         self.checkpoint = checkpoint or str(settings.checkpoint_path)
         # The wheel writes only its rejections; the ledger query writes the ledger.
         self._sinks = ([DeadLetterTable(settings.dead_letter_path, self.checkpoint)]
                        if settings.ledger else [])
-        self._on_batch = on_batch
-        self.query = None
-        self._heartbeat: Heartbeat | None = None
-        self._admin = None
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}   # the first batch's steps
-        self._seeder: threading.Thread | None = None
+        self._direct_was_on = False   # see streaming/checkpoint.py direct_was_on
+        # What start() starts and stop() stops (the ledger query: ledger topic → Delta).
+        self.query = self.ledger_query = self._admin = self._mirror_admin = None
+        self._listener = self._mirror = self._heartbeat = self._seeder = None
         self._writer: BatchWriter | None = None
         self._dispatcher: Dispatcher | None = None
-        self._direct_was_on = False   # see streaming/checkpoint.py direct_was_on
-        self.ledger_query = None   # ledger topic → Delta
 
     def _step(self, name: str) -> None:
         now = time.monotonic()
@@ -131,10 +123,9 @@ class DelayJob:
         return self.query
 
     def _check_checkpoint(self) -> tuple[int, int]:
-        """The checkpoint's guards (streaming/checkpoint.py) and its stamp. Returns
-        (started_ms, now_ms): the moment before which level messages pass through for good (on
-        a fresh checkpoint, this run's start), and the stand-in for a new query's first
-        watermark."""
+        """The checkpoint's guards (streaming/checkpoint.py) and its stamp. Returns (started_ms,
+        now_ms): before started_ms level messages pass through for good (a fresh checkpoint:
+        this run's start); now_ms stands in for a new query's first watermark."""
         verdict = ckpt.check(self.settings, self.checkpoint,
                              ckpt.read_group_offsets(self._admin, self.settings),
                              allow_fresh=self._allow_fresh,
@@ -158,7 +149,9 @@ class DelayJob:
                         or len(self.settings.level_delays_ms),
                         spark_options(self.settings), self.settings.cold_bucket_ms,
                         self.settings.near_horizon_ms)
-        writer = BatchWriter(kafka, self._sinks, self._observer(), cold)
+        observers = [h for h in (self.metrics.observe_batch if self.metrics else None,
+                                 self._on_batch) if h]
+        writer = BatchWriter(kafka, self._sinks, observers, cold)
         self._step("cold_tier")
         for sink in self._sinks:
             sink.ensure_table(self.spark, sent_schema(OUTPUT_SPARK))
@@ -166,7 +159,6 @@ class DelayJob:
         return writer
 
     def _listen(self) -> None:
-        """The progress listener (metrics), the consumer-group mirror and the heartbeat."""
         if self.metrics is not None:
             self._listener = ProgressListener(self.metrics, self.query_name,
                                               self.settings.late_tolerance_ms,
@@ -204,10 +196,9 @@ class DelayJob:
                 f"for the intake and the ledger query) and Spark has {slots}: give it more "
                 f"(spark_master = \"local[{need}]\", or more executor cores)")
         conf = self.spark.sparkContext.getConf()
-        for key, bad in (("spark.speculation", "true"), ("spark.dynamicAllocation.enabled", "true")):
-            if conf.get(key, "false").lower() == bad:
-                raise JobError(f"delayq runs dispatch tasks that never end: "
-                               f"{key} must be off")
+        for key in ("spark.speculation", "spark.dynamicAllocation.enabled"):
+            if conf.get(key, "false").lower() == "true":
+                raise JobError(f"delayq runs dispatch tasks that never end: {key} must be off")
 
     def failure(self) -> str | None:
         """Why the job cannot go on though its query runs (a dispatch stage that gave up)."""
@@ -219,9 +210,8 @@ class DelayJob:
         return self._writer is not None and self._writer.lost_kept_rows
 
     def restart(self) -> None:
-        """Start again from the checkpoint, as a restarted driver would: what is left of this
-        run is stopped (its query has failed; the batch it failed in is not committed and runs
-        again), and everything is started anew on the same Spark session."""
+        """Stop what is left and start anew on the same Spark session, as a restarted driver
+        would: the batch the query failed in is not committed and runs again."""
         self.stop()
         self.start()
 
@@ -276,17 +266,6 @@ class DelayJob:
         self._seeder = threading.Thread(target=seed, name="delayq-pending-seed", daemon=True)
         self._seeder.start()
 
-    def _observer(self) -> Callable[[BatchSummary], None] | None:
-        hooks = [h for h in (self.metrics.observe_batch if self.metrics else None,
-                             self._on_batch) if h]
-        if not hooks:
-            return None
-
-        def observe(summary: BatchSummary) -> None:
-            for hook in hooks:
-                hook(summary)
-        return observe
-
     def _first_batch(self, timeout_s: float):
         """Wait for the first completed batch; return the query's error if it died first."""
         deadline = time.monotonic() + timeout_s
@@ -329,7 +308,7 @@ class DelayJob:
                 self._seeder.join(timeout=30)
         finally:
             admin, self._mirror_admin = self._mirror_admin, None
-            if admin is not None:   # a commit it still runs fails, and knows why (below)
+            if admin is not None:   # a commit it still runs fails, and knows why (_mirror_commit)
                 admin.close()
             if self._heartbeat is not None:
                 self._heartbeat.stop()

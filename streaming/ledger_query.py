@@ -1,10 +1,8 @@
 """The ledger query: the dispatch tasks' ledger topic → the Delta ledger and dead-letter tables
-(unless `ledger` is off), on a trigger of `ledger_interval`, and the delivery metrics (delivered
-per level, the lateness histogram, dead letters per reason) from its batches. A ledger record is
-an Arrow IPC stream of rows (sinks/dispatch.py): a Python function decodes it and counts its rows
-on the way, so a batch is one Spark job. Each append is idempotent on (query id, batch id) across
-restarts. A message is in the ledger topic once (a starting dispatch task skips what its ledger
-partition already holds), so no state is kept here to drop second copies.
+(unless `ledger` is off) every `ledger_interval`, and the delivery metrics from its batches. A
+ledger record is an Arrow IPC stream of rows (sinks/dispatch.py), decoded and counted on the way,
+so a batch is one Spark job. Appends are idempotent on (query id, batch id); a message is in the
+ledger topic once (a starting dispatch task skips what its ledger partition holds), so no state.
 """
 from __future__ import annotations
 
@@ -27,11 +25,6 @@ log = logging.getLogger(__name__)
 # A ledger row's group in the counts; "direct": a message the dispatch read from the intake
 # itself (sinks/direct.py), which the wheel never saw, so it is counted as received here.
 _GROUP = ("status", "level", "reason", "direct")
-
-
-def ledger_checkpoint(checkpoint: str) -> str:
-    """The ledger query's checkpoint, beside the wheel's."""
-    return checkpoint.rstrip("/") + "-ledger"
 
 
 def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
@@ -117,7 +110,12 @@ class LedgerWriter:
             self._append(rows, batch_id, now_ms)
         summary = self._summary(batch_id, self._counts.value)
         if summary.count("dead") and self.settings.ledger:
-            self._dead_letters(batch.mapInArrow(decoding(), self._schema), batch_id)
+            # Rows the dispatch could not deliver (the real topic refused them), as they came,
+            # to the dead-letter table beside those the wheel rejected.
+            dead = (batch.mapInArrow(decoding(), self._schema).filter(F.col("status") == "dead")
+                    .select(*dead_letter_columns(batch_id)))
+            append_once(dead, str(self.settings.dead_letter_path), self._app_id, batch_id,
+                        ("dead_date",))
         if self.metrics is not None:
             self.metrics.observe_sent(summary.delivered_by_level, summary.lateness)
             for level, n in summary.received_by_level.items():
@@ -153,27 +151,15 @@ class LedgerWriter:
                                 sum(row["lateness_sum"] for row in delivered) / 1000)
         return summary
 
-    def _dead_letters(self, rows: DataFrame, batch_id: int) -> None:
-        """Rows the dispatch could not deliver (the real topic refused them) to the dead-letter
-        table, as they came, beside those the wheel rejected."""
-        dead = rows.filter(F.col("status") == "dead").select(*dead_letter_columns(batch_id))
-        append_once(dead, str(self.settings.dead_letter_path), self._app_id, batch_id,
-                    ("dead_date",))
-
 
 class LedgerQuery:
-    """The running ledger query and its writer."""
+    """The running ledger query and its writer; otherwise a StreamingQuery (its progress)."""
 
     def __init__(self, query, writer: LedgerWriter):
         self.query, self.writer = query, writer
 
-    @property
-    def lastProgress(self):   # noqa: N802 (StreamingQuery's name)
-        return self.query.lastProgress
-
-    @property
-    def recentProgress(self):   # noqa: N802
-        return self.query.recentProgress
+    def __getattr__(self, name: str):
+        return getattr(self.query, name)
 
     def stop(self, grace_s: float = 30.0) -> None:
         """A clean stop: the batch under way ends (up to `grace_s`), then the query stops. A
@@ -186,11 +172,11 @@ class LedgerQuery:
 
 
 def start_ledger_query(spark: SparkSession, settings: Settings, checkpoint: str,
-                       metrics: Metrics | None = None, name: str | None = None) -> LedgerQuery:
-    location = ledger_checkpoint(checkpoint)
+                       metrics: Metrics | None, name: str) -> LedgerQuery:
+    location = checkpoint.rstrip("/") + "-ledger"   # the ledger query's, beside the wheel's
     writer = LedgerWriter(spark, settings, location, metrics)
     return LedgerQuery(ledger_stream(spark, settings).writeStream
-                       .queryName(name or f"delayq-ledger-{settings.intake_topic}")
+                       .queryName(name)
                        .foreachBatch(writer)
                        .option("checkpointLocation", location)
                        .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")

@@ -212,14 +212,11 @@ def quiet_jvm_output(stream, fd: int) -> None:
         if text in _TRACEBACKS:
             block = [line]
             continue
-        if text in QUIET_LINES or text.startswith(QUIET_PREFIXES):
-            after_quiet = True
-            continue
-        if after_quiet and not text:
-            after_quiet = False
-            continue
-        after_quiet = False
-        _write(fd, line)
+        # A quiet line is dropped, and so is the empty line after one.
+        quiet = text in QUIET_LINES or text.startswith(QUIET_PREFIXES)
+        if not quiet and not (after_quiet and not text):
+            _write(fd, line)
+        after_quiet = quiet
     if block and not STOPPING.is_set():   # cut off by the JVM's exit at a clean stop: dropped
         _write(fd, b"".join(block))
 

@@ -51,12 +51,9 @@ def resolve(settings: Settings, checkpoint, slots: int) -> Settings:
         return settings
     state, ready = sized(slots)
     recorded = recorded_partitions(checkpoint)
-    update = {}
-    if not settings.ready_partitions:
-        update["ready_partitions"] = ready
-    if not settings.spark_shuffle_partitions:
-        update["spark_shuffle_partitions"] = recorded or state
-    resolved = settings.model_copy(update=update)
+    resolved = settings.model_copy(update={
+        "ready_partitions": settings.ready_partitions or ready,
+        "spark_shuffle_partitions": settings.spark_shuffle_partitions or recorded or state})
     if recorded:
         log.info("the checkpoint keeps its %d wheel state partitions (frozen at its first "
                  "start; to grow, start a new checkpoint: docs/operations.md)", recorded)

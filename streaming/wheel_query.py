@@ -1,10 +1,10 @@
 """The wheel query: intake → parse → wheel (transformWithStateInPandas, state/processor.py) →
-the ready topic, written by `BatchWriter` once per batch;
-and the reads of its state (`pending_by_level`, `wheel_state`). DelayJob (streaming/job.py)
-starts it beside the dispatch tasks and the ledger query.
+the ready topic, written by `BatchWriter` once per batch; and the reads of its state
+(`pending_by_level`, `wheel_state`).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from conf.settings import Settings
+from sinks import store
 from sinks.base import BatchSummary
 from sinks.direct import WHEEL_HEADERS, direct_values
 from sinks.kafka import header_struct
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from sinks.ledger import DeadLetterTable
 
 log = logging.getLogger(__name__)
+
 
 def rules_of(settings: Settings) -> Rules:
     return Rules(
@@ -113,9 +115,8 @@ def direct_column(values: frozenset[bytes]) -> F.Column:
 
 
 def with_kafka_headers(fired: DataFrame) -> DataFrame:
-    """The wheel's rows with the headers written to Kafka: the message's own (zipped back from
-    the wheel's name and value lists), then UNIQ_KEY and DELIVER_MS on a delivery, DLQ_REASON
-    on a dead letter. Done here, in the JVM, rather than per row in Python."""
+    """The wheel's rows with the headers written to Kafka (its own, then UNIQ_KEY and DELIVER_MS
+    on a delivery, DLQ_REASON on a dead letter), built in the JVM rather than per row in Python."""
     own = F.zip_with("hkeys", "hvals", lambda k, v: F.struct(k.alias("key"), v.alias("value")))
     kind = F.col("kind")
     headers = (F.when(kind == "deliver", F.concat(own, F.array(
@@ -135,7 +136,7 @@ class BatchWriter:
 
     kafka: ReadySink
     sinks: list[DeadLetterTable] = field(default_factory=list)
-    on_batch: Callable[[BatchSummary], None] | None = None
+    observers: list[Callable[[BatchSummary], None]] = field(default_factory=list)
     cold: "ColdTier | None" = None
     first: tuple[float, dict] | None = None   # the first call's start and step timings
     # For DelayJob.stop: the last batch begun, whether no other may begin, when the query's
@@ -186,8 +187,8 @@ class BatchWriter:
                 for sink in self.sinks:
                     sink.write_batch(sent, summary)
                     lap(sink.name)
-            if self.on_batch:
-                self.on_batch(summary)
+            for observe in self.observers:
+                observe(summary)
         except Exception as e:
             if LOST_KEPT_ROWS in error_conditions(e):
                 self.lost_kept_rows = True
@@ -197,10 +198,9 @@ class BatchWriter:
 
 
 # How long a batch begun after a stop was asked waits for it (DelayJob.stop asks for it within
-# its grace period); past this the batch fails, having sent nothing.
+# its grace period; past this the batch fails, having sent nothing), the slices it sleeps in, and
+# how long into the stop it interrupts itself (wait_for_the_stop).
 STOP_WAIT_MS = 10 * 60 * 1000
-# It waits in slices this long, and interrupts itself once the stop has been under way for
-# STOP_INTERRUPT_AFTER_S without its interruption reaching the wait.
 STOP_SLICE_MS = 500
 STOP_INTERRUPT_AFTER_S = 1.0
 
@@ -275,18 +275,14 @@ def error_conditions(error) -> set[str]:
     java = getattr(error, "java_exception", None)   # a Py4JJavaError's JVM throwable
     throwable, cause_of = ((java, lambda t: t.getCause()) if java is not None
                            else (error, lambda t: getattr(t, "_cause", None)))
-    found: set[str] = set()
+    found: set[str | None] = set()
     for _ in range(20):
         if throwable is None:
             break
-        try:
-            condition = throwable.getCondition()
-        except Exception:   # no SparkThrowable
-            condition = None
-        if condition:
-            found.add(condition)
+        with contextlib.suppress(Exception):   # no SparkThrowable
+            found.add(throwable.getCondition())
         throwable = cause_of(throwable)
-    return found
+    return found - {None, ""}
 
 
 def pending_by_level(spark: SparkSession, checkpoint: str,
@@ -294,8 +290,6 @@ def pending_by_level(spark: SparkSession, checkpoint: str,
     """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
     `batch_id` (the last one when None), read with Spark's state data source; {} for a
     checkpoint without state."""
-    from sinks import store
-
     root = store.path(checkpoint)
     if not (root / "state" / "0").is_dir() or not (root / "commits").is_dir():
         return {}
@@ -313,9 +307,7 @@ def wheel_state(spark: SparkSession, checkpoint: str, part: str,
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
-    key = [F.col("key.bucket").alias("bucket"), F.col("key.slot").alias("slot")]
-    if part == "count":
-        return (reader.option("stateVarName", "meta").load(checkpoint)
-                .select(*key, F.col("value.count").alias("count")))
-    return (reader.option("stateVarName", "chunks").load(checkpoint)
-            .select(*key, F.col("list_element.chunk").alias("chunk")))
+    var, column = ("meta", "value.count") if part == "count" else ("chunks", "list_element.chunk")
+    return (reader.option("stateVarName", var).load(checkpoint)
+            .select(F.col("key.bucket").alias("bucket"), F.col("key.slot").alias("slot"),
+                    F.col(column).alias(part)))
