@@ -63,7 +63,7 @@ OUTPUT = pa.schema([
 
 # What the wheel function returns: OUTPUT with the message's own headers as two lists. The job
 # builds OUTPUT's `headers` from them in Spark, adding UNIQ_KEY and DELIVER_MS to deliveries and
-# DLQ_REASON to dead letters (streaming/job.py, `with_kafka_headers`).
+# DLQ_REASON to dead letters (streaming/wheel_query.py, `with_kafka_headers`).
 WHEEL_OUT = pa.schema([
     field for name in OUTPUT.names
     for field in ([ENVELOPE.field("hkeys"), ENVELOPE.field("hvals")] if name == "headers"

@@ -68,7 +68,8 @@ def _matching(spark: SparkSession, table: str, uniq_key: str) -> list:
 def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
          checkpoint: str | Path | HadoopPath, cold: str | None = None,
          recent: Callable[[str], Whereabouts | None] | None = None) -> Whereabouts:
-    """`recent` looks in the Kafka topics between the wheel and the tables (`in_topics`)."""
+    """Where `uniq_key` is, looked for in that order; `recent` looks in the Kafka topics
+    between the wheel and the tables (`in_topics`)."""
     if table_exists(ledger) and (rows := _matching(spark, ledger, uniq_key)):
         return _delivered(rows[0].asDict())
     if table_exists(dead) and (rows := _matching(spark, dead, uniq_key)):
