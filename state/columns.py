@@ -35,7 +35,7 @@ ENVELOPE = pa.schema([
     ("ioff", pa.int64()),
 ])
 
-# A pending message inside a wheel group's state blob: these ENVELOPE columns.
+# A pending message inside a chunk of a wheel group's state: these ENVELOPE columns.
 PENDING = pa.schema([ENVELOPE.field(name) for name in (
     "due_ms", "uniq_key", "topic", "qid", "key", "value", "hkeys", "hvals", "level", "append_ms",
     "ipart", "ioff")])
@@ -61,7 +61,7 @@ OUTPUT = pa.schema([
     ("pending_delta", pa.int32()),
 ])
 
-# What the wheel function returns: OUTPUT with the message's own headers as two lists. The job
+# What the wheel's processor returns: OUTPUT with the message's own headers as two lists. The job
 # builds OUTPUT's `headers` from them in Spark, adding UNIQ_KEY and DELIVER_MS to deliveries and
 # DLQ_REASON to dead letters (streaming/wheel_query.py, `with_kafka_headers`).
 WHEEL_OUT = pa.schema([
@@ -71,5 +71,6 @@ WHEEL_OUT = pa.schema([
 ])
 
 # Bumped whenever the wheel's state (state/processor.py) or PENDING change: a checkpoint
-# holding another format is refused.
-STATE_FORMAT = 4
+# holding another format is refused. 5: transformWithState's layout only (4 was either
+# operator's, and a stamp of format 4 does not always say which).
+STATE_FORMAT = 5

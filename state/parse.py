@@ -271,8 +271,10 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     for name, column in fast.items():
         cols[name][taken] = column
     cols["rolled"][taken] = False
-    dead = _per_row(np.setdiff1d(np.arange(n), taken).tolist(), cols, starts, names, values,
-                    numbers, rules, slot_ms, spread, now_ms, overdue_before_ms)
+    slow = np.ones(n, dtype=bool)
+    slow[taken] = False
+    dead = _per_row(np.flatnonzero(slow).tolist(), cols, starts, names, values, numbers, rules,
+                    slot_ms, spread, now_ms, overdue_before_ms)
     if direct_max_delay_ms >= 0:
         _mark_direct(cols, numbers["ioff"], numbers["append_ms"], rules, direct_max_delay_ms,
                      spread, now_ms)

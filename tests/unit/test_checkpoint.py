@@ -92,6 +92,19 @@ def test_a_checkpoint_with_wheel_state_of_another_format_is_refused(tmp_path):
         check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
 
 
+def test_a_checkpoint_of_the_removed_operator_is_refused_not_handed_to_spark(tmp_path):
+    """Format 4 stamps were written under either wheel operator, some without saying which:
+    none is read, so none starts transformWithState over applyInPandasWithState's state."""
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    stamp = tmp_path / "ckpt" / "delayq.json"
+    write_stamp(SETTINGS, ckpt)
+    old = {**json.loads(stamp.read_text()), "state_format": 4,
+           "wheel_operator": "applyInPandasWithState"}
+    stamp.write_text(json.dumps(old))
+    with pytest.raises(CheckpointError, match=r"wheel state in format 4; .*Let that checkpoint drain"):
+        check(SETTINGS, ckpt, {0: 1})
+
+
 @pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])
 def test_a_torn_checkpoint_is_refused(tmp_path, damage):
     ckpt = spark_checkpoint(tmp_path / "ckpt")

@@ -207,7 +207,7 @@ def test_immediate_and_dead_pass_through_without_state():
         part = frame[frame["bucket"] == bucket]
         st = state(NOW - 10_000)
         out = run(part, st)
-        assert not st.exists
+        assert st.removed, "no state, no timer"
         if bucket == BUCKET_NOW:
             assert list(out["kind"]) == ["deliver"], "heartbeats are dropped"
             assert list(zip(run.tally["level"], run.tally["received"])) == [(0, 1)]
@@ -419,7 +419,7 @@ def test_a_new_query_s_first_batch_takes_the_job_s_start_for_its_missing_waterma
 
     first = state(0)
     assert list(run(overdue, first, clock, config)["uniq_key"]) == ["old"]
-    assert not first.exists
+    assert first.removed
 
     held = state(0)
     assert run(later, held, clock, config).empty
@@ -466,7 +466,7 @@ def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_s
     out = run(passing, st, clock_ms=NOW + 2_000)
     assert list(zip(out["kind"], out["uniq_key"], out["level"], out["due_ms"])) == [
         ("deliver", "old-a", 1, NOW + 1_000)]
-    assert not st.exists, "no state"
+    assert st.removed, "no state, no timer"
     assert list(zip(run.tally["level"], run.tally["received"], run.tally["pending_delta"])) \
         == [(1, 1, 0)], "counted as taken in at its level, never pending"
 
