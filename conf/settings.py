@@ -81,6 +81,7 @@ class Settings(BaseSettings):
     cold_bucket: Duration
 
     slot_ms: PositiveInt
+    timer_parts: PositiveInt
     fire_lead_ms: NonNegativeInt
     ready_partitions: NonNegativeInt
     dispatch_commit_interval_ms: PositiveInt
@@ -95,6 +96,7 @@ class Settings(BaseSettings):
     dispatch_probe_interval_ms: PositiveInt
     dispatch_intake_refresh_ms: PositiveInt
     dispatch_replay_window: Duration
+    dispatch_replay_keep: Duration
     dispatch_direct_max_delay_ms: int
     wheel_chunk_kb: PositiveInt
     fire_lead_per_message_us: NonNegativeInt
@@ -161,6 +163,7 @@ class Settings(BaseSettings):
     late_tolerance_ms = _ms("late_tolerance")
     ledger_interval_ms = _ms("ledger_interval")
     dispatch_replay_window_ms = _ms("dispatch_replay_window")
+    dispatch_replay_keep_ms = _ms("dispatch_replay_keep")
     dispatch_failure_window_ms = _ms("dispatch_failure_window")
     produce_timeout_s = _seconds("produce_timeout")
     executor_slots_wait_s = _seconds("executor_slots_wait")

@@ -55,6 +55,7 @@ class DispatchConfig:
     retry_backoff_s: float            # a transient send failure is retried this much later
     probe_interval_s: float           # an idle task measures its clock against the broker's
     replay_window_s: float            # what a restart skips reaches this far before its commit
+    replay_keep_s: float              # ... and is kept this long after the task's start
     ledger_batch: int                 # ledger rows per ledger record, intake records per parse
     intake_refresh_s: float           # how often a task looks for new intake partitions
     # The intake read of sinks/direct.py: its rules, which levels (-1: none), the partitions'

@@ -23,10 +23,6 @@ from state.reasons import reason_label
 
 log = logging.getLogger(__name__)
 
-# How long a task keeps what its start found in the ledger: a wheel batch fired again after a
-# crash comes in the wheel's first batches.
-DONE_KEPT_S = 600.0
-
 
 def run_partition(config: DispatchConfig, partition: int,
                   clock: Callable[[], float] = time.time) -> Iterator[dict]:
@@ -86,7 +82,7 @@ class _Task:
         self._assign()
         last_commit = began = looked = time.monotonic()
         while not self.stopping:
-            if done is not None and time.monotonic() - began > DONE_KEPT_S:
+            if done is not None and time.monotonic() - began > config.replay_keep_s:
                 done = None
             self._release()
             self._send_due()

@@ -45,6 +45,8 @@ class Rules:
     # wait in the cold tier, in buckets of cold_bucket_ms, until their bucket comes near.
     near_horizon_ms: int
     cold_bucket_ms: int
+    # The groups a timer slot is split into, by UNIQ_KEY (state/groups.py part_of).
+    timer_parts: int
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,6 @@ BUCKET_DEAD = -2
 BUCKET_TIMER = -1  # == TIMER_LEVEL: timer messages share one bucket of slots
 BUCKET_COLD = -3   # pass-through: to the cold tier
 
-# A timer slot is split into this many groups by a hash of the message's UNIQ_KEY, so that no
-# one state value holds a whole burst, and a cancel, which names the UNIQ_KEY, still finds its
-# group. A level's slot is one group: its messages arrive spread over time, so more, smaller
-# groups would only slow its batches.
-TIMER_PARTS = 8
-
 
 @dataclass(frozen=True)
 class WheelConfig:
@@ -41,6 +35,8 @@ class WheelConfig:
     dlq_topic: str
     # A state chunk's bound in bytes of messages (state/wheel.py encode).
     chunk_bytes: int
+    # The groups a timer slot is split into, by UNIQ_KEY (`part_of`).
+    timer_parts: int
     # The driver's clock when the query was built (epoch ms; 0 = none): the watermark of a new
     # query's first batch (Spark passes 0), so a backlog's overdue messages fire in it. One value
     # for every group, all called in that batch, so due order is kept (see fire_horizon).
@@ -50,10 +46,10 @@ class WheelConfig:
         """How long before its earliest due time a group of this many messages fires. The
         group is one of its bucket's equal parts of a slot, which all fire in one batch, so the
         lead grows with the slot's size."""
-        parts = TIMER_PARTS if bucket == BUCKET_TIMER else 1
+        parts = self.timer_parts if bucket == BUCKET_TIMER else 1
         return self.lead_ms + messages * parts * self.lead_per_message_us // 1000
 
 
-def part_of(uniq_key: str) -> int:
+def part_of(uniq_key: str, parts: int) -> int:
     """The timer group part of a message: a hash that is the same in every Python process."""
-    return zlib.crc32(uniq_key.encode()) % TIMER_PARTS
+    return zlib.crc32(uniq_key.encode()) % parts

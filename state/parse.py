@@ -176,7 +176,7 @@ def _placed(rows, topics, uniq, at, level, is_level, timer_due, ioff, rules: Rul
                     np.where(cold, spread_of[BUCKET_COLD], spread_of[BUCKET_NOW]))
     timers = np.nonzero(delay & (level < 0))[0]
     if len(timers):
-        slot[timers] = timer_slots(due[timers], uniq[timers], slot_ms, spread)
+        slot[timers] = timer_slots(due[timers], uniq[timers], slot_ms, spread, rules.timer_parts)
     return {
         "rows": rows, "kind": kind.astype(object), "level": level, "due_ms": due,
         "bucket": np.where(delay, level, np.where(cold, BUCKET_COLD, BUCKET_NOW)),
@@ -204,7 +204,7 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
             kind = Kind.NOW
         cols["bucket"][i], cols["slot"][i] = group_of(
             kind, env.level, env.due_ms, ioff[i], slot_ms, spread,
-            env.cancel_key if kind == Kind.CANCEL else env.uniq_key)
+            env.cancel_key if kind == Kind.CANCEL else env.uniq_key, timer_parts=rules.timer_parts)
         cols["kind"][i] = kind.value
         for column, attr in _ENVELOPE_FIELDS.items():
             cols[column][i] = getattr(env, attr)

@@ -2,7 +2,7 @@
 (state/processor.py keeps a group's state).
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
-slot of `slot_ms` (a timer slot: one of TIMER_PARTS parts, by UNIQ_KEY). Its state is its
+slot of `slot_ms` (a timer slot: one of `timer_parts` parts, by UNIQ_KEY). Its state is its
 pending messages (`encode`); its event-time timer is set `lead_ms` before the earliest of them.
 On a call it releases every message due before the fire horizon (watermark + lead) to the ready
 topic, whose dispatch tasks send each one at its due time. Pass-through buckets (immediate,
@@ -22,7 +22,7 @@ from state import compat  # noqa: F401  (patches the pinned PySpark in every wor
 from state.columns import PENDING, WHEEL_OUT
 from state.envelope import Kind
 from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  # noqa: F401
-                          TIMER_PARTS, WheelConfig, part_of)
+                          WheelConfig, part_of)
 from state.placement import balanced_slot, spread_slots
 from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
 
@@ -37,7 +37,7 @@ _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKE
 
 
 def group_of(kind: str, level: int, due_ms: int, ioff: int, slot_ms: int, spread: int,
-             uniq_key: str = "") -> tuple[int, int]:
+             uniq_key: str = "", *, timer_parts: int) -> tuple[int, int]:
     """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A level's
     slot number is its due slot; a timer's is `timer_slots`' (for a cancel, by the UNIQ_KEY it
     cancels). Pass-through rows go, by intake offset, to one of `spread` groups that Spark runs
@@ -47,16 +47,17 @@ def group_of(kind: str, level: int, due_ms: int, ioff: int, slot_ms: int, spread
         return passing, spread_slots(passing, spread)[ioff % spread]
     if level == BUCKET_TIMER:
         return level, int(timer_slots(np.array([due_ms], np.int64), np.array([uniq_key]),
-                                      slot_ms, spread)[0])
+                                      slot_ms, spread, timer_parts)[0])
     return level, slot_of(due_ms, slot_ms)
 
 
-def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int) -> np.ndarray:
-    """The slot numbers of timers' wheel groups: a due slot's TIMER_PARTS parts by UNIQ_KEY,
+def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int,
+                parts: int) -> np.ndarray:
+    """The slot numbers of timers' wheel groups: a due slot's `parts` parts by UNIQ_KEY,
     each numbered by `balanced_slot` so a slot's parts take the state partitions in turn. The
     one rule for both of the parse's paths (`group_of` calls it for one timer)."""
-    groups = (due_ms // slot_ms) * TIMER_PARTS + np.fromiter(
-        (part_of(k) for k in uniq_keys), np.int64, len(uniq_keys))
+    groups = (due_ms // slot_ms) * parts + np.fromiter(
+        (part_of(k, parts) for k in uniq_keys), np.int64, len(uniq_keys))
     distinct, back = np.unique(groups, return_inverse=True)
     return np.array([balanced_slot(BUCKET_TIMER, int(g), spread) for g in distinct],
                     dtype=np.int64)[back]

@@ -25,12 +25,13 @@ from streaming.offsets import last_committed_batch, latest_batch
 log = logging.getLogger(__name__)
 
 STAMP = "delayq.json"
-# Settings frozen into the checkpoint: the wheel's grouping (levels, slot width), Spark's
-# state partitioning, the watermark's delay, the cold tier's bucket layout, and which messages
-# the dispatch tasks read from the intake themselves (the wheel leaves those out; a held one read
-# again after a restart must be judged as it was, so what makes a message bad is frozen too).
-SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "spark_shuffle_partitions",
-           "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms",
+# Settings frozen into the checkpoint: the wheel's grouping (levels, slot width, timer parts),
+# Spark's state partitioning, the watermark's delay, the cold tier's bucket layout, and which
+# messages the dispatch tasks read from the intake themselves (the wheel leaves those out; a held
+# one read again after a restart must be judged as it was, so what makes a message bad is frozen
+# too).
+SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "timer_parts",
+           "spark_shuffle_partitions", "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms",
            "dispatch_direct_max_delay_ms", "allowed_topics", "dlq_topic")
 
 

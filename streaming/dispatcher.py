@@ -45,6 +45,7 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           retry_backoff_s=settings.dispatch_retry_backoff_ms / 1000,
                           probe_interval_s=settings.dispatch_probe_interval_ms / 1000,
                           replay_window_s=settings.dispatch_replay_window_ms / 1000,
+                          replay_keep_s=settings.dispatch_replay_keep_ms / 1000,
                           ledger_batch=settings.dispatch_ledger_batch,
                           intake_refresh_s=settings.dispatch_intake_refresh_ms / 1000,
                           intake_topic=settings.intake_topic, rules=rules_of(settings),

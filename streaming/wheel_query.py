@@ -47,6 +47,7 @@ def rules_of(settings: Settings) -> Rules:
         clock_tolerance_ms=settings.clock_tolerance_ms,
         near_horizon_ms=settings.near_horizon_ms,
         cold_bucket_ms=settings.cold_bucket_ms,
+        timer_parts=settings.timer_parts,
     )
 
 
@@ -61,6 +62,7 @@ def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelCon
         max_delay_ms=settings.max_delay_ms,
         dlq_topic=settings.dlq_topic,
         chunk_bytes=settings.wheel_chunk_kb * 1024,
+        timer_parts=settings.timer_parts,
     )
 
 

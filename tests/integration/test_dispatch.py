@@ -300,7 +300,7 @@ def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
     config.rules = Rules((1000, 5000, 10000), intake, config.dlq_topic,
                          allowed_topics=frozenset(), max_delay_ms=86_400_000,
                          clock_tolerance_ms=60_000, near_horizon_ms=600_000,
-                         cold_bucket_ms=3_600_000)
+                         cold_bucket_ms=3_600_000, timer_parts=8)
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
 
     def send(level: bytes, n: int, tag: str, delay_header: str = H.DELAY) -> None:
@@ -367,7 +367,7 @@ def test_a_partition_added_to_the_intake_is_read_from_its_beginning(
     config.intake_topic, config.direct_max_delay_ms, config.intake_refresh_s = intake, 1000, 1.0
     config.rules = Rules((1000, 5000), intake, config.dlq_topic, allowed_topics=frozenset(),
                          max_delay_ms=86_400_000, clock_tolerance_ms=60_000,
-                         near_horizon_ms=600_000, cold_bucket_ms=3_600_000)
+                         near_horizon_ms=600_000, cold_bucket_ms=3_600_000, timer_parts=8)
     thread, result = in_thread(config)
     time.sleep(3)
     admin.create_partitions({intake: NewPartitions(total_count=2)})

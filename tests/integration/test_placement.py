@@ -8,7 +8,7 @@ import uuid
 from pyspark.sql import functions as F
 
 from state.placement import partition_of
-from state.wheel import TIMER_PARTS, part_of
+from state.wheel import part_of
 from streaming.admin import ensure_topics
 from streaming.wheel_query import wheel_stream
 from streaming.producer import DelayProducer
@@ -62,18 +62,18 @@ def test_immediate_messages_are_spread_over_every_state_partition(spark, job_set
 
 
 def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job_settings, work_dir):
-    """Timers due in one second are TIMER_PARTS wheel groups, numbered so that Spark runs
+    """Timers due in one second are `timer_parts` (8) wheel groups, numbered so that Spark runs
     parts 0, 2, 4, 6 on state partition 0 and 1, 3, 5, 7 on partition 1: a burst is released
     by both tasks, half each. The query's first watermark is set past their due time, so they
     fire in its first batch, from the task that holds them."""
     settings = job_settings()
-    assert settings.spark_shuffle_partitions == 2
+    assert settings.spark_shuffle_partitions == 2 and settings.timer_parts == 8
     ensure_topics(settings)
     due_ms = (int(time.time()) + 60) * 1_000 + 500
     with DelayProducer(settings) as producer:
         handles = [producer.send("anywhere", f"timer {i}".encode(), deliver_at_ms=due_ms)
                    for i in range(64)]
-    assert {part_of(h.uniq_key) for h in handles} == set(range(TIMER_PARTS))
+    assert {part_of(h.uniq_key, 8) for h in handles} == set(range(8))
     seen: list = []
 
     def collect(batch, _batch_id):
@@ -92,5 +92,5 @@ def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job
         query.stop()
     assert query.exception() is None, query.exception()
     assert sorted(r.uniq_key for r in seen) == sorted(h.uniq_key for h in handles)
-    wanted = {h.uniq_key: part_of(h.uniq_key) % 2 for h in handles}
+    wanted = {h.uniq_key: part_of(h.uniq_key, 8) % 2 for h in handles}
     assert {r.uniq_key: r.p for r in seen} == wanted

@@ -11,7 +11,8 @@ from state.envelope import TIMER_LEVEL, Kind, Rules, parse
 
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
-              clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000)
+              clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000,
+              timer_parts=8)
 APPEND = 1_700_000_000_000
 
 CONTRACT_NAMES = sorted(H.CONTROL_HEADERS - {H.HEARTBEAT})

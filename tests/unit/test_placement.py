@@ -5,8 +5,9 @@ import pytest
 
 from state.envelope import Kind
 from state.placement import BALANCE_WIDTH, balanced_slot, partition_of, spark_hash, spread_slots
-from state.wheel import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER, TIMER_PARTS,
-                         group_of, part_of)
+from state.wheel import BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER, group_of, part_of
+
+PARTS = 8   # timer_parts in conf/defaults.toml
 
 # Spark 4.1.1: spark.createDataFrame(keys, "bucket int, slot long").select(F.hash("bucket", "slot"))
 SPARK_HASHES = {
@@ -46,7 +47,8 @@ def test_spread_slots_cover_every_partition_once(bucket, partitions):
                                          (Kind.DEAD, BUCKET_DEAD), (Kind.COLD, BUCKET_COLD)])
 def test_pass_through_rows_reach_every_state_partition_evenly(kind, bucket):
     partitions = 2
-    placed = [group_of(kind, 0, 0, ioff, 1_000, partitions) for ioff in range(1_000)]
+    placed = [group_of(kind, 0, 0, ioff, 1_000, partitions, timer_parts=PARTS)
+              for ioff in range(1_000)]
     assert {b for b, _ in placed} == {bucket}
     per_partition = [sum(partition_of(b, s, partitions) == p for b, s in placed)
                      for p in range(partitions)]
@@ -55,7 +57,7 @@ def test_pass_through_rows_reach_every_state_partition_evenly(kind, bucket):
 
 @pytest.mark.parametrize("partitions", [1, 2, 3, 8, 200])
 def test_balanced_groups_take_the_state_partitions_in_turn(partitions):
-    first = 1_795_400_000 * TIMER_PARTS
+    first = 1_795_400_000 * PARTS
     slots = [balanced_slot(BUCKET_TIMER, g, partitions) for g in range(first, first + 400)]
     assert [partition_of(BUCKET_TIMER, s, partitions) for s in slots] == \
         [g % partitions for g in range(first, first + 400)]
@@ -64,15 +66,16 @@ def test_balanced_groups_take_the_state_partitions_in_turn(partitions):
 
 
 def test_a_burst_s_timer_groups_fall_half_on_each_of_two_state_partitions():
-    """500,000 timers due in one second are TIMER_PARTS groups, placed half on each partition:
+    """500,000 timers due in one second are PARTS groups, placed half on each partition:
     hashed as they come, those of this second would fall 1/7, and the task with seven would
     hold up the batch that releases the burst (2/6 or 3/5 in ten of fourteen bursts measured on
     the 2-core host)."""
     due_ms, keys = 1_795_400_002_123, [f"burst-{i}" for i in range(200)]
-    groups = {group_of(Kind.DELAY, BUCKET_TIMER, due_ms, 0, 1_000, 2, k) for k in keys}
-    assert len(groups) == TIMER_PARTS
+    groups = {group_of(Kind.DELAY, BUCKET_TIMER, due_ms, 0, 1_000, 2, k, timer_parts=PARTS)
+              for k in keys}
+    assert len(groups) == PARTS
     assert sorted(partition_of(b, s, 2) for b, s in groups) == [0] * 4 + [1] * 4
-    hashed = {(BUCKET_TIMER, 1_795_400_002 * TIMER_PARTS + p) for p in range(TIMER_PARTS)}
+    hashed = {(BUCKET_TIMER, 1_795_400_002 * PARTS + p) for p in range(PARTS)}
     assert sorted(partition_of(b, s, 2) for b, s in hashed) == [0] + [1] * 7, \
         "Spark's hash alone"
-    assert {part_of(k) for k in keys} == set(range(TIMER_PARTS))
+    assert {part_of(k, PARTS) for k in keys} == set(range(PARTS))

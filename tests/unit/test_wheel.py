@@ -18,15 +18,15 @@ from state.placement import partition_of
 from state.processor import WheelProcessor
 from state.timing import (correct_deliver_timestamp, correct_deliver_timestamps, fire_horizon,
                           slot_of, timer_for)
-from state.wheel import BUCKET_DEAD, BUCKET_NOW, TIMER_PARTS, WheelConfig, decode_chunks, encode
+from state.wheel import BUCKET_DEAD, BUCKET_NOW, WheelConfig, decode_chunks, encode
 
 NOW = 1_700_000_000_000
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),
               max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
-              cold_bucket_ms=3_600_000)
+              cold_bucket_ms=3_600_000, timer_parts=8)
 CONFIG = WheelConfig((1_000, 2_000, 3_000), slot_ms=1_000, lead_ms=500, lead_per_message_us=0,
                      watermark_delay_ms=10_000, max_delay_ms=30 * 86_400_000,
-                     dlq_topic="in.DLQ", chunk_bytes=1 << 20)
+                     dlq_topic="in.DLQ", chunk_bytes=1 << 20, timer_parts=8)
 
 
 def intake(*rows):
@@ -256,7 +256,7 @@ def test_due_times_are_corrected_as_one_rule_for_arrays_and_scalars():
 
 def test_a_large_group_fires_ahead_by_its_size_and_its_timer_releases_it():
     config = replace(CONFIG, lead_per_message_us=1_000)
-    assert config.lead_for(10, -1) == 500 + 10 * TIMER_PARTS
+    assert config.lead_for(10, -1) == 500 + 10 * CONFIG.timer_parts
     assert config.lead_for(10, 2) == 500 + 10, "a level slot is one group"
     rows = [([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 60_000).encode()),
               ("UNIQ_KEY", f"k{i}".encode())], i) for i in range(10)]
@@ -272,19 +272,22 @@ def test_a_large_group_fires_ahead_by_its_size_and_its_timer_releases_it():
         "the timer's call releases the group"
 
 
-def test_a_timer_cancel_reaches_the_group_part_of_the_timer_it_names():
+@pytest.mark.parametrize("parts", [8, 16])
+def test_a_timer_cancel_reaches_the_group_part_of_the_timer_it_names(parts):
+    rules = replace(RULES, timer_parts=parts)
     due = str(NOW + 30_000).encode()
     send = parse_batch(intake(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", due),
-                                ("UNIQ_KEY", b"m-7")], 1)), RULES, 1_000, 2, NOW).to_pylist()[0]
+                                ("UNIQ_KEY", b"m-7")], 1)), rules, 1_000, 2, NOW).to_pylist()[0]
     cancel = parse_batch(intake(([("TIMER_DEL_UNIQKEY", b"m-7"), ("TIMER_DELIVER_MS", due)], 2)),
-                         RULES, 1_000, 2, NOW).to_pylist()[0]
+                         rules, 1_000, 2, NOW).to_pylist()[0]
     assert cancel["kind"] == "cancel"
     assert (cancel["bucket"], cancel["slot"]) == (send["bucket"], send["slot"])
     groups = {parse_batch(intake(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", due),
-                                   ("UNIQ_KEY", f"m-{i}".encode())], i)), RULES, 1_000, 2,
-                          NOW).to_pylist()[0]["slot"] for i in range(64)}
-    assert len(groups) == TIMER_PARTS, "timers of one slot spread over its parts"
-    assert sorted(partition_of(-1, slot, 2) for slot in groups) == [0] * 4 + [1] * 4, \
+                                   ("UNIQ_KEY", f"m-{i}".encode())], i)), rules, 1_000, 2,
+                          NOW).to_pylist()[0]["slot"] for i in range(256)}
+    assert len(groups) == parts, "timers of one slot spread over its parts (timer_parts)"
+    half = parts // 2
+    assert sorted(partition_of(-1, slot, 2) for slot in groups) == [0] * half + [1] * half, \
         "and its parts over the two state partitions, half each"
 
 
