@@ -171,11 +171,13 @@ class Skew:
 # Send failures that will not pass on a retry: the row is dead-lettered with the reason.
 _UNKNOWN_TOPIC = ("unknown_topic", "REAL_TOPIC '{topic}' does not exist")
 _TOO_LARGE = ("too_large", "message of {size} bytes is too large for topic '{topic}'")
+# The broker's refusals of a record batch too large for the topic (`_Task._delivered`).
+TOO_LARGE = (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
 _PERMANENT = {
     KafkaError.UNKNOWN_TOPIC_OR_PART: _UNKNOWN_TOPIC, KafkaError._UNKNOWN_TOPIC: _UNKNOWN_TOPIC,
     KafkaError._UNKNOWN_PARTITION: ("partition_out_of_range",
                                     "REAL_QID {partition} is out of range for topic '{topic}'"),
-    KafkaError.MSG_SIZE_TOO_LARGE: _TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE: _TOO_LARGE,
+    **dict.fromkeys(TOO_LARGE, _TOO_LARGE),
     KafkaError.TOPIC_AUTHORIZATION_FAILED: ("not_authorized",
                                             "not authorized to write to topic '{topic}'"),
     KafkaError.INVALID_RECORD: ("invalid_record", "topic '{topic}' refused the record as invalid"),

@@ -15,11 +15,10 @@ from typing import Callable, Iterator
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from sinks.direct import direct_rows
-from sinks.dispatch import (PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row,
-                            Skew, dead_letter_headers, identity, ledger_record,
+from sinks.dispatch import (PROBE, READY_STOP, SENDER, TOO_LARGE, DispatchConfig, Offsets,
+                            Row, Skew, dead_letter_headers, identity, ledger_record,
                             ready_row, refusal, sender)
 from sinks.dispatch_start import committed, in_ledger, owned_partitions, retrying, transient
-from state.reasons import reason_label
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +244,7 @@ class _Task:
             self._acked(row, sent_ms, None)
             return
         reason = refusal(err, row)
-        if reason_label(reason) == "too_large" and (row.source, row.offset) not in self._alone:
+        if err.code() in TOO_LARGE and (row.source, row.offset) not in self._alone:
             # The broker refuses a whole record batch too large for the topic: a row may only
             # have shared one with a larger one. Sent again alone, it is refused only when it
             # is too large itself (Kafka's Java producer splits such a batch the same way).
