@@ -26,6 +26,7 @@ from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id, table_exists
 from sinks.kafka import appended_headers, header_struct
 from state import headers as H
+from state.timing import bucket_start
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
            "append_ms", "ipart", "ioff")
@@ -59,8 +60,7 @@ class ColdTier:
             return first
 
     def _horizon_bucket(self) -> int:
-        edge = int(self.clock() * 1000) + self.horizon_ms
-        return edge - edge % self.bucket_ms
+        return bucket_start(int(self.clock() * 1000) + self.horizon_ms, self.bucket_ms)
 
     def _set_loaded(self, bucket: int) -> None:
         store.write_atomic(self.marker, json.dumps({"loaded_until": bucket}))

@@ -11,7 +11,7 @@ from enum import Enum
 from state import headers as H
 from state.levels import clamp_level
 from state.reasons import reason
-from state.timing import correct_deliver_timestamp
+from state.timing import correct_deliver_timestamp, is_cold
 
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -183,17 +183,9 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
         return Envelope(kind, uniq, topic, qid, level, due, user, rolled=True)
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
-    if kind == Kind.DELAY and \
-            cold_bucket(due, rules.cold_bucket_ms) > append_ms + rules.near_horizon_ms:
+    if kind == Kind.DELAY and is_cold(due, append_ms, rules.near_horizon_ms, rules.cold_bucket_ms):
         kind = Kind.COLD
     return Envelope(kind, uniq, topic, qid, level, due, user)
-
-
-def cold_bucket(due_ms: int, bucket_ms: int) -> int:
-    """Start of the cold-tier bucket a due time falls in. A message is cold only when its
-    whole bucket starts beyond the near horizon, so a bucket that has come near (and been
-    loaded into the wheel) never receives new cold messages by this rule."""
-    return due_ms - due_ms % bucket_ms
 
 
 def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, append_ms: int,

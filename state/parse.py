@@ -15,10 +15,10 @@ import pyarrow.compute as pc
 
 from state import headers as H
 from state.columns import ENVELOPE
-from state.envelope import (TIMER_LEVEL, Kind, Rules, cold_bucket, default_uniq_key, level_of,
-                            parse, real_topic_of)
+from state.envelope import (TIMER_LEVEL, Kind, Rules, default_uniq_key, level_of, parse,
+                            real_topic_of)
 from state.placement import spread_slots
-from state.timing import correct_deliver_timestamps
+from state.timing import correct_deliver_timestamps, direct_dues, is_cold
 from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of, timer_slots
 from state.worker import settle
 
@@ -167,7 +167,7 @@ def _placed(rows, topics, uniq, at, level, is_level, timer_due, ioff, rules: Rul
     due = np.where(level > 0, correct_deliver_timestamps(now_ms, at + delays, delays),
                    np.where(is_level, at, np.maximum(timer_due, at)))
     delay = (level != 0) & (due > at)
-    cold = delay & (cold_bucket(due, rules.cold_bucket_ms) > at + rules.near_horizon_ms)
+    cold = delay & is_cold(due, at, rules.near_horizon_ms, rules.cold_bucket_ms)
     delay &= ~cold & ((due >= overdue_before_ms) | (level < 0))
     kind = np.where(cold, Kind.COLD.value, np.where(delay, Kind.DELAY.value, Kind.NOW.value))
     spread_of = {b: np.asarray(spread_slots(b, spread), dtype=np.int64)[ioff[rows] % spread]
@@ -216,11 +216,7 @@ def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, append: np.ndarr
                  rules: Rules, direct_max_delay_ms: int, spread: int, now_ms: int) -> None:
     """Kind.DIRECT for every good level message (not a timer, not rolled from the cold tier)
     whose level's delay is at most `direct_max_delay_ms`, immediate ones included: the dispatch
-    tasks hold these themselves (sinks/direct.py).
-
-    Their due time is append time plus delay, uncorrected: read milliseconds after its append,
-    a message would be delivered early by a host clock a little behind the broker's. Only a
-    clock behind by more than `clock_tolerance_ms` (it moved) delivers at once."""
+    tasks hold these themselves (sinks/direct.py), due as state/timing.py direct_dues says."""
     kind = cols["kind"]
     candidate = np.isin(kind, (Kind.NOW.value, Kind.DELAY.value)) & ~cols["rolled"].astype(bool)
     level = np.full(len(kind), -1, dtype=np.int64)
@@ -228,9 +224,8 @@ def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, append: np.ndarr
     delays = np.asarray((0, *rules.level_delays_ms), dtype=np.int64)
     direct = (level >= 0) & (delays[np.clip(level, 0, len(delays) - 1)] <= direct_max_delay_ms)
     if direct.any():
-        due = append[direct] + delays[level[direct]]
-        moved = append[direct] > now_ms + rules.clock_tolerance_ms
-        cols["due_ms"][direct] = np.where(moved, now_ms, due)
+        cols["due_ms"][direct] = direct_dues(append[direct], delays[level[direct]], now_ms,
+                                             rules.clock_tolerance_ms)
         kind[direct] = Kind.DIRECT.value
         cols["bucket"][direct] = BUCKET_NOW
         cols["slot"][direct] = np.asarray(spread_slots(BUCKET_NOW, spread),

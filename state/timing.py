@@ -1,18 +1,40 @@
-"""The rules of time (DESIGN.md section 3) and the wheel's slot arithmetic. Pure functions."""
+"""The rules of time (DESIGN.md section 3) and the wheel's slot arithmetic. Pure functions, each
+written once: those the parse applies to whole batches take numpy arrays (and plain ints)."""
 from __future__ import annotations
 
 import numpy as np
 
 
-def correct_deliver_timestamp(now_ms: int, due_ms: int, delay_ms: int) -> int:
+def correct_deliver_timestamps(now_ms: int, due_ms: np.ndarray, delay_ms: np.ndarray) -> np.ndarray:
     """RocketMQ's correctDeliverTimestamp: a due time beyond now + the level's delay means a
     clock moved (the broker's append time is ahead of ours); deliver now instead."""
-    return now_ms if due_ms > now_ms + delay_ms else due_ms
-
-
-def correct_deliver_timestamps(now_ms: int, due_ms: np.ndarray, delay_ms: np.ndarray) -> np.ndarray:
-    """correct_deliver_timestamp over arrays of due times and level delays."""
     return np.where(due_ms > now_ms + delay_ms, now_ms, due_ms)
+
+
+def correct_deliver_timestamp(now_ms: int, due_ms: int, delay_ms: int) -> int:
+    """correct_deliver_timestamps for one message."""
+    return int(correct_deliver_timestamps(now_ms, due_ms, delay_ms))
+
+
+def direct_dues(append_ms: np.ndarray, delay_ms: np.ndarray, now_ms: int,
+                clock_tolerance_ms: int) -> np.ndarray:
+    """Due times of the short levels' messages, which the dispatch tasks read themselves: append
+    time plus delay, uncorrected (read milliseconds after its append, a message would be
+    delivered early by a host clock a little behind the broker's). Only a clock behind by more
+    than the tolerance (it moved) delivers at once."""
+    return np.where(append_ms > now_ms + clock_tolerance_ms, now_ms, append_ms + delay_ms)
+
+
+def bucket_start(ms, bucket_ms: int):
+    """Start of the cold-tier bucket of `ms` (an int or an array)."""
+    return ms - ms % bucket_ms
+
+
+def is_cold(due_ms, append_ms, near_horizon_ms: int, bucket_ms: int):
+    """Whether a message waits in the cold tier (ints or arrays): only when its whole bucket
+    starts beyond the near horizon, so a bucket that has come near (and been loaded into the
+    wheel) never receives new cold messages by this rule."""
+    return bucket_start(due_ms, bucket_ms) > append_ms + near_horizon_ms
 
 
 def slot_of(due_ms: int, slot_ms: int) -> int:
