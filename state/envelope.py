@@ -11,7 +11,7 @@ from enum import Enum
 from state import headers as H
 from state.levels import clamp_level
 from state.reasons import reason
-from state.timing import correct_deliver_timestamp, is_cold
+from state.timing import beyond_max_delay, correct_deliver_timestamp, in_the_past, is_cold
 
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -235,13 +235,13 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
         raise BadInput("negative", f"header {name}={value} is negative")
     else:
         due = append_ms + value * (1000 if name == H.TIMER_DELAY_SEC else 1)
-    if due - append_ms > rules.max_delay_ms:
+    if beyond_max_delay(due, append_ms, rules.max_delay_ms):
         raise BadInput(
             "beyond_max_delay",
             f"header {name}={value} is beyond the maximum delay of "
             f"{rules.max_delay_ms // 1000} s (setting max_delay)"
         )
-    if due < append_ms - rules.clock_tolerance_ms:
+    if in_the_past(due, append_ms, rules.clock_tolerance_ms):
         raise BadInput(
             "timer_in_past",
             f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more than "

@@ -18,7 +18,8 @@ from state.columns import ENVELOPE
 from state.envelope import (TIMER_LEVEL, Kind, Rules, default_uniq_key, level_of, parse,
                             real_topic_of)
 from state.placement import spread_slots
-from state.timing import correct_deliver_timestamps, direct_dues, is_cold
+from state.timing import (beyond_max_delay, correct_deliver_timestamps, direct_dues, in_the_past,
+                          is_cold)
 from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of, timer_slots
 from state.worker import settle
 
@@ -100,8 +101,8 @@ def _common(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, va
     timer_due = np.where(delay_name == H.TIMER_DELIVER_MS, timer_value,
                          at + np.where(delay_name == H.TIMER_DELAY_SEC, timer_value * 1000,
                                        timer_value))
-    good &= is_level | ((timer_due - at <= rules.max_delay_ms)
-                        & (timer_due >= at - rules.clock_tolerance_ms))
+    good &= is_level | ~(beyond_max_delay(timer_due, at, rules.max_delay_ms)
+                         | in_the_past(timer_due, at, rules.clock_tolerance_ms))
 
     good = np.nonzero(good)[0]
     return _placed(rows[good], topics[good], uniq[good], at[good], levels[good].astype(np.int64),

@@ -16,6 +16,17 @@ def correct_deliver_timestamp(now_ms: int, due_ms: int, delay_ms: int) -> int:
     return int(correct_deliver_timestamps(now_ms, due_ms, delay_ms))
 
 
+def beyond_max_delay(due_ms, append_ms, max_delay_ms: int):
+    """Whether a timer is due further than `max_delay` after its append (dead-lettered)."""
+    return due_ms - append_ms > max_delay_ms
+
+
+def in_the_past(due_ms, append_ms, clock_tolerance_ms: int):
+    """Whether a timer is due before its append by more than the clock tolerance (dead-lettered);
+    one due less far in the past is due at its append."""
+    return due_ms < append_ms - clock_tolerance_ms
+
+
 def direct_dues(append_ms: np.ndarray, delay_ms: np.ndarray, now_ms: int,
                 clock_tolerance_ms: int) -> np.ndarray:
     """Due times of the short levels' messages, which the dispatch tasks read themselves: append
