@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     cold_bucket: Duration
 
     slot_ms: PositiveInt
-    timer_parts: PositiveInt
+    timer_parts: Annotated[int, Field(ge=1, le=1024)]
     fire_lead_ms: NonNegativeInt
     ready_partitions: NonNegativeInt
     dispatch_commit_interval_ms: PositiveInt

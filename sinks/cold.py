@@ -74,7 +74,7 @@ class ColdTier:
         if not summary.count("cold") and not misses and not hits:
             return
         loaded = self.loaded_until()
-        bucket = F.col("due_ms") - F.pmod("due_ms", F.lit(self.bucket_ms))
+        bucket = F.col("due_ms") - F.pmod("due_ms", F.lit(self.bucket_ms))   # timing.bucket_start
         frames = []
         if summary.count("cold"):
             rows = (batch.filter(F.col("kind") == "cold").select(*COLUMNS)

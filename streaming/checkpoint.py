@@ -33,6 +33,9 @@ STAMP = "delayq.json"
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "timer_parts",
            "spark_shuffle_partitions", "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms",
            "dispatch_direct_max_delay_ms", "allowed_topics", "dlq_topic")
+# Shaping settings that were fixed values before they were settings: a stamp that lacks one was
+# written under that value.
+FORMERLY_FIXED = {"timer_parts": 8}
 
 
 class CheckpointError(JobError):
@@ -102,7 +105,7 @@ def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change
             f"checkpoint {path} holds wheel state in format {was_format}; this delayq reads "
             f"format {STATE_FORMAT}. Let that checkpoint drain with the delayq version that "
             f"wrote it, then start this version on a new checkpoint.")
-    now, was = fingerprint(settings), stamp.get("settings", {})
+    now, was = fingerprint(settings), {**FORMERLY_FIXED, **stamp.get("settings", {})}
     moved = {key: (was[key], now[key]) for key in SHAPING if key in was and was[key] != now[key]}
     if moved and not allow_config_change:
         lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in moved.items())

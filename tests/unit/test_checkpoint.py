@@ -79,6 +79,19 @@ def test_a_checkpoint_written_with_other_settings_is_refused(tmp_path):
     assert check(moved, ckpt, {0: 1}, allow_config_change=True) == "resume"
 
 
+def test_a_stamp_from_before_timer_parts_was_a_setting_froze_it_at_8(tmp_path):
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    write_stamp(SETTINGS, ckpt)
+    stamp = tmp_path / "ckpt" / STAMP
+    old = json.loads(stamp.read_text())
+    del old["settings"]["timer_parts"]
+    stamp.write_text(json.dumps(old))
+    assert check(SETTINGS, ckpt, {0: 1}) == "resume"
+    moved = load_settings(**{**SETTINGS.model_dump(), "timer_parts": 16})
+    with pytest.raises(CheckpointError, match="timer_parts: 8 in the checkpoint, 16 now"):
+        check(moved, ckpt, {0: 1})
+
+
 def test_a_checkpoint_with_wheel_state_of_another_format_is_refused(tmp_path):
     ckpt = spark_checkpoint(tmp_path / "ckpt")
     stamp = tmp_path / "ckpt" / "delayq.json"
