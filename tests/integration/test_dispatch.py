@@ -267,23 +267,28 @@ def test_ledger_records_the_broker_refuses_are_each_sent_again_until_taken(
     assert result == [{"partition": 0, "sent": 6, "dead": 0, "skipped": 0}]
 
 
-def test_a_wheel_batch_fired_again_after_a_restart_is_sent_once(dispatch, kafka_bootstrap):
+@pytest.mark.parametrize("keep_s", [600.0, 1.0])
+def test_a_wheel_batch_fired_again_after_a_restart_is_sent_once(dispatch, kafka_bootstrap, keep_s):
     """After a crash the wheel fires its last batch again: copies of rows that are still in the
     ready partition, not yet due, above the commit point. The restarted task reads both the
-    originals and, later, the copies; it sends each message once."""
+    originals and, later, the copies; it sends each message once while it keeps what its start
+    found (dispatch_replay_keep), and twice, with the same UNIQ_KEY, once that has passed."""
     config, write = dispatch
+    config = replace(config, replay_keep_s=keep_s)
     due = int(time.time() * 1000) + 8000
     rows = [{"uniq": f"r{i}", "due": due} for i in range(20)]
     write(rows)                         # fired before the crash, not yet sent
     thread, result = in_thread(config)  # the restarted task
     time.sleep(4)
     write(rows)                         # the same batch fired again after the restart
-    records = consume_all(kafka_bootstrap, config.real, expected=40, timeout_s=30, idle_s=2)
+    records = consume_all(kafka_bootstrap, dispatch[0].real, expected=40, timeout_s=30, idle_s=2)
     stop(config, kafka_bootstrap)
     thread.join(60)
     keys = sorted(header_map(r)["UNIQ_KEY"].decode() for r in records)
-    assert keys == sorted(r["uniq"] for r in rows), f"{len(keys)} sent for 20 messages"
-    assert result and result[0]["skipped"] == 20
+    copies = 1 if keep_s > 4 else 2
+    assert keys == sorted(r["uniq"] for r in rows for _ in range(copies)), \
+        f"{len(keys)} sent for 20 messages"
+    assert result and result[0]["skipped"] == 20 * (2 - copies)
 
 
 def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(

@@ -5,6 +5,7 @@ import random
 import time
 import uuid
 
+import pytest
 from pyspark.sql import functions as F
 
 from state.placement import partition_of
@@ -61,19 +62,21 @@ def test_immediate_messages_are_spread_over_every_state_partition(spark, job_set
     assert set(wanted.values()) == {0, 1}
 
 
-def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job_settings, work_dir):
-    """Timers due in one second are `timer_parts` (8) wheel groups, numbered so that Spark runs
-    parts 0, 2, 4, 6 on state partition 0 and 1, 3, 5, 7 on partition 1: a burst is released
-    by both tasks, half each. The query's first watermark is set past their due time, so they
+@pytest.mark.parametrize("parts", [8, 3])
+def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job_settings, work_dir,
+                                                                       parts):
+    """Timers due in one second are `timer_parts` wheel groups g = second * parts + part, numbered
+    so that Spark runs group g on state partition g % 2: a burst is released by both tasks (half
+    each with 8 parts). The query's first watermark is set past their due time, so they
     fire in its first batch, from the task that holds them."""
-    settings = job_settings()
-    assert settings.spark_shuffle_partitions == 2 and settings.timer_parts == 8
+    settings = job_settings(timer_parts=parts)
+    assert settings.spark_shuffle_partitions == 2
     ensure_topics(settings)
     due_ms = (int(time.time()) + 60) * 1_000 + 500
     with DelayProducer(settings) as producer:
         handles = [producer.send("anywhere", f"timer {i}".encode(), deliver_at_ms=due_ms)
                    for i in range(64)]
-    assert {part_of(h.uniq_key, 8) for h in handles} == set(range(8))
+    assert {part_of(h.uniq_key, parts) for h in handles} == set(range(parts))
     seen: list = []
 
     def collect(batch, _batch_id):
@@ -92,5 +95,6 @@ def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job
         query.stop()
     assert query.exception() is None, query.exception()
     assert sorted(r.uniq_key for r in seen) == sorted(h.uniq_key for h in handles)
-    wanted = {h.uniq_key: part_of(h.uniq_key, 8) % 2 for h in handles}
+    wanted = {h.uniq_key: (due_ms // 1_000 * parts + part_of(h.uniq_key, parts)) % 2
+              for h in handles}
     assert {r.uniq_key: r.p for r in seen} == wanted
