@@ -226,7 +226,8 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
         if level == 0:
             return 0, append_ms
         delay = rules.level_delays_ms[level - 1]
-        return level, correct_deliver_timestamp(now_ms, append_ms + delay, delay)
+        return level, correct_deliver_timestamp(now_ms, append_ms + delay, delay,
+                                                rules.clock_tolerance_ms)
 
     value = _integer(name, control[name])
     if name == H.TIMER_DELIVER_MS:

@@ -18,8 +18,7 @@ from state.columns import ENVELOPE
 from state.envelope import (TIMER_LEVEL, Kind, Rules, default_uniq_key, level_of, parse,
                             real_topic_of)
 from state.placement import spread_slots
-from state.timing import (beyond_max_delay, correct_deliver_timestamps, direct_dues, in_the_past,
-                          is_cold)
+from state.timing import beyond_max_delay, correct_deliver_timestamps, in_the_past, is_cold
 from state.wheel import BUCKET_COLD, BUCKET_NOW, group_of, timer_slots
 from state.worker import settle
 
@@ -165,7 +164,8 @@ def _placed(rows, topics, uniq, at, level, is_level, timer_due, ioff, rules: Rul
             slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> dict:
     """The good common rows' ENVELOPE columns: due time, kind, and wheel group."""
     delays = np.asarray(rules.level_delays_ms, dtype=np.int64)[np.maximum(level, 1) - 1]
-    due = np.where(level > 0, correct_deliver_timestamps(now_ms, at + delays, delays),
+    due = np.where(level > 0, correct_deliver_timestamps(now_ms, at + delays, delays,
+                                                         rules.clock_tolerance_ms),
                    np.where(is_level, at, np.maximum(timer_due, at)))
     delay = (level != 0) & (due > at)
     cold = delay & is_cold(due, at, rules.near_horizon_ms, rules.cold_bucket_ms)
@@ -213,11 +213,11 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
     return dead
 
 
-def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, append: np.ndarray,
-                 rules: Rules, direct_max_delay_ms: int, spread: int, now_ms: int) -> None:
+def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, rules: Rules,
+                 direct_max_delay_ms: int, spread: int) -> None:
     """Kind.DIRECT for every good level message (not a timer, not rolled from the cold tier)
     whose level's delay is at most `direct_max_delay_ms`, immediate ones included: the dispatch
-    tasks hold these themselves (sinks/direct.py), due as state/timing.py direct_dues says."""
+    tasks hold these themselves (sinks/direct.py), due as the parse set them."""
     kind = cols["kind"]
     candidate = np.isin(kind, (Kind.NOW.value, Kind.DELAY.value)) & ~cols["rolled"].astype(bool)
     level = np.full(len(kind), -1, dtype=np.int64)
@@ -225,8 +225,6 @@ def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, append: np.ndarr
     delays = np.asarray((0, *rules.level_delays_ms), dtype=np.int64)
     direct = (level >= 0) & (delays[np.clip(level, 0, len(delays) - 1)] <= direct_max_delay_ms)
     if direct.any():
-        cols["due_ms"][direct] = direct_dues(append[direct], delays[level[direct]], now_ms,
-                                             rules.clock_tolerance_ms)
         kind[direct] = Kind.DIRECT.value
         cols["bucket"][direct] = BUCKET_NOW
         cols["slot"][direct] = np.asarray(spread_slots(BUCKET_NOW, spread),
@@ -272,8 +270,7 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     dead = _per_row(np.flatnonzero(slow).tolist(), cols, starts, names, values, numbers, rules,
                     slot_ms, spread, now_ms, overdue_before_ms)
     if direct_max_delay_ms >= 0:
-        _mark_direct(cols, numbers["ioff"], numbers["append_ms"], rules, direct_max_delay_ms,
-                     spread, now_ms)
+        _mark_direct(cols, numbers["ioff"], rules, direct_max_delay_ms, spread)
 
     hkeys, hvals = _user_headers(~control | dead[row_of], row_of, n, names, values)
     arrays = {

@@ -12,8 +12,7 @@ cluster`, the same hour).
 """
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
                                                       StatefulProcessorHandle, TimerValues)
@@ -78,8 +77,8 @@ class Held:
 class WheelProcessor(StatefulProcessor):
     """The stateful processor handed to transformWithStateInPandas."""
 
-    def __init__(self, config: WheelConfig, clock: Callable[[], float] = time.time):
-        self._config, self._clock = config, clock
+    def __init__(self, config: WheelConfig):
+        self._config = config
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self._handle = handle
@@ -93,7 +92,7 @@ class WheelProcessor(StatefulProcessor):
         settle()
         frame = incoming(rows)
         held = Held(self._handle, self._chunks, self._meta, timerValues)
-        yield from turn(int(key[0]), frame, held, self._config, int(self._clock() * 1000))
+        yield from turn(int(key[0]), frame, held, self._config)
 
     def handleExpiredTimer(self, key, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
@@ -102,4 +101,4 @@ class WheelProcessor(StatefulProcessor):
         settle()
         held = Held(self._handle, self._chunks, self._meta, timerValues,
                     expired_ms=expiredTimerInfo.getExpiryTimeInMs())
-        yield from turn(int(key[0]), None, held, self._config, int(self._clock() * 1000))
+        yield from turn(int(key[0]), None, held, self._config)

@@ -5,15 +5,26 @@ from __future__ import annotations
 import numpy as np
 
 
-def correct_deliver_timestamps(now_ms: int, due_ms: np.ndarray, delay_ms: np.ndarray) -> np.ndarray:
-    """RocketMQ's correctDeliverTimestamp: a due time beyond now + the level's delay means a
-    clock moved (the broker's append time is ahead of ours); deliver now instead."""
-    return np.where(due_ms > now_ms + delay_ms, now_ms, due_ms)
+def correct_deliver_timestamps(now_ms: int, due_ms: np.ndarray, delay_ms: np.ndarray,
+                               clock_tolerance_ms: int) -> np.ndarray:
+    """RocketMQ's correctDeliverTimestamp across hosts (DESIGN.md section 3): a due time later
+    than `now_ms + delay_ms` by more than `clock_tolerance_ms` means a clock moved; deliver
+    now instead.
+
+    RocketMQ compares two readings of one broker clock, so its rule fires only after that clock
+    jumped. Here the due time comes from the intake broker's clock (its append time) and
+    `now_ms` from the clock of the host that parses or fires, which differ by their offset: the
+    rule allows the tolerance rather than a measured offset, so a host whose clock trails the
+    broker's by up to `clock_tolerance` keeps every due time (append time + delay) as it is.
+    Every caller (the parse, the wheel's fire, the dispatch tasks' direct read) takes this one
+    rule."""
+    return np.where(due_ms > now_ms + delay_ms + clock_tolerance_ms, now_ms, due_ms)
 
 
-def correct_deliver_timestamp(now_ms: int, due_ms: int, delay_ms: int) -> int:
+def correct_deliver_timestamp(now_ms: int, due_ms: int, delay_ms: int,
+                              clock_tolerance_ms: int) -> int:
     """correct_deliver_timestamps for one message."""
-    return int(correct_deliver_timestamps(now_ms, due_ms, delay_ms))
+    return int(correct_deliver_timestamps(now_ms, due_ms, delay_ms, clock_tolerance_ms))
 
 
 def beyond_max_delay(due_ms, append_ms, max_delay_ms: int):
@@ -25,15 +36,6 @@ def in_the_past(due_ms, append_ms, clock_tolerance_ms: int):
     """Whether a timer is due before its append by more than the clock tolerance (dead-lettered);
     one due less far in the past is due at its append."""
     return due_ms < append_ms - clock_tolerance_ms
-
-
-def direct_dues(append_ms: np.ndarray, delay_ms: np.ndarray, now_ms: int,
-                clock_tolerance_ms: int) -> np.ndarray:
-    """Due times of the short levels' messages, which the dispatch tasks read themselves: append
-    time plus delay, uncorrected (read milliseconds after its append, a message would be
-    delivered early by a host clock a little behind the broker's). Only a clock behind by more
-    than the tolerance (it moved) delivers at once."""
-    return np.where(append_ms > now_ms + clock_tolerance_ms, now_ms, append_ms + delay_ms)
 
 
 def bucket_start(ms, bucket_ms: int):

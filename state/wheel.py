@@ -24,7 +24,7 @@ from state.envelope import Kind
 from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  # noqa: F401
                           WheelConfig, part_of)
 from state.placement import balanced_slot, spread_slots
-from state.timing import correct_deliver_timestamps, fire_horizon, slot_of, timer_for
+from state.timing import fire_horizon, slot_of, timer_for
 
 if TYPE_CHECKING:
     from state.processor import Held
@@ -113,14 +113,11 @@ def _message(rows: pd.DataFrame) -> dict:
         "ioff")}}
 
 
-def _deliveries(pending: pd.DataFrame, config: WheelConfig, now_ms: int) -> pd.DataFrame:
-    """Rows ready for the dispatch, at their final due time (the job adds the UNIQ_KEY and
-    DELIVER_MS headers in Spark)."""
-    levels = pending["level"].to_numpy(dtype=np.int64)
-    delays = np.asarray((*config.level_delays_ms, config.max_delay_ms), dtype=np.int64)[
-        np.where(levels > 0, levels - 1, len(config.level_delays_ms))]
-    due = correct_deliver_timestamps(now_ms, pending["due_ms"].to_numpy(dtype=np.int64), delays)
-    return _rows(len(pending), kind="deliver", due_ms=due, **_message(pending))
+def _deliveries(pending: pd.DataFrame) -> pd.DataFrame:
+    """Rows ready for the dispatch at their due time, as the parse set it (the job adds the
+    UNIQ_KEY and DELIVER_MS headers in Spark). The wheel decides on the watermark, the intake
+    broker's clock, so no host's clock corrects a due time here (state/timing.py)."""
+    return _rows(len(pending), kind="deliver", due_ms=pending["due_ms"], **_message(pending))
 
 
 def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
@@ -130,7 +127,7 @@ def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
                  pending_delta=[d for _, d in levels.values()])
 
 
-def _append(rows: pd.DataFrame, held: Held, bucket: int, config: WheelConfig, now_ms: int):
+def _append(rows: pd.DataFrame, held: Held, bucket: int, config: WheelConfig):
     """New messages for a held group none of whose messages fires in this batch, and no
     cancel or rolled message among them: the ones due already leave, the others are appended
     to the group's state as chunks of their own. Yields the output frames; returns False,
@@ -149,7 +146,7 @@ def _append(rows: pd.DataFrame, held: Held, bucket: int, config: WheelConfig, no
     now = new["due_ms"].to_numpy() <= horizon
     new = new[PENDING.names]
     if now.any():
-        yield _deliveries(new[now], config, now_ms)
+        yield _deliveries(new[now])
     later = new[~now]
     yield _tally({bucket: (len(new), len(later))})
     chunks = []
@@ -169,8 +166,8 @@ def _timer(earliest: int, count: int, bucket: int, watermark: int, config: Wheel
     return timer_for(earliest, config.lead_for(count, bucket), watermark) - config.watermark_delay_ms
 
 
-def _pass_through(bucket: int, rows: pd.DataFrame, config: WheelConfig,
-                  now_ms: int) -> Iterator[pd.DataFrame]:
+def _pass_through(bucket: int, rows: pd.DataFrame,
+                  config: WheelConfig) -> Iterator[pd.DataFrame]:
     """A pass-through group's rows (no state): counted by level, then sent on: to the cold
     tier, the dead-letter topic or the ready topic."""
     taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
@@ -188,7 +185,7 @@ def _pass_through(bucket: int, rows: pd.DataFrame, config: WheelConfig,
                     **{**_message(dead), "topic": config.dlq_topic, "partition": None})
     ready = rows[rows["kind"] == Kind.NOW]
     if len(ready):
-        yield _deliveries(ready, config, now_ms)
+        yield _deliveries(ready)
 
 
 def _arrivals(held_rows: pa.Table, new: pd.DataFrame) -> tuple[pa.Table, pd.DataFrame, int, int]:
@@ -227,17 +224,17 @@ def _cancel(cancels: pd.DataFrame, held_rows: pa.Table,
     return held_rows, new
 
 
-def turn(bucket: int, rows: pd.DataFrame | None, held: Held, config: WheelConfig,
-         now_ms: int) -> Iterator[pd.DataFrame]:
+def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
+         config: WheelConfig) -> Iterator[pd.DataFrame]:
     """One call of the wheel for one group: its new rows (None: its timer expired) and its
     held state. Yields the output frames and leaves the state and its timer set."""
     if bucket in (BUCKET_NOW, BUCKET_DEAD, BUCKET_COLD):
         if rows is not None:
-            yield from _pass_through(bucket, rows, config, now_ms)
+            yield from _pass_through(bucket, rows, config)
         return
 
     if held.exists and rows is not None:
-        appended = yield from _append(rows, held, bucket, config, now_ms)
+        appended = yield from _append(rows, held, bucket, config)
         if appended:
             return
 
@@ -273,8 +270,7 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held, config: WheelConfig
             rest = pa.concat_tables([rest, later]) if rest.num_rows else later
     fired = [frame for frame in fired if len(frame)]
     if fired:
-        yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True),
-                          config, now_ms)
+        yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True))
     if received or rolled or rest.num_rows != before:
         yield _tally({bucket: (received, rest.num_rows - before - rolled)})
     if rest.num_rows:

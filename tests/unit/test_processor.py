@@ -10,9 +10,9 @@ from tests.support import fresh_python
 from tests.unit.test_wheel import CONFIG, NOW, Handle, envelopes, timers
 
 
-def processor(clock_ms=NOW):
+def processor():
     handle = Handle()
-    proc = WheelProcessor(CONFIG, clock=lambda: clock_ms / 1000)
+    proc = WheelProcessor(CONFIG)
     proc.init(handle)
     return proc, handle
 
@@ -52,7 +52,6 @@ def test_an_expired_timer_releases_every_chunk_and_clears_the_group():
     timer = handle.meta.value[2]
     handle.timers.remove(timer)   # Spark drops an expired timer before it calls the processor
     later = NOW + 45_000
-    proc._clock = lambda: later / 1000
     out = rows_of(proc.handleExpiredTimer((-1, 0), watermark(later), ExpiredTimerInfo(timer)))
     assert sorted(out["uniq_key"]) == ["a", "b"] and set(out["kind"]) == {"deliver"}
     assert handle.meta.value is None and handle.chunks.rows == [] and handle.timers == set()
@@ -67,7 +66,6 @@ def test_an_expired_timer_with_messages_beyond_the_horizon_keeps_them_as_one_chu
     timer = handle.meta.value[2]
     handle.timers.remove(timer)
     later = NOW + 30_000
-    proc._clock = lambda: later / 1000
     out = rows_of(proc.handleExpiredTimer((-1, 0), watermark(later), ExpiredTimerInfo(timer)))
     assert list(out["uniq_key"]) == ["a"]
     assert len(handle.chunks.rows) == 1

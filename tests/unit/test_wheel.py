@@ -139,9 +139,9 @@ def state(watermark_ms, of: Group | None = None, timed_out=False) -> Group:
 SERIALIZER = TransformWithStateInPandasSerializer("UTC", False, True, 10_000, 0, False)
 
 
-def run(frame, st, clock_ms=NOW, config=CONFIG, key=(2, 0)):
+def run(frame, st, config=CONFIG, key=(2, 0)):
     """One call for a group: `frame`'s rows, or, empty, none (`key` names its group then)."""
-    proc = WheelProcessor(config, clock=lambda: clock_ms / 1000)
+    proc = WheelProcessor(config)
     proc.init(st.handle)
     key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else key
     values = TimerValues(currentWatermarkInMs=st.watermark_ms)
@@ -181,7 +181,7 @@ def test_timeout_releases_messages_due_before_the_horizon_with_their_own_headers
     st = state(NOW - 10_000)
     run(frame, st)
     fired = state(NOW + 1_600 - 10_000, of=st, timed_out=True)
-    out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 1_600)
+    out = run(pd.DataFrame(columns=ENVELOPE.names), fired)
     assert list(out["kind"]) == ["deliver"]
     row = out.iloc[0]
     assert (row["topic"], row["due_ms"], row["uniq_key"]) == ("t", NOW + 2_000, "a")
@@ -195,7 +195,7 @@ def test_messages_beyond_the_horizon_stay_with_a_new_timer():
                       ([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"b")], 2))
     frame["bucket"], frame["slot"] = 9, 0  # same group for the test
     st = state(NOW + 600 - 10_000)
-    out = run(frame, st, clock_ms=NOW + 600)
+    out = run(frame, st)
     assert list(out["uniq_key"]) == ["a"]
     assert st.meta == (1, NOW + 3_000)
 
@@ -249,8 +249,8 @@ def test_parse_cuts_control_headers_and_keeps_all_headers_of_a_dead_letter():
 def test_due_times_are_corrected_as_one_rule_for_arrays_and_scalars():
     due = np.array([1_100, 1_200, 5_000, 0])
     delay = np.array([1_000, 1_000, 10_000, 0])
-    assert correct_deliver_timestamps(100, due, delay).tolist() == [
-        correct_deliver_timestamp(100, int(d), int(x)) for d, x in zip(due, delay)] == [
+    assert correct_deliver_timestamps(100, due, delay, 50).tolist() == [
+        correct_deliver_timestamp(100, int(d), int(x), 50) for d, x in zip(due, delay)] == [
         1_100, 100, 5_000, 0]
 
 
@@ -319,7 +319,7 @@ def test_messages_added_to_a_group_that_does_not_fire_are_appended_as_a_chunk():
     assert later.timer + 10_000 == NOW + 20_000 - CONFIG.lead_for(4, -1)
 
     fired = state(NOW + 60_000 - 10_000, of=later, timed_out=True)
-    out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 60_000)
+    out = run(pd.DataFrame(columns=ENVELOPE.names), fired)
     assert sorted(out["uniq_key"]) == ["a", "b", "c", "e"] and fired.removed
     assert list(run.tally["pending_delta"]) == [-4]
 
@@ -352,7 +352,7 @@ def test_a_group_is_kept_in_chunks_of_at_most_the_bound_in_order():
     assert len(sizes) >= 12 and max(sizes) <= config.chunk_bytes, sizes
     assert decode_chunks(st.chunks).column("uniq_key").to_pylist() == [k for k, _ in keys]
     fired = state(NOW + 40_000 - 10_000, of=st, timed_out=True)
-    out = run(pd.DataFrame(columns=ENVELOPE.names), fired, clock_ms=NOW + 40_000, config=config)
+    out = run(pd.DataFrame(columns=ENVELOPE.names), fired, config=config)
     assert list(out["uniq_key"]) == [k for k, _ in keys] and fired.removed
 
 
@@ -382,7 +382,7 @@ def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
     again["bucket"], again["slot"] = first["bucket"].iloc[0], first["slot"].iloc[0]
     assert list(again["rolled"]) == [True, False]
     fired = state(NOW + 2_000 - 10_000, of=st)
-    out = run(again, fired, clock_ms=NOW + 2_000)
+    out = run(again, fired)
     assert list(zip(out["uniq_key"], out["ioff"])) == [("a", 1), ("b", 8)], \
         "the held copy of a leaves, once; b, due on arrival, after it"
     assert fired.removed
@@ -398,8 +398,8 @@ def test_a_message_due_on_arrival_leaves_as_it_would_from_the_state():
     held = state(NOW - 10_000)
     assert run(envelopes(message), held).empty
     timed_out = state(NOW + 1_000 - 10_000, of=held, timed_out=True)
-    from_state = run(pd.DataFrame(columns=ENVELOPE.names), timed_out, clock_ms=NOW + 1_000)
-    on_arrival = run(envelopes(message), state(NOW + 1_000 - 10_000), clock_ms=NOW + 1_000)
+    from_state = run(pd.DataFrame(columns=ENVELOPE.names), timed_out)
+    on_arrival = run(envelopes(message), state(NOW + 1_000 - 10_000))
     assert list(on_arrival["kind"]) == ["deliver"]
     for name in WHEEL_OUT.names:
         a, b = from_state.iloc[0][name], on_arrival.iloc[0][name]
@@ -415,27 +415,26 @@ def test_a_new_query_s_first_batch_takes_the_job_s_start_for_its_missing_waterma
     stands in for it: a message overdue at the start fires in that batch, one due later waits
     in state with its timer; once Spark has a watermark, the start is ignored."""
     config = replace(CONFIG, first_watermark_ms=NOW + 5_000)
-    clock = NOW + 5_000
     overdue = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"old")], 1))
     later = envelopes(([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 9_000).encode()),
                         ("UNIQ_KEY", b"new")], 2))
 
     first = state(0)
-    assert list(run(overdue, first, clock, config)["uniq_key"]) == ["old"]
+    assert list(run(overdue, first, config)["uniq_key"]) == ["old"]
     assert first.removed
 
     held = state(0)
-    assert run(later, held, clock, config).empty
+    assert run(later, held, config).empty
     assert held.timer + 10_000 == NOW + 9_000 - 500, "its timer, as in any batch"
 
     # A later batch whose Spark watermark (real time NOW) is behind the job's start: Spark's
     # watermark rules, and the overdue message waits for it like any other.
     second = state(NOW - 10_000)
-    assert run(overdue, second, clock, config).empty and second.exists
+    assert run(overdue, second, config).empty and second.exists
 
     # Without a start (the default), a first batch holds everything, as Spark's watermark says.
     untouched = state(0)
-    assert run(overdue, untouched, clock).empty and untouched.exists
+    assert run(overdue, untouched).empty and untouched.exists
 
 
 def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_state():
@@ -466,7 +465,7 @@ def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_s
     frame = parsed.to_pandas()
     passing = frame[frame["uniq_key"] == "old-a"].reset_index(drop=True)   # its group's rows
     st = state(NOW - 10_000)
-    out = run(passing, st, clock_ms=NOW + 2_000)
+    out = run(passing, st)
     assert list(zip(out["kind"], out["uniq_key"], out["level"], out["due_ms"])) == [
         ("deliver", "old-a", 1, NOW + 1_000)]
     assert st.removed, "no state, no timer"
@@ -475,8 +474,11 @@ def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_s
 
 
 def test_time_rules():
-    assert correct_deliver_timestamp(now_ms=100, due_ms=1_200, delay_ms=1_000) == 100
-    assert correct_deliver_timestamp(now_ms=100, due_ms=1_100, delay_ms=1_000) == 1_100
+    # Beyond now + delay by more than the tolerance (50): a clock moved, deliver now.
+    assert correct_deliver_timestamp(now_ms=100, due_ms=1_151, delay_ms=1_000,
+                                     clock_tolerance_ms=50) == 100
+    assert correct_deliver_timestamp(now_ms=100, due_ms=1_150, delay_ms=1_000,
+                                     clock_tolerance_ms=50) == 1_150
     assert slot_of(2_999, 1_000) == 2
     assert fire_horizon(5_000, 700) == 5_700
     assert timer_for(10_000, 2_000, watermark_ms=1_000) == 8_000
