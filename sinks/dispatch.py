@@ -14,6 +14,7 @@ died.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -22,11 +23,14 @@ from operator import attrgetter
 from typing import Callable
 
 import pyarrow as pa
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException
 
 from state import headers as H
 from state.columns import HEADERS
+from state.errors import DispatchError
 from state.reasons import reason
+
+log = logging.getLogger(__name__)
 
 # Headers the wheel appends to a fired row after the message's own, removed here.
 READY_TOPIC = "DELAYQ_READY_TOPIC"
@@ -57,6 +61,8 @@ class DispatchConfig:
     replay_window_s: float            # what a restart skips reaches this far before its commit
     replay_keep_s: float              # ... and is kept this long after the task's start
     ledger_batch: int                 # ledger rows per ledger record, intake records per parse
+    ledger_bytes: int                 # a ledger record's bytes at most (`ledger_chunks`)
+    clock_tolerance_ms: int           # a clock off the broker's by half of this is logged
     intake_refresh_s: float           # how often a task looks for new intake partitions
     # The intake read of sinks/direct.py: its rules, which levels (-1: none), the partitions'
     # count of the ready topic (which intake partitions each task reads), and where to start
@@ -85,7 +91,7 @@ class Row:
 
     def order(self) -> tuple:
         """Its place in the heap: due time, then intake position (one key's order)."""
-        return (self.due_ms, self.ipart, self.ioff, self.offset, self)
+        return (self.due_ms, self.ipart, self.ioff, self.offset)
 
 
 def identity(uniq_key: str, due_ms: int) -> int:
@@ -144,28 +150,58 @@ class Offsets:
 
 
 class Skew:
-    """How far this host's clock may run ahead of the broker's: the broker stamps a record of a
-    LogAppendTime topic before this host sees its acknowledgement, so local time then minus the
-    stamp bounds the lead from above. The smallest bound of the last window is kept; never
-    below 0 (a clock behind only makes rows late)."""
+    """This host's clock against the broker's (DESIGN.md section 3): the broker stamps a record
+    of a LogAppendTime topic (the task's ledger partition) before this host sees its
+    acknowledgement, so local time then minus the stamp bounds this clock's offset to the
+    broker's from above. The smallest bound of the last window is kept. `broker_ms` reads the
+    broker's clock through it: never ahead of the broker's own, so a row held until then is
+    never early, and a clock that trails the broker's (a negative offset) sends on time, not
+    that much late. An offset beyond half of `clock_tolerance_ms` is logged, and its return."""
 
-    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.time):
+    def __init__(self, topic: str, clock_tolerance_ms: int, window_s: float = 60.0,
+                 clock: Callable[[], float] = time.time):
+        self._topic, self._tolerance_ms = topic, clock_tolerance_ms
         self._window_s, self._clock = window_s, clock
         self._best: float | None = None
         self._since = clock()
-        self.measured = False
+        self._far = False
 
-    def observe(self, broker_ms: int) -> None:
+    @property
+    def measured(self) -> bool:
+        return self._best is not None
+
+    def observe(self, kind: int, broker_ms: int) -> None:
+        """An acknowledgement's timestamp (its type and value) from the topic."""
+        if kind != TIMESTAMP_LOG_APPEND_TIME:
+            raise DispatchError(
+                f"topic {self._topic} stamps its records with the producer's clock "
+                f"(message.timestamp.type=CreateTime); the dispatch tasks measure their clocks "
+                f"by its broker's. Fix: kafka-configs.sh --alter --entity-type topics "
+                f"--entity-name {self._topic} --add-config message.timestamp.type=LogAppendTime")
         now = self._clock()
         bound = now * 1000 - broker_ms
         if self._best is None or now - self._since > self._window_s:
             self._best, self._since = bound, now
         else:
             self._best = min(self._best, bound)
-        self.measured = True
+        if (abs(self._best) > self._tolerance_ms / 2) != self._far:
+            self._far = not self._far
+            said = (f"this host's clock is {abs(self._best) / 1000:.1f} s "
+                    f"{'ahead of' if self._best > 0 else 'behind'} the broker's ({self._topic})")
+            if self._far:
+                log.warning("%s, more than half of clock_tolerance (%d s): rows are held by the "
+                            "broker's clock; check the hosts' time sync (NTP)", said,
+                            self._tolerance_ms // 1000)
+            else:
+                log.info("%s, within half of clock_tolerance again", said)
 
-    def ahead_ms(self) -> float:
-        return max(0.0, self._best or 0.0)
+    def offset_ms(self) -> float | None:
+        """This clock minus the broker's, at most (None: not measured yet)."""
+        return self._best
+
+    def broker_ms(self) -> int:
+        """The broker's clock now, at the latest (only once measured)."""
+        return int(self._clock() * 1000 - self._best)
 
 
 # Send failures that will not pass on a retry: the row is dead-lettered with the reason.
@@ -193,10 +229,9 @@ def refusal(err, row: Row) -> str | None:
     known = _PERMANENT.get(err.code())
     if known is None:
         return None
-    size = len(row.key or b"") + len(row.value or b"") + sum(
-        len(k) + len(v or b"") for k, v in row.headers)
     label, text = known
-    return reason(label, text.format(topic=row.topic, partition=row.partition, size=size))
+    return reason(label, text.format(topic=row.topic, partition=row.partition,
+                                     size=_message_bytes(row)))
 
 
 # A probe record's header (`_probe`): an empty record, not ledger rows.
@@ -221,12 +256,47 @@ def ledger_schema():
         ("headers", HEADERS)])
 
 
-def ledger_record(sent: list[tuple[Row, int, str | None]]) -> bytes:
-    """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, None) when delivered
-    or (row, sent_ms, reason) when dead-lettered, as one Arrow IPC stream built a column at a
-    time; a dead letter's row carries the message for the dead-letter table."""
-    rows, sent_ms, reasons = (list(column) for column in zip(*sent))
-    dead = [row if reason is not None else None for row, reason in zip(rows, reasons)]
+# What a ledger row costs besides its strings and a dead letter's message (its fixed columns,
+# offsets and validity bits), and a ledger record besides its rows (the Arrow stream's schema
+# and buffer padding, Kafka's record framing and the SENDER header), in bytes, with room.
+_LEDGER_ROW_BYTES = 128
+_LEDGER_RECORD_BYTES = 8192
+
+
+def _message_bytes(row: Row) -> int:
+    return len(row.key or b"") + len(row.value or b"") + sum(
+        len(k) + len(v or b"") for k, v in row.headers)
+
+
+def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most_bytes: int):
+    """`acked` as ledger records of at most `most_rows` rows and `most_bytes` bytes (the
+    ledger topic's max.message.bytes, read at the start, and the producer's): (rows, record)
+    pairs, in order. A dead letter's row carries its message for the dead-letter table, unless
+    the row could not fit a record even alone: then its message is left out (the dead-letter
+    topic has it)."""
+    room = most_bytes - _LEDGER_RECORD_BYTES
+    chunk: list = []
+    size = 0
+    for row, sent_ms, reason in acked:
+        cost = _LEDGER_ROW_BYTES + len(row.uniq_key) + len(row.topic or "") + len(reason or "")
+        message = _message_bytes(row) + 8 * len(row.headers)   # and each header's offsets
+        whole = reason is not None and cost + message <= room
+        cost += message if whole else 0
+        if chunk and (len(chunk) >= most_rows or size + cost > room):
+            yield [r for r, _, _, _ in chunk], ledger_record(chunk)
+            chunk, size = [], 0
+        chunk.append((row, sent_ms, reason, whole))
+        size += cost
+    if chunk:
+        yield [r for r, _, _, _ in chunk], ledger_record(chunk)
+
+
+def ledger_record(sent: list[tuple[Row, int, str | None, bool]]) -> bytes:
+    """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, None, False) when
+    delivered or (row, sent_ms, reason, with its message) when dead-lettered, as one Arrow IPC
+    stream built a column at a time."""
+    rows, sent_ms, reasons, wholes = (list(column) for column in zip(*sent))
+    dead = [row if whole else None for row, whole in zip(rows, wholes)]
     columns = {name: list(map(attrgetter(name), rows)) for name in (
         "uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms")}
     columns.update({

@@ -53,6 +53,14 @@ def owned_partitions(consumer, config: DispatchConfig, task: int) -> list:
             if q % config.ready_partitions == task]
 
 
+def added_partitions(consumer, config: DispatchConfig, task: int, known: dict) -> dict:
+    """The intake partitions task `task` reads that are not among `known` (by Row.source),
+    with where each starts (`committed`): partitions added to the intake since its start."""
+    new = [tp for tp in owned_partitions(consumer, config, task)
+           if (tp.topic, tp.partition) not in known]
+    return committed(consumer, config, new)[0] if new else {}
+
+
 def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int | None]:
     """Where each of `parts` starts (its committed offset; else the ready partition's
     beginning, an intake partition's `intake_start` or beginning), by Row.source, and the

@@ -6,6 +6,7 @@ send them and their ledger rows, commit, and on a restart skip what the ledger a
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import logging
 import time
@@ -16,11 +17,14 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from sinks.direct import direct_rows
 from sinks.dispatch import (PROBE, READY_STOP, SENDER, TOO_LARGE, DispatchConfig, Offsets,
-                            Row, Skew, dead_letter_headers, identity, ledger_record,
-                            ready_row, refusal, sender)
-from sinks.dispatch_start import committed, in_ledger, owned_partitions, retrying, transient
+                            Row, Skew, dead_letter_headers, identity, ledger_chunks, ready_row,
+                            refusal, sender)
+from sinks.dispatch_start import (added_partitions, committed, in_ledger, owned_partitions,
+                                  retrying, transient)
 
 log = logging.getLogger(__name__)
+# A task whose clock is not measured yet (it sends nothing until then) probes this often.
+UNMEASURED_PROBE_S = 1.0
 
 
 def run_partition(config: DispatchConfig, partition: int,
@@ -46,8 +50,9 @@ class _Task:
         self.consumer = Consumer({**config.consumer, "enable.auto.commit": False,
                                   "auto.offset.reset": "error"})
         self.producer = Producer(config.producer)
-        self.skew = Skew(clock=clock)
-        self.heap: list[tuple] = []     # Row.order() of each held row
+        self.skew = Skew(config.ledger_topic, config.clock_tolerance_ms, clock=clock)
+        self.heap: list[tuple] = []     # (*Row.order(), push number, row) of each held row
+        self._pushes = itertools.count()   # equal orders never compare their rows
         self.retry: list[tuple[float, Callable[[], bool | None]]] = []   # (monotonic time, send)
         self.ledger_end = 0
         self.sent = self.dead = self.skipped = 0
@@ -63,7 +68,7 @@ class _Task:
         self._gathered_since = 0.0
         self._sender = [(SENDER, sender())]
         self.held: Counter[int] = Counter()   # rows read and not yet in the ledger, by level
-        self._refused: set[tuple] = set()   # (source, offset): dead letter refused, logged once
+        self._refused: set = set()   # a dead letter's (source, offset), a ledger send: said once
         self._alone: set[tuple] = set()   # (source, offset): sent again alone after "too large"
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -110,7 +115,8 @@ class _Task:
             if time.monotonic() - last_commit >= config.commit_interval_s:
                 self._commit()
                 last_commit = time.monotonic()
-            if time.monotonic() - self._last_ack > config.probe_interval_s:
+            if time.monotonic() - self._last_ack > (config.probe_interval_s if self.skew.measured
+                                                    else UNMEASURED_PROBE_S):
                 self._probe()
         # A clean stop: what was handed to the producer is acknowledged (and its ledger row
         # with it) before the commit, so the next run skips it; rows not yet due stay above
@@ -128,13 +134,17 @@ class _Task:
             self.producer.flush(10)
 
     def _now_ms(self) -> int:
-        """This host's clock held back by how far it may run ahead of the broker's."""
-        return int(self.clock() * 1000 - self.skew.ahead_ms())
+        """The broker's clock as this host reads it (`Skew`: never ahead of the broker's);
+        this host's own until it is measured."""
+        return self.skew.broker_ms() if self.skew.measured else int(self.clock() * 1000)
 
     def _wait_s(self) -> float:
-        if not self.heap:
+        if not self.heap or not self.skew.measured:
             return 0.02
         return min(0.02, max(0.0, (self.heap[0][0] - self._now_ms()) / 1000))
+
+    def _hold(self, row: Row) -> None:
+        heapq.heappush(self.heap, (*row.order(), next(self._pushes), row))
 
     def _pace(self) -> None:
         """Bounded memory: stop reading while too many rows are held."""
@@ -151,33 +161,30 @@ class _Task:
         self.consumer.assign([TopicPartition(tp.topic, tp.partition, self.offsets[source].position)
                               for tp, source in [(self.ready, None), *(
                                   (tp, (tp.topic, tp.partition)) for tp in self.intake)]])
-        if self.paused:   # a task holding its most keeps every partition paused (`_pace`)
-            self.consumer.pause([self.ready, *self.intake])
 
     def _look_for_partitions(self) -> None:
-        """Partitions added to the intake since the start: read them from their beginning
-        (the wheel leaves their direct messages out from the start too)."""
-        consumer, config = self.consumer, self.config
-        new = [tp for tp in retrying(lambda: owned_partitions(consumer, config, self.partition))
-               if (tp.topic, tp.partition) not in self.offsets]
-        if not new:
+        """Partitions added to the intake since the start, read from their beginning (so are
+        the wheel's), added alone: the others read on from their fetch position, not from what
+        this task took of them (rows gathered and not yet taken would be fetched twice)."""
+        starts = retrying(lambda: added_partitions(self.consumer, self.config, self.partition,
+                                                   self.offsets))
+        if not starts:
             return
-        starts, _ = retrying(lambda: committed(consumer, config, new))
-        for source, start in starts.items():
-            self.offsets[source] = Offsets(start)
-        self.intake.extend(new)
+        self.offsets.update({source: Offsets(start) for source, start in starts.items()})
+        added = [TopicPartition(topic, part, start) for (topic, part), start in starts.items()]
+        self.intake.extend(added)
         log.info("dispatch %d: reading new intake partitions %s", self.partition,
-                 [tp.partition for tp in new])
-        self._assign()
+                 [tp.partition for tp in added])
+        self.consumer.incremental_assign(added)
+        if self.paused:   # a task holding its most keeps every partition paused (`_pace`)
+            self.consumer.pause(added)
 
     def _take_intake(self, msgs: list, done: set[int] | None) -> None:
         """Intake records: the direct ones are held like fired rows (or skipped, when the
         ledger holds them already), every other is the wheel's."""
-        # The due time's correction (state/timing.py) reads this host's clock as the wheel's
-        # parse does; the hold then allows for its error (`_now_ms`).
-        rows, dead, others = direct_rows(msgs, self.config.rules,
-                                         self.config.direct_max_delay_ms,
-                                         int(self.clock() * 1000), self.config.intake_topic)
+        # correctDeliverTimestamp (state/timing.py) on the broker's clock as read here.
+        rows, dead, others = direct_rows(msgs, self.config.rules, self.config.direct_max_delay_ms,
+                                         self._now_ms(), self.config.intake_topic)
         for part, offset in others:
             self.offsets[(self.config.intake_topic, part)].skip(offset)
         for row, reason in [*((row, None) for row in rows), *dead]:
@@ -189,7 +196,7 @@ class _Task:
             offsets.read(row.offset, self.ledger_end)
             self.held[row.level] += 1
             if reason is None:
-                heapq.heappush(self.heap, row.order())
+                self._hold(row)
             else:   # bad input: its dead letter now, with the wheel's reason
                 self._dead_letter(row, reason)
 
@@ -212,24 +219,28 @@ class _Task:
             if offset < self._old_end:
                 done.add(known)
         self.offsets[None].read(offset, self.ledger_end)
-        heapq.heappush(self.heap, row.order())
+        self._hold(row)
         self.held[row.level] += 1
 
     def _send_due(self) -> None:
+        """Send every held row due by the broker's clock; none before that clock is measured."""
+        if not self.skew.measured:
+            return
         heap, pop, produce, delivered = self.heap, heapq.heappop, self._produce, self._delivered
-        ahead = self.skew.ahead_ms()
-        while heap and heap[0][0] <= self.clock() * 1000 - ahead:
+        broker_ms = self.skew.broker_ms
+        while heap and heap[0][0] <= broker_ms():
             row = pop(heap)[-1]
             if not produce(row.topic, row.partition, row, row.headers, delivered):
-                heapq.heappush(heap, row.order())   # the producer's queue is full: later
+                self._hold(row)   # the producer's queue is full: later
                 return
 
     def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
+        """`row` to the producer, stamped with the broker's clock here, never before its due."""
         sent_ms = self._now_ms()
         try:   # partition -1: librdkafka's partitioner places it
             self.producer.produce(topic, row.value, row.key, -1 if partition is None else partition,
                                   on_delivery=lambda err, msg: callback(err, msg, row, sent_ms),
-                                  headers=headers)
+                                  headers=headers, timestamp=max(sent_ms, row.due_ms))
         except BufferError:
             self.producer.poll(0.05)
             return False
@@ -291,17 +302,17 @@ class _Task:
         self._unledgered.append((row, sent_ms, reason))
 
     def _ledger(self, force: bool = False) -> None:
-        """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows,
-        once `gather_s` has passed since the first of them or `ledger_batch` are waiting; their
-        rows are done once the ledger has them."""
+        """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows
+        and `ledger_bytes` bytes (sinks/dispatch.py ledger_chunks), once `gather_s` has passed
+        since the first of them or `ledger_batch` are waiting; their rows are done once the
+        ledger has them."""
         batch = self.config.ledger_batch
         if not self._unledgered or not force and len(self._unledgered) < batch \
                 and time.monotonic() - self._unledgered_since < self.config.gather_s:
             return
         acked, self._unledgered = self._unledgered, []
-        for start in range(0, len(acked), batch):
-            chunk = acked[start:start + batch]
-            send = self._ledger_send(ledger_record(chunk), [row for row, _, _ in chunk])
+        for rows, record in ledger_chunks(acked, batch, self.config.ledger_bytes):
+            send = self._ledger_send(record, rows)
             if not send():
                 self._later(send, 0.05)
 
@@ -315,17 +326,23 @@ class _Task:
                     on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
             except BufferError:
                 return False
+            except KafkaException as e:   # refused before it was queued
+                self._ledgered(e.args[0], None, rows, send)
             return True
         return send
 
     def _ledgered(self, err, msg, rows: list[Row], send) -> None:
-        if err is not None:
+        if err is not None:   # its rows stay below the commit point until the ledger has them
+            if rows and send not in self._refused:   # said once, not at every retry
+                self._refused.add(send)
+                log.warning("dispatch %d: the ledger topic %s refused a record of %d rows (%s); "
+                            "retrying until it takes it", self.partition, self.ledger.topic,
+                            len(rows), err)
             self._later(send)
             return
+        self._refused.discard(send)
         self.ledger_end = max(self.ledger_end, msg.offset() + 1)
-        kind, stamp = msg.timestamp()
-        if kind == 2:   # TIMESTAMP_LOG_APPEND_TIME: the broker's clock
-            self.skew.observe(stamp)
+        self.skew.observe(*msg.timestamp())
         self._last_ack = time.monotonic()
         for row in rows:
             self.offsets[row.source].done(row.offset)
@@ -368,8 +385,10 @@ class _Task:
         for source, offsets in self.offsets.items():
             point, mark = offsets.commit_point(self.ledger_end)
             meta = {"ledger": mark}
-            if source is None:   # the task's held rows, for the pending gauge
+            if source is None:   # the task's held rows and clock, for the driver's gauges
                 meta["held"] = {str(k): n for k, n in self.held.items() if n}
+                if self.skew.measured:
+                    meta["clock_ms"] = round(self.skew.offset_ms())
             topic, part = (self.ready.topic, self.partition) if source is None else source
             commits.append(TopicPartition(topic, part, point, metadata=json.dumps(meta)))
         try:

@@ -62,6 +62,10 @@ class Metrics:
         self._in_wheel: dict[str, float] = {}      # level → held in the wheel's state
         self._in_dispatch: dict[str, float] = {}   # level → read by a dispatch task, not done
         self._pending_lock = threading.Lock()   # the batches' thread and the dispatch reporter
+        self.clock_offset = Gauge("delayq_dispatch_clock_offset_seconds",
+                                  "A dispatch task's host clock minus the broker's, at most (as "
+                                  "measured on the ledger topic), by ready partition.",
+                                  ["partition"], **r)
         self.lateness = LatenessHistogram("delayq_delivery_lateness_seconds",
                                           "Delivery time minus due time.", LATENESS_BUCKETS)
         registry.register(self.lateness)
@@ -88,14 +92,17 @@ class Metrics:
                 self.pending.labels(level=level).set(
                     self._in_wheel[level] + self._in_dispatch.get(level, 0))
 
-    def set_dispatch_held(self, by_level: dict[int, int]) -> None:
-        """The dispatch tasks' held messages by level, as their last commits report them."""
+    def set_dispatch(self, held_by_level: dict[int, int], clock_ms: dict[int, int]) -> None:
+        """What the dispatch tasks' last commits report (streaming/dispatcher.py reports): the
+        messages they hold, by level, and each one's clock offset to the broker's."""
         with self._pending_lock:
-            shown = set(self._in_dispatch) | {str(level) for level in by_level}
-            self._in_dispatch = {str(level): n for level, n in by_level.items()}
+            shown = set(self._in_dispatch) | {str(level) for level in held_by_level}
+            self._in_dispatch = {str(level): n for level, n in held_by_level.items()}
             for level in shown:
                 self.pending.labels(level=level).set(
                     self._in_wheel.get(level, 0) + self._in_dispatch.get(level, 0))
+        for partition, ms in clock_ms.items():
+            self.clock_offset.labels(partition=str(partition)).set(ms / 1000)
 
     def observe_batch(self, summary: BatchSummary) -> None:
         for level, n in summary.received_by_level.items():

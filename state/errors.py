@@ -19,3 +19,7 @@ class BrokerError(DelayqError):
 
 class JobError(DelayqError):
     """The streaming job refused to start or stopped on a condition it names."""
+
+
+class DispatchError(DelayqError):
+    """A dispatch task cannot go on (its supervisor starts it again); the message says why."""

@@ -87,21 +87,48 @@ def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> 
         return max_message_bytes(admin, settings.dlq_topic) or wanted
 
 
-def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient, largest: int) -> int:
-    """The ready and ledger topics, `ready_partitions` each (the ledger
-    topic LogAppendTime: its acknowledgements time the dispatch tasks' clocks). The ready topic
-    takes the largest record the service writes plus its restore headers. Returns the number
-    of ready partitions (an existing topic's own count: the dispatch follows the topic)."""
+def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient,
+                           largest: int) -> tuple[int, int]:
+    """The ready and ledger topics, `ready_partitions` each (the ledger topic LogAppendTime: its
+    acknowledgements time the dispatch tasks' clocks; an existing one with another timestamp
+    type is altered, `ensure_log_append_time`). The ready topic takes the largest record the
+    service writes plus its restore headers. Returns the number of ready partitions (an
+    existing topic's own count: the dispatch follows the topic) and the ledger topic's
+    max.message.bytes, which bounds the dispatch tasks' ledger records."""
     create_topic(admin, settings.ready_topic, settings.ready_partitions,
                  {"max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)})
-    create_topic(admin, settings.ledger_topic, settings.ready_partitions, LOG_APPEND_TIME)
+    if not create_topic(admin, settings.ledger_topic, settings.ready_partitions, LOG_APPEND_TIME):
+        ensure_log_append_time(admin, settings.ledger_topic)
     parts = topic_partitions(admin, [settings.ready_topic, settings.ledger_topic])
     ready, ledger = parts[settings.ready_topic], parts[settings.ledger_topic]
     if ready != ledger:
         raise ValueError(f"topic {settings.ready_topic} has {ready} partitions and "
                          f"{settings.ledger_topic} {ledger}: a dispatch task writes the ledger "
                          f"partition of its ready partition; give both the same count")
-    return ready
+    return ready, max_message_bytes(admin, settings.ledger_topic) or KAFKA_DEFAULT_MAX_MESSAGE
+
+
+def ensure_log_append_time(admin: KafkaAdminClient, topic: str) -> None:
+    """An existing topic of delayq's own whose records must carry the broker's time: altered to
+    LogAppendTime when it has another timestamp type (said in the log), refused when the
+    broker does not allow that."""
+    kind = topic_config(admin, topic, "message.timestamp.type")
+    if kind == "LogAppendTime":
+        return
+    try:
+        answer = admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                                     configs=dict(LOG_APPEND_TIME))])
+        result = answer.get("topic", {}).get(topic, "no answer")
+    except (KafkaError, ValueError) as exc:
+        result = str(exc)
+    if result != "OK":
+        raise JobError(
+            f"topic {topic} has message.timestamp.type={kind} and could not be altered "
+            f"({result}); the dispatch tasks measure their clocks by its broker's append "
+            f"time. Fix: kafka-configs.sh --alter --entity-type topics --entity-name {topic} "
+            f"--add-config message.timestamp.type=LogAppendTime")
+    log.warning("topic %s had message.timestamp.type=%s; altered to LogAppendTime, which the "
+                "dispatch tasks time their clocks by", topic, kind)
 
 
 def topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str | None:

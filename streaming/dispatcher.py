@@ -26,15 +26,17 @@ log = logging.getLogger(__name__)
 
 
 def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, partitions: int,
-                    intake_start: dict[int, int]) -> DispatchConfig:
+                    intake_start: dict[int, int], ledger_max_bytes: int) -> DispatchConfig:
+    """A dispatch task's configuration: `max_request_bytes` is the largest record it sends,
+    `ledger_max_bytes` the ledger topic's max.message.bytes."""
     consumer = {"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
                 "enable.partition.eof": False,
                 # fetch.wait.max.ms stays at 500 ms: a fetch returns once a record comes, and
                 # shorter waits made idle tasks cost the broker a fifth of a core.
-                # Spark's Kafka source's default: the wheel and the dispatch tasks see the same
-                # intake records.
-                "isolation.level": "read_uncommitted"}
+                # As the wheel's Kafka source (streaming/wheel_query.py): an intake write a
+                # producer's transaction aborted is never delivered.
+                "isolation.level": "read_committed"}
     return DispatchConfig(consumer=consumer,
                           producer=dispatch_producer_config(settings, max_request_bytes),
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
@@ -47,6 +49,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           replay_window_s=settings.dispatch_replay_window_ms / 1000,
                           replay_keep_s=settings.dispatch_replay_keep_ms / 1000,
                           ledger_batch=settings.dispatch_ledger_batch,
+                          ledger_bytes=min(ledger_max_bytes, max_request_bytes),
+                          clock_tolerance_ms=settings.clock_tolerance_ms,
                           intake_refresh_s=settings.dispatch_intake_refresh_ms / 1000,
                           intake_topic=settings.intake_topic, rules=rules_of(settings),
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
@@ -55,19 +59,20 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
 
 class Dispatcher:
     def __init__(self, spark, settings: Settings, partitions: int, max_request_bytes: int,
-                 on_held=None, intake_start: dict[int, int] | None = None):
+                 ledger_max_bytes: int, on_commits=None,
+                 intake_start: dict[int, int] | None = None):
         """`intake_start`: the wheel's position in the intake (the checkpoint's last committed
         batch), where a task starts an intake partition it never committed."""
         self.spark, self.settings, self.partitions = spark, settings, partitions
         self.run_id = uuid.uuid4().hex
         self.config = dispatch_config(settings, self.run_id, max_request_bytes, partitions,
-                                      intake_start or {})
+                                      intake_start or {}, ledger_max_bytes)
         self.failure: str | None = None
         self.restarts = 0
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._reader = None   # the held counts' consumer (never subscribed)
-        self._on_held = on_held   # called with held_by_level() once per commit interval
+        self._reader = None   # the commits' reader (a consumer never subscribed)
+        self._on_commits = on_commits   # called with `reports()` once per commit interval
 
     def start(self) -> "Dispatcher":
         for partition in range(self.partitions):
@@ -75,35 +80,42 @@ class Dispatcher:
                                       name=f"delayq-dispatch-{partition}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        if self._on_held is not None:
-            threading.Thread(target=self._report_held, name="delayq-dispatch-held",
+        if self._on_commits is not None:
+            threading.Thread(target=self._report, name="delayq-dispatch-reports",
                              daemon=True).start()
         return self
 
-    def _report_held(self) -> None:
-        """The tasks' held counts to `on_held` after each commit interval, off the batches."""
+    def _report(self) -> None:
+        """The tasks' reports to `on_commits` after each commit interval, off the batches."""
         interval = self.settings.dispatch_commit_interval_ms / 1000
         while not self._stopping.wait(interval):
             try:
-                self._on_held(self.held_by_level())
+                self._on_commits(*self.reports())
             except Exception as exc:   # noqa: BLE001 (a gauge's update never stops delivery)
-                log.warning("could not read the dispatch tasks' held counts: %s", exc)
+                log.warning("could not read the dispatch tasks' commits: %s", exc)
 
-    def held_by_level(self) -> dict[int, int]:
-        """Messages the dispatch tasks have read and not yet finished, by level, as of their
-        last commits (each commit's metadata carries its task's count): the part of the pending
-        messages that has left the wheel. One request, whatever the message rate."""
+    def reports(self) -> tuple[dict[int, int], dict[int, int]]:
+        """What the tasks' last commits say (each commit's metadata carries its task's figures):
+        the messages they have read and not yet finished, by level (the part of the pending
+        messages that has left the wheel), and each task's clock offset to the broker's in ms,
+        by ready partition (sinks/dispatch.py Skew). One request, whatever the message rate."""
         from confluent_kafka import Consumer, TopicPartition
 
         if self._reader is None:
             self._reader = Consumer(self.config.consumer)
         held: dict[int, int] = {}
+        clocks: dict[int, int] = {}
         for got in self._reader.committed([TopicPartition(self.settings.ready_topic, p)
                                            for p in range(self.partitions)], timeout=10):
-            counts = json.loads(got.metadata).get("held", {}) if got.metadata else {}
-            for level, n in counts.items():
+            meta = json.loads(got.metadata) if got.metadata else {}
+            for level, n in meta.get("held", {}).items():
                 held[int(level)] = held.get(int(level), 0) + n
-        return held
+            if meta.get("clock_ms") is not None:
+                clocks[got.partition] = meta["clock_ms"]
+        return held, clocks
+
+    def held_by_level(self) -> dict[int, int]:
+        return self.reports()[0]
 
     def _group(self, partition: int) -> str:
         return f"delayq-dispatch-{self.settings.ready_topic}-{partition}"

@@ -81,7 +81,7 @@ class DelayJob:
         self._size_partitions()
         started_ms, now_ms = self._check_checkpoint()
         self._step("checkpoint")
-        partitions = kadmin.ensure_dispatch_topics(self.settings, self._admin, largest)
+        partitions, ledger_max = kadmin.ensure_dispatch_topics(self.settings, self._admin, largest)
         self._check_slots(partitions)
         writer = self._writer = self._batch_writer(partitions, largest)
         # The pending gauge starts from the state as of the last committed batch; the batches
@@ -92,8 +92,8 @@ class DelayJob:
         intake_start = ({} if seed_batch is None or self._direct_was_on else
                         committed_offsets(store.path(self.checkpoint), self.settings.intake_topic))
         self._dispatcher = Dispatcher(
-            self.spark, self.settings, partitions, largest,
-            on_held=self.metrics.set_dispatch_held if self.metrics else None,
+            self.spark, self.settings, partitions, largest, ledger_max,
+            on_commits=self.metrics.set_dispatch if self.metrics else None,
             intake_start=intake_start).start()
         self._step("dispatch")
         self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,

@@ -72,6 +72,9 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
               .option("subscribe", settings.intake_topic)
               .option("startingOffsets", "earliest")
               .option("includeHeaders", "true")
+              # A producer's transaction that aborted its intake writes: never delivered (the
+              # dispatch tasks' intake reads are read_committed too, streaming/dispatcher.py).
+              .option("kafka.isolation.level", "read_committed")
               # Intake data deleted before it was read is a loss: stop and say so.
               .option("failOnDataLoss", "true"))
     if settings.max_offsets_per_trigger > 0:

@@ -1,13 +1,17 @@
 """The dispatch task's pure parts (sinks/dispatch.py): reading a fired row back from its ready
-record, the commit point, the bound on how far the host's clock runs ahead, and the ledger
-records' retry (against a stand-in producer)."""
+record, the commit point, the host clock's offset to the broker's, the ledger records' size and
+their retry (against a stand-in producer)."""
 from types import SimpleNamespace
 
-from confluent_kafka import KafkaError
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError
 
 from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets, Row, Skew,
-                            ready_row)
+                            ledger_chunks, ledger_rows, ready_row)
 from state import headers as H
+from state.errors import DispatchError
+
+LOG_APPEND = TIMESTAMP_LOG_APPEND_TIME
 
 
 def test_a_ready_record_gives_back_the_message_and_where_it_goes():
@@ -40,18 +44,23 @@ def test_the_commit_point_is_the_lowest_row_not_done_with_its_ledger_mark():
     assert offsets.commit_point(ledger_end=9) == (14, 9), "all done: the position, the end"
 
 
-def test_the_clock_bound_is_the_smallest_of_a_window_and_never_below_zero():
+def test_the_clock_offset_is_the_smallest_bound_of_a_window_either_way():
+    """The offset (this clock minus the broker's) is bounded from above by each acknowledgement;
+    the broker's clock read through it is never ahead of the broker's own, whether this clock
+    runs ahead of the broker's or trails it."""
     now = [1000.0]
-    skew = Skew(window_s=60, clock=lambda: now[0])
-    assert not skew.measured and skew.ahead_ms() == 0
-    skew.observe(broker_ms=1000.0 * 1000 - 3050)   # acknowledged 3.05 s after the stamp
-    skew.observe(broker_ms=1000.0 * 1000 - 3010)
-    assert skew.measured and skew.ahead_ms() == 3010
+    skew = Skew("ledger", 60_000, window_s=60, clock=lambda: now[0])
+    assert not skew.measured and skew.offset_ms() is None
+    skew.observe(LOG_APPEND, 1000.0 * 1000 - 3050)   # acknowledged 3.05 s after the stamp
+    skew.observe(LOG_APPEND, 1000.0 * 1000 - 3010)
+    assert skew.measured and skew.offset_ms() == 3010
+    assert skew.broker_ms() == 1000.0 * 1000 - 3010
     now[0] += 61                                    # a new window starts from its first
-    skew.observe(broker_ms=now[0] * 1000 - 2500)
-    assert skew.ahead_ms() == 2500
-    skew.observe(broker_ms=now[0] * 1000 + 40)      # this clock behind: no hold at all
-    assert skew.ahead_ms() == 0
+    skew.observe(LOG_APPEND, now[0] * 1000 - 2500)
+    assert skew.offset_ms() == 2500
+    skew.observe(LOG_APPEND, now[0] * 1000 + 5040)   # this clock 5.04 s behind, at least
+    assert skew.offset_ms() == -5040
+    assert skew.broker_ms() == now[0] * 1000 + 5040, "rows leave by the broker's clock"
 
 
 class Producer:
@@ -65,14 +74,14 @@ class Producer:
 
 
 class Acked:
-    def __init__(self, offset):
-        self._offset = offset
+    def __init__(self, offset, kind=TIMESTAMP_LOG_APPEND_TIME):
+        self._offset, self._kind = offset, kind
 
     def offset(self):
         return self._offset
 
     def timestamp(self):
-        return 0, 0
+        return self._kind, 0
 
 
 def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
@@ -82,7 +91,9 @@ def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
     from sinks.dispatch_task import _Task
 
     task = _Task.__new__(_Task)
-    task.config = SimpleNamespace(ledger_batch=2, gather_s=0.0, retry_backoff_s=0.0)
+    task.config = SimpleNamespace(ledger_batch=2, ledger_bytes=1_000_000, gather_s=0.0,
+                                  retry_backoff_s=0.0, clock_tolerance_ms=60_000)
+    task.skew, task._refused = Skew("ledger", 60_000), set()
     task.partition, task.ledger, task._sender = 0, SimpleNamespace(topic="ledger"), []
     task.producer, task.retry, task.ledger_end, task._last_ack = Producer(), [], 0, 0.0
     task.offsets, task.held = {None: Offsets(0)}, {1: 4}
@@ -99,3 +110,36 @@ def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
     again_report(None, Acked(7))
     task.producer.sent[1][1](None, Acked(8))
     assert task.held == {1: 0} and task.offsets[None].commit_point(task.ledger_end)[0] == 4
+    with pytest.raises(DispatchError, match="message.timestamp.type=LogAppendTime"):
+        again_report(None, Acked(9, kind=TIMESTAMP_CREATE_TIME))   # no clock to measure by
+
+
+def _acked(n: int, body: int, dead: bool) -> list:
+    reason = "unknown_topic: REAL_TOPIC 'gone' does not exist" if dead else None
+    return [(Row(1000 + i, 0, i, i, "gone", None, b"k", b"v" * body, [("trace", b"t")], 1, 0,
+                 f"u{i:06d}"), 1000 + i, reason) for i in range(n)]
+
+
+@pytest.mark.parametrize("body,dead,rows", [(1024, True, 3_000), (10, False, 5_000),
+                                            (200_000, True, 30)])
+def test_ledger_records_stay_below_the_byte_limit_and_keep_every_row_in_order(body, dead, rows):
+    """Dead letters carry their message for the dead-letter table: 3,000 of 1 KB (a REAL_TOPIC
+    deleted under load) would make one record of 3 MB."""
+    acked = _acked(rows, body, dead)
+    chunks = list(ledger_chunks(acked, 2_000, 1_000_000))
+    assert all(len(record) <= 1_000_000 for _, record in chunks)
+    assert all(len(chunk) <= 2_000 for chunk, _ in chunks)
+    keys = [k for _, record in chunks for k in ledger_rows(record).column("uniq_key").to_pylist()]
+    assert keys == [row.uniq_key for row, _, _ in acked]
+    assert [row for chunk, _ in chunks for row in chunk] == [row for row, _, _ in acked]
+    values = [v for _, record in chunks for v in ledger_rows(record).column("value").to_pylist()]
+    assert values == [b"v" * body if dead else None] * rows
+
+
+def test_a_dead_letter_too_large_for_any_ledger_record_is_recorded_without_its_message():
+    acked = _acked(1, 2_000_000, True) + _acked(1, 10, True)
+    [(rows, record)] = ledger_chunks(acked, 2_000, 1_000_000)
+    big, small = ledger_rows(record).to_pylist()
+    assert (big["status"], big["key"], big["value"], big["headers"]) == ("dead", None, None, None)
+    assert big["reason"].startswith("unknown_topic") and len(record) < 10_000
+    assert small["value"] == b"v" * 10, "a dead letter that fits keeps its message"

@@ -63,13 +63,16 @@ def test_pending_adds_what_the_dispatch_tasks_hold_to_the_wheel_s():
     m = fresh()
     pending = lambda level: m.registry.get_sample_value("delayq_pending_messages", {"level": level})
     m.add_pending({1: 5})
-    m.set_dispatch_held({1: 3, 2: 4})
+    m.set_dispatch({1: 3, 2: 4}, {0: -5_000, 1: 20})
     assert (pending("1"), pending("2")) == (8, 4)
     s = BatchSummary(1)
     s.add("tally", 1, None, 1, received=0, pending_delta=-2)   # two fired into the ready topic
     m.observe_batch(s)
-    m.set_dispatch_held({1: 5})
+    m.set_dispatch({1: 5}, {})
     assert (pending("1"), pending("2")) == (8, 0), "level 2's were all sent"
+    offset = lambda p: m.registry.get_sample_value("delayq_dispatch_clock_offset_seconds",
+                                                   {"partition": p})
+    assert (offset("0"), offset("1")) == (-5.0, 0.02), "each task's clock, as last measured"
 
 
 def test_lateness_histogram_accumulates_bucket_counts():
