@@ -34,10 +34,11 @@ def dispatch(new_topic, kafka_bootstrap):
     real, dlq = new_topic(**LOG_APPEND), new_topic(**LOG_APPEND)
     # The settings' dispatch configuration, on the fresh topics, reading no intake.
     config = replace(
-        dispatch_config(load_settings(), "run-1", 1_048_576, 1, {}),
+        dispatch_config(load_settings(), "run-1", 1_048_576, 1, {}, 1_048_588),
         consumer={"bootstrap.servers": kafka_bootstrap, "group.id": f"dispatch-{uuid.uuid4().hex}"},
         producer={"bootstrap.servers": kafka_bootstrap, "linger.ms": 1, "acks": "all",
-                  "enable.idempotence": True, "topic.metadata.propagation.max.ms": 2000},
+                  "enable.idempotence": True, "topic.metadata.propagation.max.ms": 2000,
+                  "message.max.bytes": 1_048_576},
         ready_topic=ready, ledger_topic=ledger, dlq_topic=dlq,
         commit_interval_s=0.2, retry_backoff_s=0.2,
         intake_topic="", rules=None, direct_max_delay_ms=-1)
@@ -89,29 +90,89 @@ def _run(config: DispatchConfig) -> None:   # a task in a process of its own, to
     list(run_partition(config, 0))
 
 
-def test_rows_leave_at_their_due_time_never_before_from_a_clock_ahead(dispatch, kafka_bootstrap):
-    """The task's clock runs 3 s ahead of the broker's: it learns so from its ledger topic's
-    LogAppendTime acknowledgements and holds each row that much longer."""
+@pytest.mark.parametrize("host_s", [3.0, -3.0], ids=["host-ahead", "host-behind"])
+def test_rows_leave_at_their_due_time_by_the_broker_s_clock_either_way(dispatch, kafka_bootstrap,
+                                                                       new_topic, host_s):
+    """The task's clock runs 3 s ahead of the broker's, or 3 s behind it: it measures the
+    offset from its ledger topic's LogAppendTime acknowledgements and sends each row at its
+    due time by the broker's clock: never early, and not the skew late. On a CreateTime topic
+    a delivered record's timestamp is never before its DELIVER_MS."""
     config, write = dispatch
+    created = new_topic(message_timestamp_type="CreateTime")
     now = int(time.time() * 1000)
-    rows = [{"uniq": f"u{i}", "due": now + 1500 + 40 * i, "key": f"k{i % 3}".encode()}
-            for i in range(60)]
+    rows = [{"uniq": f"u{i}", "due": now + 1500 + 40 * i, "key": f"k{i % 3}".encode(),
+             **({"topic": created} if i % 2 else {})} for i in range(60)]
     write(rows)
-    thread, result = in_thread(config, clock=lambda: time.time() + 3.0)
-    records = consume_all(kafka_bootstrap, config.real, expected=60, timeout_s=60)
+    thread, result = in_thread(config, clock=lambda: time.time() + host_s)
+    records = consume_all(kafka_bootstrap, config.real, expected=30, timeout_s=60)
+    stamped = consume_all(kafka_bootstrap, created, expected=30, timeout_s=60)
     stop(config, kafka_bootstrap)
     thread.join(60)
     due = {r["uniq"]: r["due"] for r in rows}
     late = [r.timestamp - due[header_map(r)["UNIQ_KEY"].decode()] for r in records]
-    assert len(records) == 60 and min(late) >= 0, f"early by {-min(late)} ms"
+    assert len(records) == 30 and min(late) >= 0, f"early by {-min(late)} ms"
     assert max(late) < 1500, f"late by {max(late)} ms"
+    assert len(stamped) == 30
+    for r in stamped:
+        assert r.timestamp >= int(header_map(r)[H.DELIVER_MS]), "a timestamp before DELIVER_MS"
     first = records[0]
     assert [k for k, _ in first.headers] == ["trace", H.UNIQ_KEY, H.DELIVER_MS], \
         "restore headers removed, the message's own kept in order"
-    for key in (b"k0", b"k1", b"k2"):   # one key's rows leave in due order
-        order = [due[header_map(r)["UNIQ_KEY"].decode()] for r in records if r.key == key]
-        assert order == sorted(order)
+    for topic in (records, stamped):   # one key's rows to one topic leave in due order
+        for key in (b"k0", b"k1", b"k2"):
+            order = [due[header_map(r)["UNIQ_KEY"].decode()] for r in topic if r.key == key]
+            assert order == sorted(order)
     assert result == [{"partition": 0, "sent": 60, "dead": 0, "skipped": 0}]
+    reader = Consumer(config.consumer)
+    [got] = reader.committed([TopicPartition(config.ready_topic, 0)], timeout=10)
+    reader.close()
+    clock_ms = json.loads(got.metadata)["clock_ms"]   # the offset its commits report
+    assert host_s * 1000 <= clock_ms < host_s * 1000 + 500
+
+
+def test_a_real_topic_deleted_under_load_dead_letters_its_rows_and_the_partition_goes_on(
+        dispatch, kafka_bootstrap, new_topic, admin):
+    """Rows of 1 KB to two real topics, one of them deleted under load: 5,000 of its rows come
+    due together after the deletion, while the other topic's 2,000 leave over 6 s. The thousands
+    refused at once are dead-lettered, each with its reason and its message, their ledger rows in
+    records below the ledger topic's limit; the other topic's rows keep leaving; the task keeps
+    running; every row is in the ledger once."""
+    config, write = dispatch
+    doomed = new_topic(**LOG_APPEND)
+    start = int(time.time() * 1000) + 12_000
+    rows = [{"uniq": f"d{i}", "due": start - 4000 if i < 10 else start, "topic": doomed,
+             "value": b"x" * 1024} for i in range(5_010)]
+    rows += [{"uniq": f"k{i}", "due": start - 3000 + 3 * i, "value": b"x" * 1024}
+             for i in range(2_000)]
+    write(sorted(rows, key=lambda r: r["due"]))
+    assert time.time() * 1000 < start - 5000, "the rows were written in time"
+    thread, result = in_thread(config)
+    consume_all(kafka_bootstrap, doomed, expected=10, timeout_s=60)   # the producer knows it
+    time.sleep(max(0.0, start - 1500 - time.time() * 1000) / 1000)
+    admin.delete_topics([doomed])
+    kept = consume_all(kafka_bootstrap, config.real, expected=2_000, timeout_s=120)
+    ledger = ledger_of(kafka_bootstrap, config.ledger_topic, 7_010)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert thread.is_alive() is False and result, "the task ended on its stop record"
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in kept) == \
+        sorted(r["uniq"] for r in rows if "topic" not in r)
+    statuses = {}
+    for row in ledger:
+        assert row["uniq_key"] not in statuses, f"{row['uniq_key']} twice in the ledger"
+        statuses[row["uniq_key"]] = row["status"]
+    assert set(statuses) == {r["uniq"] for r in rows}
+    dead = {k for k, status in statuses.items() if status == "dead"}
+    assert dead and all(k.startswith("d") for k in dead), "only the deleted topic's rows"
+    letters = consume_all(kafka_bootstrap, config.dlq_topic, expected=len(dead), timeout_s=60)
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in letters) == sorted(dead)
+    assert all(r.value == b"x" * 1024 and header_map(r)["REAL_TOPIC"] == doomed.encode()
+               for r in letters)
+    assert len(dead) == 5_000, f"{len(dead)} refused: the topic went too late"
+    assert result[0]["sent"] + result[0]["dead"] == 7_010 and result[0]["dead"] == len(dead)
+    sizes = [len(r.value) for r in consume_all(kafka_bootstrap, config.ledger_topic,
+                                               expected=10**9, timeout_s=10)]
+    assert max(sizes) <= 1_048_588
 
 
 def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing(
@@ -359,10 +420,11 @@ def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
     producer.close()
 
 
-def test_a_partition_added_to_the_intake_is_read_from_its_beginning(
+def test_a_partition_added_to_the_intake_under_load_is_read_from_its_beginning(
         dispatch, new_topic, kafka_bootstrap, admin):
-    """The task looks for new intake partitions (every `intake_refresh_s`): the short-level
-    messages of a partition added while it runs, which the wheel leaves out, are sent."""
+    """The task looks for new intake partitions (every `intake_refresh_s`) while it reads a
+    steady load on the first one: the short-level messages of a partition added meanwhile,
+    which the wheel leaves out, are sent, and every message of either partition once."""
     from kafka.admin import NewPartitions
 
     from state.envelope import Rules
@@ -370,20 +432,39 @@ def test_a_partition_added_to_the_intake_is_read_from_its_beginning(
     config, _ = dispatch
     intake = new_topic(partitions=1, **LOG_APPEND)
     config.intake_topic, config.direct_max_delay_ms, config.intake_refresh_s = intake, 1000, 1.0
+    config.gather_s = 0.3   # records read wait longer before they are taken
     config.rules = Rules((1000, 5000), intake, config.dlq_topic, allowed_topics=frozenset(),
                          max_delay_ms=86_400_000, clock_tolerance_ms=60_000,
                          near_horizon_ms=600_000, cold_bucket_ms=3_600_000, timer_parts=8)
+    sent = []
+
+    def send(producer, partition: int, n: int, pause_s: float) -> None:
+        for _ in range(n):
+            name = f"p{partition}-{len(sent)}"
+            sent.append(name)
+            producer.send(intake, value=name.encode(), partition=partition,
+                          headers=[(H.REAL_TOPIC, config.real.encode()),
+                                   (H.DELAY, str(len(sent) % 2).encode())])
+            time.sleep(pause_s)
+
     thread, result = in_thread(config)
-    time.sleep(3)
+    before = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
+    send(before, 0, 300, 0.005)
     admin.create_partitions({intake: NewPartitions(total_count=2)})
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-    for i in range(10):
-        producer.send(intake, value=f"new{i}".encode(), partition=1,
-                      headers=[(H.REAL_TOPIC, config.real.encode()), (H.DELAY, b"1")])
-    producer.flush()
-    producer.close()
-    records = consume_all(kafka_bootstrap, config.real, expected=10, timeout_s=60, idle_s=2)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
+    for _ in range(4):   # the load goes on over the task's refreshes, on both partitions
+        send(before, 0, 300, 0.003)
+        send(producer, 1, 20, 0.0)
+    for client in (before, producer):
+        client.flush()
+        client.close()
+    records = consume_all(kafka_bootstrap, config.real, expected=len(sent), timeout_s=60,
+                          idle_s=2)
     stop(config, kafka_bootstrap)
     thread.join(60)
-    assert sorted(r.value for r in records) == sorted(f"new{i}".encode() for i in range(10))
-    assert result and result[0]["sent"] == 10
+    assert result, "the task ended on its stop record"
+    names = [r.value.decode() for r in records]
+    twice = {n for n in names if names.count(n) > 1}
+    assert not twice, f"{len(twice)} sent twice, e.g. {sorted(twice)[:3]}"
+    assert sorted(names) == sorted(sent)
+    assert result[0]["sent"] == len(sent)
