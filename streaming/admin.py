@@ -53,21 +53,35 @@ def unreachable_reason(settings: Settings, exc: Exception) -> str:
 def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
                  configs: dict[str, str] | None = None) -> bool:
     """Create a topic; False if it already existed."""
-    # One replica on a single broker, else the broker's default (-1).
-    replicas = 1 if len(admin.describe_cluster().get("brokers", [])) <= 1 else -1
     try:
+        # One replica on a single broker, else the broker's default (-1).
+        replicas = 1 if len(admin.describe_cluster().get("brokers", [])) <= 1 else -1
         admin.create_topics([NewTopic(name, partitions, replicas, topic_configs=configs or {})],
                             wait_for_metadata=True)
         return True
     except TopicAlreadyExistsError:
         return False
+    except KafkaError as exc:
+        raise JobError(unprepared(admin, name, "could not be created", exc)) from None
+
+
+def unprepared(admin: KafkaAdminClient, topic: str, what: str, exc: Exception) -> str:
+    """One line for a topic the start could not prepare: which, where, why, what to check."""
+    servers = ",".join(admin.config.get("bootstrap_servers") or [])
+    return (f"topic {topic} {what} on Kafka at {servers}: {type(exc).__name__}: "
+            f"{str(exc).strip() or 'no detail'}. Check that the brokers are up and healthy (their "
+            f"logs), that this user may create and describe topics, and the topic's name and "
+            f"settings")
 
 
 def _grow(admin: KafkaAdminClient, topic: str, partitions: int) -> None:
     """At least `partitions` partitions for an existing topic (Kafka adds, never removes)."""
     have = topic_partitions(admin, [topic])[topic]
     if have is not None and have < partitions:
-        admin.create_partitions({topic: NewPartitions(total_count=partitions)})
+        try:
+            admin.create_partitions({topic: NewPartitions(total_count=partitions)})
+        except KafkaError as exc:
+            raise JobError(unprepared(admin, topic, "could not get its partitions", exc)) from None
         log.info("topic %s: %d partitions added (the heartbeats' partition)", topic,
                  partitions - have)
 
@@ -133,17 +147,17 @@ def ensure_log_append_time(admin: KafkaAdminClient, topic: str) -> None:
 
 def topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str | None:
     """One effective topic setting (its own value, else the broker's default)."""
-    answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)],
-                                    config_filter="all").get("topic", {})
+    try:
+        answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)],
+                                        config_filter="all").get("topic", {})
+    except KafkaError as exc:
+        raise JobError(unprepared(admin, topic, "could not be described", exc)) from None
     entry = answer.get(topic, {}).get(key)
     return entry.get("value") if entry else None
 
 
 def max_message_bytes(admin: KafkaAdminClient, topic: str) -> int | None:
-    try:
-        value = topic_config(admin, topic, "max.message.bytes")
-    except KafkaError:
-        return None
+    value = topic_config(admin, topic, "max.message.bytes")
     return int(value) if value else None
 
 

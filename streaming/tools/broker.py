@@ -6,6 +6,7 @@ Its data, log and pid file live in `<data_dir>/kafka`. Start is idempotent, stop
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 import time
 import uuid
@@ -36,6 +37,8 @@ class BrokerSpec:
     extra: dict[str, str] = field(default_factory=dict)
     # listener name → protocol, for brokers that also serve SASL or TLS.
     listeners: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # Environment of the broker's JVM besides this process's (the tests' shifted clock).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
@@ -215,6 +218,7 @@ def start(spec: BrokerSpec, timeout_s: float = READY_TIMEOUT_S) -> int:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # outlives the CLI that started it; stop() ends it
+        env={**os.environ, **spec.env},
     )
     out.close()
     spec.pid_file.write_text(str(process.pid))

@@ -45,3 +45,50 @@ def test_an_intake_gets_a_partition_for_the_heartbeats_after_the_levels(kafka_bo
         assert len(admin.describe_topics([wider.intake_topic])[0]["partitions"]) == 6
     finally:
         admin.close()
+
+
+def test_a_ledger_topic_without_log_append_time_is_altered_and_its_limit_read(
+        kafka_bootstrap, job_settings, caplog):
+    """The dispatch tasks measure their clocks by the ledger topic's LogAppendTime: one that
+    exists with CreateTime is altered at the start, and its max.message.bytes bounds the
+    tasks' ledger records."""
+    from kafka.admin import NewTopic
+
+    from streaming.admin import ensure_dispatch_topics, topic_config
+
+    settings = job_settings()
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        admin.create_topics([NewTopic(settings.ledger_topic, settings.ready_partitions, 1,
+                                      topic_configs={"message.timestamp.type": "CreateTime",
+                                                     "max.message.bytes": "500000"})])
+        with caplog.at_level("WARNING", logger="streaming.admin"):
+            parts, ledger_max = ensure_dispatch_topics(settings, admin, 1_048_576)
+        assert (parts, ledger_max) == (settings.ready_partitions, 500_000)
+        assert topic_config(admin, settings.ledger_topic, "message.timestamp.type") \
+            == "LogAppendTime"
+        assert any(settings.ledger_topic in r.getMessage() and "CreateTime" in r.getMessage()
+                   for r in caplog.records), "the change is said"
+    finally:
+        admin.close()
+
+
+def test_a_topic_the_broker_will_not_create_stops_the_start_with_one_line(
+        kafka_bootstrap, job_settings, new_topic):
+    """The dead-letter topic's name collides with an existing topic's (Kafka refuses topics
+    that differ only in '.' and '_'): the start says which topic, where and what to check,
+    in one line, not with the client's traceback."""
+    import pytest
+
+    from state.errors import JobError
+    from streaming.admin import ensure_topics
+
+    settings = job_settings()
+    new_topic(name=settings.dlq_topic.replace(".", "_"))
+    with pytest.raises(JobError) as refused:
+        ensure_topics(settings)
+    said = str(refused.value)
+    assert "\n" not in said
+    assert said.startswith(f"topic {settings.dlq_topic} could not be created on Kafka at "
+                           f"{kafka_bootstrap}: ")
+    assert "Check that the brokers are up" in said
