@@ -144,11 +144,14 @@ class DelayJob:
                           partitions, max_request_bytes=largest)
         self._step("dispatch_topics")
         intake = self.settings.intake_topic
+        # The roll reads the driver's clock against due times on the broker's: it rolls a
+        # bucket clock_tolerance early, so a driver whose clock trails by up to that rolls in
+        # time (DESIGN.md section 3).
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint, intake,
                         kadmin.topic_partitions(self._admin, [intake])[intake]
                         or len(self.settings.level_delays_ms),
                         spark_options(self.settings), self.settings.cold_bucket_ms,
-                        self.settings.near_horizon_ms)
+                        self.settings.near_horizon_ms + self.settings.clock_tolerance_ms)
         observers = [h for h in (self.metrics.observe_batch if self.metrics else None,
                                  self._on_batch) if h]
         writer = BatchWriter(kafka, self._sinks, observers, cold)

@@ -128,7 +128,8 @@ def test_far_future_messages_survive_a_restart_and_the_roll_from_the_cold_tier(
 
     # Due in ~30 s, parked cold (horizon 8 s), the job restarted meanwhile: the roll into the
     # wheel happens after the restart, and the messages still arrive on time.
-    settings = job_settings(delay_levels="1s 2s 28s", near_horizon="8s", cold_bucket="2s")
+    settings = job_settings(delay_levels="1s 2s 28s", near_horizon="8s", cold_bucket="2s",
+                            clock_tolerance="1s")
     real = new_topic(**LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-cold-{settings.intake_topic}")
     job = start_job(settings, checkpoint=checkpoint)
@@ -154,9 +155,11 @@ def test_far_future_messages_survive_a_restart_and_the_roll_from_the_cold_tier(
 
 
 # The cold tier in seconds: timers 30 s out wait there (horizon 14 s, buckets of 2 s) and roll
-# into the wheel 14-16 s before they are due, a batch later; a 2 s fire lead leaves a cancel
-# several seconds to reach a rolled timer in the wheel, on a slow day too.
-COLD = dict(delay_levels="1s 2s 28s", near_horizon="14s", cold_bucket="2s", fire_lead_ms=2000)
+# into the wheel 15-17 s before they are due (the horizon and the 1 s clock tolerance), a batch
+# later; a 2 s fire lead leaves a cancel several seconds to reach a rolled timer in the wheel,
+# on a slow day too.
+COLD = dict(delay_levels="1s 2s 28s", near_horizon="14s", cold_bucket="2s", fire_lead_ms=2000,
+            clock_tolerance="1s")
 
 
 def cancel_elsewhere(settings, bootstrap: str, uniq_key: str, due_ms: int) -> None:
