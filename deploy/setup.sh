@@ -3,7 +3,7 @@
 #   - .venv with delayq and its pinned Python dependencies (from PyPI),
 #   - .lib/spark, .lib/kafka and .lib/hdfs with the JVM jars, resolved by Maven (from Maven
 #     Central); .lib/hdfs runs a local HDFS for a store on hdfs:// (`delayq hdfs start`),
-#   - Prometheus (Debian package) for the metrics tests.
+#   - Prometheus and libfaketime (Debian packages) for the metrics and clock tests.
 # Safe to run again: each step is skipped when its inputs did not change.
 # Nothing is downloaded after this: the job and the broker start from these folders.
 set -euo pipefail
@@ -24,14 +24,18 @@ if [ ! -f .venv/.installed ] || [ pyproject.toml -nt .venv/.installed ]; then
   touch .venv/.installed
 fi
 
-# Prometheus (server and promtool) for the tests that prove the dashboard's queries.
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+# Debian packages the tests run: Prometheus (server and promtool) proves the dashboard's
+# queries; libfaketime (faketime) shifts a test broker's clock against the job's host.
+missing=()
+{ command -v prometheus >/dev/null && command -v promtool >/dev/null; } || missing+=(prometheus)
+compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || missing+=(faketime)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "setup: installing Debian's prometheus package"
+    echo "setup: installing Debian's ${missing[*]} package(s)"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   else
-    echo "setup: prometheus not found; install Debian's 'prometheus' package (sudo apt-get install prometheus)" >&2
+    echo "setup: ${missing[*]} not found; install Debian's package(s): sudo apt-get install ${missing[*]}" >&2
     exit 1
   fi
 fi
