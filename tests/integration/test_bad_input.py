@@ -163,3 +163,43 @@ def test_the_wheel_leaves_out_exactly_the_records_the_dispatch_takes(spark, job_
     python = {i: is_direct(c, values) for i, c in enumerate(cases)}
     assert jvm == python
     assert 0 < sum(python.values()) < len(cases)
+
+
+def test_intake_writes_of_an_aborted_transaction_are_never_delivered_or_dead_lettered(
+        bad_input_stack, kafka_bootstrap):
+    """A producer writes to the intake in Kafka transactions: what an aborted one wrote (every
+    path: immediate, a short level, the wheel's levels, a timer, bad input) is neither delivered
+    nor dead-lettered; what committed ones and plain writes around it wrote is."""
+    from confluent_kafka import Producer
+
+    settings, real, _ = bad_input_stack
+    plain_producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer = Producer({"bootstrap.servers": kafka_bootstrap,
+                         "transactional.id": f"intake-writer-{time.time_ns()}"})
+    producer.init_transactions(30)
+    kinds = [[(H.REAL_TOPIC, real.encode()), (H.DELAY, level)] for level in (b"0", b"1", b"2", b"3")]
+    kinds += [[(H.REAL_TOPIC, real.encode()), (H.TIMER_DELAY_MS, b"1500")], [(H.DELAY, b"1")]]
+
+    def write(client, tag: str) -> list[bytes]:
+        values = []
+        for i, headers in enumerate(kinds):
+            values.append(f"{tag}-{i}".encode())
+            client.produce(settings.intake_topic, values[-1], partition=i % 3, headers=headers)
+        client.flush(30)
+        return values
+
+    plain = write(plain_producer, "plain-before")
+    producer.begin_transaction()
+    aborted = write(producer, "aborted")
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    committed = write(producer, "committed")
+    producer.commit_transaction(30)
+    plain += write(plain_producer, "plain-after")
+    wanted = sorted(v for v in plain + committed if not v.endswith(b"-5"))   # -5: bad input
+    records = consume_all(kafka_bootstrap, real, expected=len(wanted), timeout_s=90, idle_s=3)
+    assert sorted(r.value for r in records) == wanted
+    dead = consume_all(kafka_bootstrap, settings.dlq_topic, expected=3, timeout_s=60, idle_s=3)
+    assert sorted(r.value for r in dead) == sorted(v for v in plain + committed
+                                                   if v.endswith(b"-5"))
+    assert not {r.value for r in records + dead} & set(aborted)
