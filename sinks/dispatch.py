@@ -150,20 +150,22 @@ class Offsets:
 
 
 class Skew:
-    """This host's clock against the broker's (DESIGN.md section 3): the broker stamps a record
-    of a LogAppendTime topic (the task's ledger partition) before this host sees its
-    acknowledgement, so local time then minus the stamp bounds this clock's offset to the
-    broker's from above. The smallest bound of the last window is kept. `broker_ms` reads the
-    broker's clock through it: never ahead of the broker's own, so a row held until then is
-    never early, and a clock that trails the broker's (a negative offset) sends on time, not
-    that much late. An offset beyond half of `clock_tolerance_ms` is logged, and its return."""
+    """This host against the broker's clock (DESIGN.md section 3): the broker stamps a record of
+    a LogAppendTime topic (the task's ledger partition) before this host sees its
+    acknowledgement, so this host's time then minus the stamp bounds its offset to the broker's
+    clock from above. The smallest bound of the last window is kept, on the monotonic clock, so
+    that a step of the wall clock (NTP) moves nothing. `broker_ms` reads the broker's clock
+    through it: never ahead of the broker's own, so a row held until then is never early, and a
+    host whose clock trails the broker's sends on time, not that much late. The wall clock's
+    offset (`offset_ms`) is reported, and logged past half of `clock_tolerance_ms`."""
 
     def __init__(self, topic: str, clock_tolerance_ms: int, window_s: float = 60.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
         self._topic, self._tolerance_ms = topic, clock_tolerance_ms
-        self._window_s, self._clock = window_s, clock
-        self._best: float | None = None
-        self._since = clock()
+        self._window_s, self._clock, self._monotonic = window_s, clock, monotonic
+        self._best: float | None = None   # monotonic ms minus the broker's ms, at most
+        self._since = monotonic()
         self._far = False
 
     @property
@@ -178,16 +180,17 @@ class Skew:
                 f"(message.timestamp.type=CreateTime); the dispatch tasks measure their clocks "
                 f"by its broker's. Fix: kafka-configs.sh --alter --entity-type topics "
                 f"--entity-name {self._topic} --add-config message.timestamp.type=LogAppendTime")
-        now = self._clock()
+        now = self._monotonic()
         bound = now * 1000 - broker_ms
         if self._best is None or now - self._since > self._window_s:
             self._best, self._since = bound, now
         else:
             self._best = min(self._best, bound)
-        if (abs(self._best) > self._tolerance_ms / 2) != self._far:
+        offset = self.offset_ms()
+        if (abs(offset) > self._tolerance_ms / 2) != self._far:
             self._far = not self._far
-            said = (f"this host's clock is {abs(self._best) / 1000:.1f} s "
-                    f"{'ahead of' if self._best > 0 else 'behind'} the broker's ({self._topic})")
+            said = (f"this host's clock is {abs(offset) / 1000:.1f} s "
+                    f"{'ahead of' if offset > 0 else 'behind'} the broker's ({self._topic})")
             if self._far:
                 log.warning("%s, more than half of clock_tolerance (%d s): rows are held by the "
                             "broker's clock; check the hosts' time sync (NTP)", said,
@@ -196,12 +199,14 @@ class Skew:
                 log.info("%s, within half of clock_tolerance again", said)
 
     def offset_ms(self) -> float | None:
-        """This clock minus the broker's, at most (None: not measured yet)."""
-        return self._best
+        """This host's wall clock minus the broker's, at most (None: not measured yet)."""
+        if self._best is None:
+            return None
+        return (self._clock() - self._monotonic()) * 1000 + self._best
 
     def broker_ms(self) -> int:
         """The broker's clock now, at the latest (only once measured)."""
-        return int(self._clock() * 1000 - self._best)
+        return int(self._monotonic() * 1000 - self._best)
 
 
 # Send failures that will not pass on a retry: the row is dead-lettered with the reason.
@@ -265,7 +270,7 @@ _LEDGER_RECORD_BYTES = 8192
 
 def _message_bytes(row: Row) -> int:
     return len(row.key or b"") + len(row.value or b"") + sum(
-        len(k) + len(v or b"") for k, v in row.headers)
+        len(k.encode()) + len(v or b"") for k, v in row.headers)
 
 
 def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most_bytes: int):
@@ -278,7 +283,8 @@ def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most
     chunk: list = []
     size = 0
     for row, sent_ms, reason in acked:
-        cost = _LEDGER_ROW_BYTES + len(row.uniq_key) + len(row.topic or "") + len(reason or "")
+        cost = _LEDGER_ROW_BYTES + sum(len(text.encode()) for text in (
+            row.uniq_key, row.topic or "", reason or ""))
         message = _message_bytes(row) + 8 * len(row.headers)   # and each header's offsets
         whole = reason is not None and cost + message <= room
         cost += message if whole else 0

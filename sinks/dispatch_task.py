@@ -1,8 +1,7 @@
 """The dispatch task's loop (sinks/dispatch.py has its rules and records): consume the ready
 partition and the intake partitions it reads itself (sinks/direct.py), hold rows until due,
 send them and their ledger rows, commit, and on a restart skip what the ledger already holds
-(sinks/dispatch_start.py). No Spark import: it runs in a plain Python worker.
-"""
+(sinks/dispatch_start.py). No Spark import: it runs in a plain Python worker."""
 from __future__ import annotations
 
 import heapq
@@ -23,8 +22,6 @@ from sinks.dispatch_start import (added_partitions, committed, in_ledger, owned_
                                   retrying, transient)
 
 log = logging.getLogger(__name__)
-# A task whose clock is not measured yet (it sends nothing until then) probes this often.
-UNMEASURED_PROBE_S = 1.0
 
 
 def run_partition(config: DispatchConfig, partition: int,
@@ -115,8 +112,9 @@ class _Task:
             if time.monotonic() - last_commit >= config.commit_interval_s:
                 self._commit()
                 last_commit = time.monotonic()
+            # Unmeasured (nothing is sent until then), it probes again after the retry back-off.
             if time.monotonic() - self._last_ack > (config.probe_interval_s if self.skew.measured
-                                                    else UNMEASURED_PROBE_S):
+                                                    else config.retry_backoff_s):
                 self._probe()
         # A clean stop: what was handed to the producer is acknowledged (and its ledger row
         # with it) before the commit, so the next run skips it; rows not yet due stay above
@@ -333,7 +331,9 @@ class _Task:
 
     def _ledgered(self, err, msg, rows: list[Row], send) -> None:
         if err is not None:   # its rows stay below the commit point until the ledger has them
-            if rows and send not in self._refused:   # said once, not at every retry
+            if send is None:   # a probe
+                return
+            if send not in self._refused:   # said once, not at every retry
                 self._refused.add(send)
                 log.warning("dispatch %d: the ledger topic %s refused a record of %d rows (%s); "
                             "retrying until it takes it", self.partition, self.ledger.topic,
@@ -349,15 +349,15 @@ class _Task:
             self.held[row.level] -= 1
 
     def _probe(self, wait: bool = False) -> None:
-        """A record on the ledger partition whose acknowledgement measures the clock (Skew);
-        the ledger query ignores it. At the start, nothing is sent before it is measured."""
+        """A record on the ledger partition whose acknowledgement measures the clock (Skew), which
+        the ledger query ignores; at the start, nothing is sent until then. Lost: not sent again."""
         self._last_ack = time.monotonic()
-
-        def send():
+        try:
             self.producer.produce(self.ledger.topic, value=b"", headers=[(PROBE, b"1")],
                                   partition=self.partition,
-                                  on_delivery=lambda err, msg: self._ledgered(err, msg, [], send))
-        send()
+                                  on_delivery=lambda err, msg: self._ledgered(err, msg, [], None))
+        except BufferError:   # the next one goes at its interval
+            pass
         deadline = time.monotonic() + 60
         while wait and not self.skew.measured and time.monotonic() < deadline:
             self.producer.poll(0.05)

@@ -20,7 +20,6 @@ BUCKET_COLD = -3   # pass-through: to the cold tier
 class WheelConfig:
     """The wheel's settings (conf/defaults.toml, through streaming/wheel_query.py
     wheel_config_of): no defaults of its own."""
-    level_delays_ms: tuple[int, ...]
     _: KW_ONLY
     slot_ms: int
     lead_ms: int
@@ -31,7 +30,6 @@ class WheelConfig:
     # The Spark watermark trails the newest append time by this much (see streaming/job.py);
     # the wheel adds it back so its own arithmetic is in real time.
     watermark_delay_ms: int
-    max_delay_ms: int
     dlq_topic: str
     # A state chunk's bound in bytes of messages (state/wheel.py encode).
     chunk_bytes: int

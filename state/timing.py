@@ -1,5 +1,7 @@
 """The rules of time (DESIGN.md section 3) and the wheel's slot arithmetic. Pure functions, each
-written once: those the parse applies to whole batches take numpy arrays (and plain ints)."""
+written once: those the parse applies to whole batches take numpy arrays (and plain ints).
+Every time here is the intake broker's (append times, due times); a host's clock enters only
+through `correct_deliver_timestamps`, which allows `clock_tolerance` for the difference."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +18,9 @@ def correct_deliver_timestamps(now_ms: int, due_ms: np.ndarray, delay_ms: np.nda
     `now_ms` from the clock of the host that parses or fires, which differ by their offset: the
     rule allows the tolerance rather than a measured offset, so a host whose clock trails the
     broker's by up to `clock_tolerance` keeps every due time (append time + delay) as it is.
-    Every caller (the parse, the wheel's fire, the dispatch tasks' direct read) takes this one
-    rule."""
+    Both of the parse's paths take this one rule, in the wheel and in the dispatch tasks'
+    direct read (which passes the broker's clock as it measured it). The wheel fires on its
+    watermark, the broker's clock, and corrects nothing."""
     return np.where(due_ms > now_ms + delay_ms + clock_tolerance_ms, now_ms, due_ms)
 
 

@@ -3,6 +3,7 @@ rule, and look up how many partitions a topic has."""
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import closing, nullcontext, suppress
 
 from kafka import KafkaAdminClient
@@ -21,6 +22,8 @@ LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 DLQ_HEADROOM_BYTES = 16_384
 # Kafka's broker default for message.max.bytes (and a topic's max.message.bytes).
 KAFKA_DEFAULT_MAX_MESSAGE = 1_048_588
+# How long a start waits for a topic's altered setting to show (`ensure_log_append_time`).
+ALTER_WAIT_S = 30.0
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:
@@ -141,6 +144,10 @@ def ensure_log_append_time(admin: KafkaAdminClient, topic: str) -> None:
             f"({result}); the dispatch tasks measure their clocks by its broker's append "
             f"time. Fix: kafka-configs.sh --alter --entity-type topics --entity-name {topic} "
             f"--add-config message.timestamp.type=LogAppendTime")
+    deadline = time.monotonic() + ALTER_WAIT_S   # until the brokers answer with the new type
+    while topic_config(admin, topic, "message.timestamp.type") != "LogAppendTime" \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
     log.warning("topic %s had message.timestamp.type=%s; altered to LogAppendTime, which the "
                 "dispatch tasks time their clocks by", topic, kind)
 

@@ -37,8 +37,11 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                 # As the wheel's Kafka source (streaming/wheel_query.py): an intake write a
                 # producer's transaction aborted is never delivered.
                 "isolation.level": "read_committed"}
-    return DispatchConfig(consumer=consumer,
-                          producer=dispatch_producer_config(settings, max_request_bytes),
+    # librdkafka fills a record batch up to batch.size (1,000,000 bytes): no larger than the
+    # ledger topic takes, or a batch of ledger records it refuses would be refused again whole.
+    producer = {**dispatch_producer_config(settings, max_request_bytes),
+                "batch.size": min(1_000_000, ledger_max_bytes)}
+    return DispatchConfig(consumer=consumer, producer=producer,
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
                           dlq_topic=settings.dlq_topic, run_id=run_id,
                           commit_interval_s=settings.dispatch_commit_interval_ms / 1000,
@@ -55,6 +58,15 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           intake_topic=settings.intake_topic, rules=rules_of(settings),
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start)
+
+
+def failure_reason(exc: Exception) -> str:
+    """A failed task's reason in one line: the message of a delayq error the task raised (its
+    Python traceback is inside Spark's error), else the first line of the error."""
+    lines = str(exc).splitlines()
+    said = [line.split(": ", 1)[1] for line in lines
+            if line.startswith("state.errors.") and ": " in line]
+    return said[-1] if said else (lines[0] if lines else repr(exc))
 
 
 class Dispatcher:
@@ -148,12 +160,12 @@ class Dispatcher:
                 if len(failures) > self.settings.dispatch_max_failures:
                     self.failure = (f"dispatch of ready partition {partition} failed "
                                     f"{len(failures)} times in {window_s:.0f} s; last: "
-                                    f"{str(exc).splitlines()[0]}")
+                                    f"{failure_reason(exc)}")
                     log.error("%s; giving up (setting dispatch_max_failures)", self.failure)
                     return
                 wait = backoff_ms[min(len(failures), len(backoff_ms)) - 1] / 1000
                 log.warning("dispatch %d failed (%s); starting it again in %.0f s from its "
-                            "committed offset", partition, str(exc).splitlines()[0], wait)
+                            "committed offset", partition, failure_reason(exc), wait)
                 self.restarts += 1
                 self._stopping.wait(wait)
 

@@ -53,13 +53,11 @@ def rules_of(settings: Settings) -> Rules:
 
 def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelConfig:
     return WheelConfig(
-        level_delays_ms=settings.level_delays_ms,
         slot_ms=settings.slot_ms,
         lead_ms=settings.fire_lead_ms,
         lead_per_message_us=settings.fire_lead_per_message_us,
         watermark_delay_ms=settings.late_tolerance_ms,
         first_watermark_ms=first_watermark_ms,
-        max_delay_ms=settings.max_delay_ms,
         dlq_topic=settings.dlq_topic,
         chunk_bytes=settings.wheel_chunk_kb * 1024,
         timer_parts=settings.timer_parts,

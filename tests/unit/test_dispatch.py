@@ -45,22 +45,26 @@ def test_the_commit_point_is_the_lowest_row_not_done_with_its_ledger_mark():
 
 
 def test_the_clock_offset_is_the_smallest_bound_of_a_window_either_way():
-    """The offset (this clock minus the broker's) is bounded from above by each acknowledgement;
-    the broker's clock read through it is never ahead of the broker's own, whether this clock
-    runs ahead of the broker's or trails it."""
-    now = [1000.0]
-    skew = Skew("ledger", 60_000, window_s=60, clock=lambda: now[0])
+    """The offset (this host minus the broker) is bounded from above by each acknowledgement;
+    the broker's clock read through it is never ahead of the broker's own, whether this host's
+    clock runs ahead of the broker's or trails it, and a step of the wall clock moves nothing."""
+    wall, mono = [1000.0], [50.0]
+    skew = Skew("ledger", 60_000, window_s=60, clock=lambda: wall[0], monotonic=lambda: mono[0])
     assert not skew.measured and skew.offset_ms() is None
     skew.observe(LOG_APPEND, 1000.0 * 1000 - 3050)   # acknowledged 3.05 s after the stamp
     skew.observe(LOG_APPEND, 1000.0 * 1000 - 3010)
     assert skew.measured and skew.offset_ms() == 3010
     assert skew.broker_ms() == 1000.0 * 1000 - 3010
-    now[0] += 61                                    # a new window starts from its first
-    skew.observe(LOG_APPEND, now[0] * 1000 - 2500)
+    wall[0] += 61
+    mono[0] += 61                                   # a new window starts from its first
+    skew.observe(LOG_APPEND, wall[0] * 1000 - 2500)
     assert skew.offset_ms() == 2500
-    skew.observe(LOG_APPEND, now[0] * 1000 + 5040)   # this clock 5.04 s behind, at least
+    skew.observe(LOG_APPEND, wall[0] * 1000 + 5040)  # this clock 5.04 s behind, at least
     assert skew.offset_ms() == -5040
-    assert skew.broker_ms() == now[0] * 1000 + 5040, "rows leave by the broker's clock"
+    assert skew.broker_ms() == wall[0] * 1000 + 5040, "rows leave by the broker's clock"
+    wall[0] += 30                                   # NTP steps the wall clock 30 s ahead
+    assert skew.broker_ms() == (wall[0] - 30) * 1000 + 5040, "the hold does not move"
+    assert skew.offset_ms() == 30_000 - 5040, "the offset says so"
 
 
 class Producer:
