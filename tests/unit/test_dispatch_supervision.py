@@ -58,3 +58,17 @@ def test_the_supervisor_gives_up_after_too_many_failures():
     assert dispatcher.failure == ("dispatch of ready partition 0 failed 2 times in 600 s; "
                                   "last: executor lost")
     assert len(context.groups) == 2 and context.groups[0].endswith(".READY-0")
+
+
+def test_a_task_s_own_error_is_said_not_spark_s_wrapping_of_it():
+    from streaming.dispatcher import failure_reason
+
+    wrapped = RuntimeError(
+        "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: ... "
+        "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+        '  File "sinks/dispatch.py", line 199, in observe\n'
+        "state.errors.DispatchError: topic L stamps its records with the producer's clock\n"
+        "\n\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException")
+    assert failure_reason(wrapped) == "topic L stamps its records with the producer's clock"
+    assert failure_reason(RuntimeError("executor lost\nstack")) == "executor lost"
