@@ -147,3 +147,19 @@ def test_a_dead_letter_too_large_for_any_ledger_record_is_recorded_without_its_m
     assert (big["status"], big["key"], big["value"], big["headers"]) == ("dead", None, None, None)
     assert big["reason"].startswith("unknown_topic") and len(record) < 10_000
     assert small["value"] == b"v" * 10, "a dead letter that fits keeps its message"
+
+
+def test_an_offset_past_half_the_tolerance_is_said_once_and_its_return_too(caplog):
+    mono = [0.0]
+    skew = Skew("ledger", 60_000, window_s=1, clock=lambda: mono[0], monotonic=lambda: mono[0])
+    with caplog.at_level("INFO", logger="sinks.dispatch"):
+        skew.observe(LOG_APPEND, -31_000)            # this host 31 s ahead of the broker
+        mono[0] += 0.5
+        skew.observe(LOG_APPEND, mono[0] * 1000 - 31_000)
+        mono[0] += 2                                  # a new window: 2 s ahead
+        skew.observe(LOG_APPEND, mono[0] * 1000 - 2_000)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in said] == ["WARNING", "INFO"]
+    assert "31.0 s ahead of the broker's (ledger), more than half of clock_tolerance (60 s)" \
+        in said[0][1]
+    assert "2.0 s ahead" in said[1][1] and "within half" in said[1][1]
