@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     sasl_password: SecretStr
     ssl_cafile: str
     produce_timeout: Duration
+    connect_timeout: Duration
 
     kafka_host: str
     kafka_port: PositiveInt
@@ -166,6 +167,7 @@ class Settings(BaseSettings):
     dispatch_replay_keep_ms = _ms("dispatch_replay_keep")
     dispatch_failure_window_ms = _ms("dispatch_failure_window")
     produce_timeout_s = _seconds("produce_timeout")
+    connect_timeout_s = _seconds("connect_timeout")
     executor_slots_wait_s = _seconds("executor_slots_wait")
     cold_path = _in_store("tables/cold")
     checkpoint_path = _in_store("checkpoints/delivery")

@@ -27,10 +27,18 @@ ALTER_WAIT_S = 30.0
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:
+    """An admin client, or a JobError of one line when no broker answers: kafka-python's own
+    lines for each failed try of its bootstrap (tens of them) are held back meanwhile."""
+    client_log = logging.getLogger("kafka")
+    level = client_log.level
+    client_log.setLevel(logging.CRITICAL)
     try:
-        return KafkaAdminClient(**python_client_config(settings))
+        return KafkaAdminClient(**python_client_config(settings),
+                                bootstrap_timeout_ms=int(settings.connect_timeout_s * 1000))
     except KafkaError as exc:
         raise JobError(unreachable_reason(settings, exc)) from None
+    finally:
+        client_log.setLevel(level)
 
 
 def unreachable_reason(settings: Settings, exc: Exception) -> str:
@@ -50,7 +58,9 @@ def unreachable_reason(settings: Settings, exc: Exception) -> str:
                 f"log in ({who}): authentication failed, the broker's TLS certificate is not "
                 f"trusted, or the security protocol does not match the listener. Check the "
                 f"credentials, DELAYQ_SSL_CAFILE and DELAYQ_SECURITY_PROTOCOL. ({exc})")
-    return f"no Kafka broker answers at {settings.bootstrap} ({who}): {exc}"
+    return (f"no Kafka broker answers at {settings.bootstrap} ({who}): {exc}. Check that the "
+            f"brokers are up, that DELAYQ_BOOTSTRAP_SERVERS names their listeners, and that "
+            f"this host reaches them")
 
 
 def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
@@ -119,7 +129,7 @@ def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient,
     parts = topic_partitions(admin, [settings.ready_topic, settings.ledger_topic])
     ready, ledger = parts[settings.ready_topic], parts[settings.ledger_topic]
     if ready != ledger:
-        raise ValueError(f"topic {settings.ready_topic} has {ready} partitions and "
+        raise JobError(f"topic {settings.ready_topic} has {ready} partitions and "
                          f"{settings.ledger_topic} {ledger}: a dispatch task writes the ledger "
                          f"partition of its ready partition; give both the same count")
     return ready, max_message_bytes(admin, settings.ledger_topic) or KAFKA_DEFAULT_MAX_MESSAGE
@@ -145,8 +155,13 @@ def ensure_log_append_time(admin: KafkaAdminClient, topic: str) -> None:
             f"time. Fix: kafka-configs.sh --alter --entity-type topics --entity-name {topic} "
             f"--add-config message.timestamp.type=LogAppendTime")
     deadline = time.monotonic() + ALTER_WAIT_S   # until the brokers answer with the new type
-    while topic_config(admin, topic, "message.timestamp.type") != "LogAppendTime" \
-            and time.monotonic() < deadline:
+    while topic_config(admin, topic, "message.timestamp.type") != "LogAppendTime":
+        if time.monotonic() > deadline:
+            raise JobError(
+                f"topic {topic} was altered to message.timestamp.type=LogAppendTime but its "
+                f"brokers still answer {kind} after {ALTER_WAIT_S:.0f} s; the dispatch tasks "
+                f"measure their clocks by its broker's append time. Check the brokers' logs, "
+                f"then start again")
         time.sleep(0.5)
     log.warning("topic %s had message.timestamp.type=%s; altered to LogAppendTime, which the "
                 "dispatch tasks time their clocks by", topic, kind)

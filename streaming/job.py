@@ -97,7 +97,9 @@ class DelayJob:
             intake_start=intake_start).start()
         self._step("dispatch")
         self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
-                                   first_watermark_ms=now_ms).writeStream
+                                   # the driver's clock may lead the brokers' by the tolerance
+                                   first_watermark_ms=now_ms - self.settings.clock_tolerance_ms
+                                   ).writeStream
                       .queryName(self.query_name)
                       .foreachBatch(writer)
                       .option("checkpointLocation", self.checkpoint)

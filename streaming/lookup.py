@@ -126,9 +126,10 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
     group's, to its end)."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                          "group.id": f"delayq.{settings.intake_topic}.dispatch",
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
-        since_ms = int(time.time() * 1000) - 3 * settings.ledger_interval_ms
+        since_ms = (int(time.time() * 1000) - 3 * settings.ledger_interval_ms
+                    - settings.clock_tolerance_ms)   # this host may lead the broker
         for msg in _records(consumer, settings.ledger_topic, lambda tps: consumer.offsets_for_times(
                 [TopicPartition(tp.topic, tp.partition, since_ms) for tp in tps], timeout=30)):
             if not msg.value() or uniq_key.encode() not in msg.value():

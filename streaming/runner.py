@@ -13,6 +13,7 @@ from typing import Iterator
 
 from conf.settings import Settings
 from state.errors import JobError
+from streaming import admin as kadmin
 from streaming.tools import broker
 from streaming.job import DelayJob
 from streaming.session import STOPPING, build_session
@@ -64,6 +65,8 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
         before = process_age_s()     # Python start-up, imports, settings, the exporter
         t0 = time.monotonic()
         STOPPING.clear()
+        # A broker that does not answer is said in one line before Spark takes its seconds.
+        kadmin.admin_client(settings).close()
         spark = build_session(settings)
         session_s = round(time.monotonic() - t0, 1)
         job = DelayJob(settings, spark, metrics=metrics, **job_args)

@@ -143,7 +143,9 @@ def test_every_path_is_on_time_by_the_broker_s_clock(broker_clock, spark, work_d
     finally:
         job.stop()
     records = [r for r in records if r.value not in (b"clock", b"warm-up")]
-    for r in consume_all(bootstrap, stamped, expected=2, timeout_s=30):   # due long before
+    stamps = consume_all(bootstrap, stamped, expected=2, timeout_s=30)   # due long before
+    assert len(stamps) == 2
+    for r in stamps:
         assert r.timestamp >= int(dict(r.headers)["DELIVER_MS"]), "stamped before it was due"
     # On the broker's clock: DELIVER_MS is the intake's append time plus the delay, and the
     # real topic's append time is never before it.

@@ -50,3 +50,25 @@ def test_every_package_of_the_project_takes_the_level():
     packages = pyproject["tool"]["setuptools"]["packages"]
     # A subpackage's loggers are its package's children: they take its level.
     assert sorted(cli.PACKAGES) == sorted({p.split(".")[0] for p in packages})
+
+
+def test_a_start_no_broker_answers_says_so_in_one_line_and_exits_non_zero(tmp_path):
+    """Before Spark is built (no JVM here): the broker, the client's error and what to check,
+    without a traceback or kafka-python's line per failed try."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.support import free_ports
+
+    (port,) = free_ports(1)   # nothing listens there
+    env = {**os.environ, "DELAYQ_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
+           "DELAYQ_CONNECT_TIMEOUT": "2s", "DELAYQ_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "streaming.cli", "run"], env=env,
+                          capture_output=True, text=True, timeout=120,
+                          cwd=Path(cli.__file__).parents[1])
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"delayq: no Kafka broker answers at 127.0.0.1:{port}")
+    assert "DELAYQ_BOOTSTRAP_SERVERS" in lines[0]
