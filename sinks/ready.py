@@ -16,11 +16,8 @@ import functools
 import time
 from typing import Callable
 
-from py4j.java_collections import MapConverter
-from pyspark.serializers import CPickleSerializer
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
-from pyspark.sql.classic.column import _to_seq
 
 from sinks.base import BatchSummary
 from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
@@ -72,35 +69,22 @@ def add_counts(seen: dict, summary: BatchSummary) -> None:
 
 
 class ReadySink:
-    """The wheel batch's one write. Its columns, filter, counts and options are built as JVM
-    objects once, so a batch's write is a dozen Py4J calls rather than one per column and
-    option through PySpark's DataFrame API."""
+    """The wheel batch's one write: its columns, filter and counts built once."""
 
-    def __init__(self, spark, options: dict[str, str], ready_topic: str, partitions: int,
+    def __init__(self, options: dict[str, str], ready_topic: str, partitions: int,
                  max_request_bytes: int = 1_048_576):
-        sc = spark.sparkContext
         deliver = F.col("kind") == "deliver"
-        sent = [
+        self._sent = [
             F.when(deliver, F.lit(ready_topic)).otherwise(F.col("topic")).alias("topic"),
             F.when(deliver, F.col("lane")).otherwise(F.col("partition")).alias("partition"),
             F.col("key"), F.col("value"),
             F.when(deliver, ready_headers()).otherwise(F.col("headers")).alias("headers"),
         ]
-        counts = observed_counts()
-
-        def seq(columns: list[F.Column]):
-            return _to_seq(sc, [c._jc for c in columns])
+        self._counts = observed_counts()
         self._partitions = partitions
-        self._observation = getattr(sc._jvm, "org.apache.spark.sql.Observation")
-        self._to_py_row = getattr(sc._jvm, "org.apache.spark.sql.api.python.PythonSQLUtils").toPyRow
-        self._first_count, self._counts = counts[0]._jc, seq(counts[1:])
         self._written = F.col("kind").isin("deliver", "dead")   # the rows a batch writes
-        self._with_lane = seq([F.col("*"), F.when(deliver, ready_lane(partitions)).alias("lane")])
-        self._by_lane, self._by_due = seq([F.col("lane")]), seq([F.col("due_ms")])
-        self._sent = seq(sent)
-        self._options = MapConverter().convert(
-            {"kafka.max.request.size": str(max_request_bytes), **options},
-            sc._gateway._gateway_client)
+        self._lane = F.when(deliver, ready_lane(partitions))
+        self._options = {"kafka.max.request.size": str(max_request_bytes), **options}
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Callable[[], DataFrame]:
         """Fired rows to the ready topic and dead letters to theirs, in the batch's one Spark
@@ -108,12 +92,12 @@ class ReadySink:
         rows (the batch's columns and `sent_ms`), built on first call: most batches never need
         them (dead letters are rare), and building them costs the driver an analysis of the
         micro-batch's whole plan."""
-        seen = self._observation()
-        (batch._jdf.observe(seen, self._first_count, self._counts).filter(self._written._jc)
-         .select(self._with_lane).repartition(self._partitions, self._by_lane)
-         .sortWithinPartitions(self._by_due).select(self._sent)
-         .write().mode("append").format("kafka").options(self._options).save())
-        add_counts(CPickleSerializer().loads(self._to_py_row(seen.getRow())).asDict(), summary)
+        seen = Observation()
+        (batch.observe(seen, *self._counts).filter(self._written)
+         .withColumn("lane", self._lane).repartition(self._partitions, "lane")
+         .sortWithinPartitions("due_ms").select(*self._sent)
+         .write.mode("append").format("kafka").options(**self._options).save())
+        add_counts(seen.get, summary)
         now_ms = int(time.time() * 1000)
         return functools.cache(lambda: batch.filter(self._written)
                                .withColumn("sent_ms", F.lit(now_ms).cast("long")))

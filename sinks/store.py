@@ -60,12 +60,14 @@ class HadoopPath:
         return HadoopPath(self.uri.rsplit("/", 1)[0])
 
     def _fs(self):
+        """Hadoop's file system of the path, through the JVM of the active session and its
+        Hadoop configuration (PySpark has no public API for either): the credentials and
+        settings Spark itself reads the store with."""
         from pyspark.sql import SparkSession
 
-        spark = SparkSession.active()
-        jvm = spark.sparkContext._jvm
+        context = SparkSession.active().sparkContext
+        jvm, conf = context._jvm, context._jsc.hadoopConfiguration()
         jpath = jvm.org.apache.hadoop.fs.Path(self.uri)
-        conf = spark.sparkContext._jsc.hadoopConfiguration()
         return jvm, conf, jpath.getFileSystem(conf), jpath
 
     def exists(self) -> bool:
@@ -104,10 +106,8 @@ class HadoopPath:
             out.write(text.encode())
         finally:
             out.close()
-        from pyspark import SparkContext
-
         rename = jvm.org.apache.hadoop.fs.Options.Rename
-        options = SparkContext._gateway.new_array(rename, 1)
+        options = jvm.java.lang.reflect.Array.newInstance(rename.OVERWRITE.getClass(), 1)
         options[0] = rename.OVERWRITE
         jvm.org.apache.hadoop.fs.FileContext.getFileContext(jpath.toUri(), conf) \
             .rename(tmp, jpath, options)

@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pybase64
 
-from state import compat  # noqa: F401  (patches the pinned PySpark in every worker)
 from state.columns import PENDING, WHEEL_OUT
 from state.envelope import Kind
 from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  # noqa: F401

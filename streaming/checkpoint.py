@@ -20,7 +20,7 @@ from state.columns import STATE_FORMAT
 from state.errors import JobError
 from sinks import store
 from sinks.store import HadoopPath
-from streaming.offsets import last_committed_batch, latest_batch
+from streaming.offsets import latest_batch
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "timer_parts",
 # Shaping settings that were fixed values before they were settings: a stamp that lacks one was
 # written under that value.
 FORMERLY_FIXED = {"timer_parts": 8}
+# The Spark line of stamps that do not say: every delayq before the key ran Spark 4.1 or older.
+FIRST_SPARK = "4.1"
 
 
 class CheckpointError(JobError):
@@ -50,6 +52,13 @@ def fingerprint(settings: Settings) -> dict:
     """The shaping settings as the stamp's JSON holds them (tuples as lists)."""
     values = {key: getattr(settings, key) for key in SHAPING}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+
+
+def spark_line() -> str:
+    """The running pyspark's major.minor: a checkpoint resumes only on the line that wrote it."""
+    from pyspark import __version__
+
+    return ".".join(__version__.split(".")[:2])
 
 
 def check_readable(path: Path | HadoopPath) -> None:
@@ -105,6 +114,13 @@ def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change
             f"checkpoint {path} holds wheel state in format {was_format}; this delayq reads "
             f"format {STATE_FORMAT}. Let that checkpoint drain with the delayq version that "
             f"wrote it, then start this version on a new checkpoint.")
+    was_spark = stamp.get("spark", FIRST_SPARK)
+    if was_spark != spark_line():
+        raise CheckpointError(
+            f"checkpoint {path} was written on Spark {was_spark}; this delayq runs Spark "
+            f"{spark_line()}, whose state store and offset logs it was not read with. Let that "
+            f"checkpoint drain with the delayq version that wrote it (until "
+            f"delayq_pending_messages is 0), then start this version on a new checkpoint.")
     now, was = fingerprint(settings), {**FORMERLY_FIXED, **stamp.get("settings", {})}
     moved = {key: (was[key], now[key]) for key in SHAPING if key in was and was[key] != now[key]}
     if moved and not allow_config_change:
@@ -142,7 +158,7 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
 def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> None:
     store.write_atomic(store.path(checkpoint) / STAMP, json.dumps(
         {"settings": fingerprint(settings), "state_format": STATE_FORMAT,
-         "started_ms": started_ms},
+         "spark": spark_line(), "started_ms": started_ms},
         indent=1) + "\n")
 
 
@@ -210,20 +226,3 @@ def mirror_offsets(admin, settings: Settings, offsets: dict[int, int]) -> None:
     admin.alter_group_offsets(group_id(settings), {
         TopicPartition(settings.intake_topic, p): OffsetAndMetadata(o, "", -1)
         for p, o in offsets.items()})
-
-
-def drop_unbegun(checkpoint: str, committed: int) -> None:
-    """After a clean stop, delete the offsets Spark planned for batches after `committed`,
-    none of which began (the writer was closed first), so the next start plans that batch anew
-    from the last commit over all that came since."""
-    root = store.path(checkpoint)
-    if last_committed_batch(root) != committed:
-        return
-    dropped = set()
-    for entry in (root / "offsets").iterdir():   # a batch's file and its .crc
-        name = entry.name.removeprefix(".").removesuffix(".crc")
-        if name.isdigit() and int(name) > committed:
-            entry.unlink()
-            dropped.add(int(name))
-    for batch in sorted(dropped):
-        log.info("dropped the offsets of batch %d, which the stop kept from beginning", batch)

@@ -8,10 +8,14 @@ from conf.settings import Settings
 from state.errors import ConfigError
 
 # Jars the job cannot run without; the rest of .lib/spark are their runtime dependencies.
-REQUIRED_JARS = ("spark-sql-kafka-0-10_2.13-", "delta-spark_", "kafka-clients-")
+CONNECTOR = "spark-sql-kafka-0-10_2.13-"
+REQUIRED_JARS = (CONNECTOR, "delta-spark_", "kafka-clients-")
 
 
-def spark_jars(settings: Settings) -> list[Path]:
+def spark_jars(settings: Settings, spark_version: str | None = None) -> list[Path]:
+    """The jars of `<jars_dir>/spark`, refused when one the job needs is missing or the Kafka
+    connector was built for another Spark than the running pyspark (`spark_version`, by
+    default pyspark's own): Spark's internal interfaces change between releases."""
     folder = settings.jars_path / "spark"
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     for prefix in REQUIRED_JARS:
@@ -20,6 +24,13 @@ def spark_jars(settings: Settings) -> list[Path]:
                 f"no {prefix}*.jar in {folder}; run deploy/setup.sh once to resolve the "
                 f"Spark jars with Maven (or set DELAYQ_JARS_DIR to a folder holding spark/)"
             )
+    if spark_version is None:
+        from pyspark import __version__ as spark_version
+    connector = next(j.name for j in jars if j.name.startswith(CONNECTOR))
+    if connector != f"{CONNECTOR}{spark_version}.jar":
+        raise ConfigError(
+            f"{folder / connector} is not the Kafka connector of pyspark {spark_version}: "
+            f"run deploy/setup.sh again to resolve the jars of this version")
     return jars
 
 

@@ -141,9 +141,8 @@ class DelayJob:
     def _batch_writer(self, partitions: int, largest: int) -> BatchWriter:
         """The wheel query's foreachBatch: the ready topic's writer, the cold tier and the other
         sinks, their Delta tables created before the first batch."""
-        kafka = ReadySink(self.spark, {**producer_options(self.settings),
-                                       **spark_options(self.settings)}, self.settings.ready_topic,
-                          partitions, max_request_bytes=largest)
+        kafka = ReadySink({**producer_options(self.settings), **spark_options(self.settings)},
+                          self.settings.ready_topic, partitions, max_request_bytes=largest)
         self._step("dispatch_topics")
         intake = self.settings.intake_topic
         # The roll reads the driver's clock against due times on the broker's: it rolls a
@@ -295,8 +294,6 @@ class DelayJob:
                 if committed is not None:
                     self._await_parked()
                 stuck = self._stop_query(thread_s)
-                if committed is not None and stuck is None:
-                    ckpt.drop_unbegun(self.checkpoint, committed)
             # After the wheel: a dispatch task ends once it reads its stop record, and the wheel
             # writes nothing after it.
             if self._dispatcher is not None:

@@ -1,39 +1,15 @@
 """Spark's progress reports → metrics and the consumer group: StreamingQueryListeners for one
-query, handed each report as Spark's own JSON.
-
-PySpark builds each report's Python objects field by field, one JVM call per field, on the
-driver while the next batch starts; the report's JSON is one call, and JSON is what these
-listeners read anyway.
-"""
+query, each report read as Spark's own JSON."""
 from __future__ import annotations
 
 import json
 import logging
-from functools import cached_property
 
 from pyspark.sql.streaming import StreamingQueryListener
-from pyspark.sql.streaming.listener import JStreamingQueryListener
 
 from sinks.metrics import Metrics, _offsets
 
 log = logging.getLogger(__name__)
-
-
-class _JsonEvents(JStreamingQueryListener):
-    """Spark's listener wrapper that hands `on_progress` a progress report as a dict and
-    converts none of the other events, which these listeners ignore."""
-
-    def onQueryStarted(self, jevent) -> None:
-        pass
-
-    def onQueryProgress(self, jevent) -> None:
-        self.pylistener.on_progress(json.loads(jevent.progress().json()))
-
-    def onQueryIdle(self, jevent) -> None:
-        pass
-
-    def onQueryTerminated(self, jevent) -> None:
-        pass
 
 
 class ProgressJsonListener(StreamingQueryListener):
@@ -42,13 +18,8 @@ class ProgressJsonListener(StreamingQueryListener):
     def __init__(self, query_name: str):
         self._name = query_name
 
-    @cached_property   # one JVM wrapper, so that removeListener finds the one added
-    def _jlistener(self):
-        from pyspark import SparkContext
-
-        return SparkContext._jvm.PythonStreamingQueryListenerWrapper(_JsonEvents(self))
-
-    def on_progress(self, progress: dict) -> None:
+    def onQueryProgress(self, event) -> None:
+        progress = json.loads(event.progress.json)
         if progress.get("name") != self._name:
             return
         try:
@@ -59,12 +30,11 @@ class ProgressJsonListener(StreamingQueryListener):
     def observe(self, progress: dict) -> None:
         raise NotImplementedError
 
-    # StreamingQueryListener's abstract methods; _JsonEvents calls none of them.
     def onQueryStarted(self, event) -> None:
         pass
 
-    def onQueryProgress(self, event) -> None:
-        self.on_progress(json.loads(event.progress.json))
+    def onQueryIdle(self, event) -> None:
+        pass
 
     def onQueryTerminated(self, event) -> None:
         pass

@@ -15,7 +15,6 @@ from streaming import cds
 from streaming.jars import local_fs_jar, spark_jars
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 FILE_SYSTEM_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
                            "FileSystemBasedCheckpointFileManager")
 # Hadoop's local file system with file modes set in the JVM (deploy/maven/localfs).
@@ -60,9 +59,6 @@ ENGINE_CONF = {
     "spark.ui.showConsoleProgress": "false",
     "spark.ui.prometheus.enabled": "true",
     "spark.sql.streaming.metricsEnabled": "true",
-    # Kafka is read through Spark's V1 source (same offsets, same checkpoint format): the V2
-    # stream's progress metrics throw on a restart's re-run batch and fail the query (SPARK-55271).
-    "spark.sql.streaming.disabledV2MicroBatchReaders": KAFKA_PROVIDER,
     # Kafka is written through Spark's V2 writer (the list is Spark's default less "kafka"): an
     # Observation on the written query (sinks/ready.py) waits forever for its metrics on V1.
     "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",

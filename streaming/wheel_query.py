@@ -214,7 +214,7 @@ def wait_for_the_stop(spark: SparkSession, batch_id: int,
     """A batch that began after a stop was asked sends nothing: it waits in the JVM, on the
     query's own thread (PySpark pins a callback's JVM calls to it), until the query's stop
     interrupts it. Spark takes that interruption as a clean stop (SPARK-39218); the batch is
-    not committed, and the stop removes its offsets so the next start plans it anew.
+    not committed, and runs again after the restart.
 
     Spark interrupts the thread once, and that can land while the thread is elsewhere; so the
     wait sleeps in slices and, once `stopping()` (when the query's stop was called, by `clock`)

@@ -14,11 +14,14 @@ from streaming.tools.process import free_ports  # noqa: F401  (tests import it f
 T = TypeVar("T")
 
 
-def fake_jars_dir(root: Path, spark_jars=("delta-spark_2.13-4.1.0.jar",
-                                          "spark-sql-kafka-0-10_2.13-4.1.1.jar",
-                                          "kafka-clients-3.9.1.jar")) -> Path:
+def fake_jars_dir(root: Path, spark_jars=("delta-spark_4.2_2.13-4.4.0.jar",
+                                          "kafka-clients-4.1.1.jar")) -> Path:
     """A jars folder laid out as deploy/setup.sh leaves it, with placeholder files: enough for
-    the settings' checks, which look at names only (no JVM reads these)."""
+    the settings' checks, which look at names only (no JVM reads these); the Kafka connector
+    of the installed pyspark among them."""
+    from pyspark import __version__
+
+    spark_jars = (*spark_jars, f"spark-sql-kafka-0-10_2.13-{__version__}.jar")
     (root / "spark").mkdir(parents=True)
     for name in spark_jars:
         (root / "spark" / name).write_bytes(b"jar")

@@ -18,14 +18,16 @@ from tests.support import assert_eventually, consume_all, header_map
 
 
 def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstrap):
-    job, settings = job_process(**COLD)
+    # The roll 21 s before due (horizon and tolerance): room for a slow hour's batches after
+    # the restart, and for the cancel sent after the roll to reach the wheel before it fires.
+    job, settings = job_process(**{**COLD, "near_horizon": "20s"})
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
     create_topic(admin, real, 1, {"message.timestamp.type": "LogAppendTime"})
     admin.close()
     job.start()
-    # Far enough out for a kill and a restart before the roll (14-16 s before due).
-    due = (int(time.time() * 1000) // 1000 + 120) * 1000
+    # Far enough out for a kill and a restart before the roll.
+    due = (int(time.time() * 1000) // 1000 + 130) * 1000
     cancel_elsewhere(settings, kafka_bootstrap, "ahead", due)
     with DelayProducer(settings) as producer:
         kept = producer.send(real, b"kept", deliver_at_ms=due)

@@ -19,7 +19,7 @@ from tests.support import check_deliveries, consume_all, free_ports
 PASSWORD = "pw-" + uuid.uuid4().hex
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def sasl_broker(work_dir):
     """PLAINTEXT for the broker's own traffic (and the test's reader), SASL_PLAINTEXT for
     everyone else, with user delayq for PLAIN (in the JAAS config) and for SCRAM-SHA-256
@@ -56,7 +56,7 @@ def test_sasl_broker_works_only_with_the_right_credentials(sasl_broker, job_proc
     secure = dict(bootstrap_servers=sasl_bootstrap, security_protocol="SASL_PLAINTEXT",
                   sasl_mechanism=mechanism, sasl_username="delayq")
 
-    wrong, _ = job_process(**secure, sasl_password="not-" + PASSWORD)
+    wrong, _ = job_process(**secure, sasl_password="not-" + PASSWORD, connect_timeout="5s")
     with pytest.raises(AssertionError, match="exited"):
         wrong.start(timeout_s=120)
     refused = wrong.log.read_text(errors="replace")
@@ -105,7 +105,8 @@ def tls_broker(work_dir):
 def test_tls_broker_works_only_when_its_certificate_is_trusted(tls_broker, job_process, capsys):
     spec, tls_bootstrap, ca = tls_broker
 
-    untrusting, _ = job_process(bootstrap_servers=tls_bootstrap, security_protocol="SSL")
+    untrusting, _ = job_process(bootstrap_servers=tls_bootstrap, security_protocol="SSL",
+                                connect_timeout="5s")
     with pytest.raises(AssertionError, match="exited"):
         untrusting.start(timeout_s=120)
     refused = untrusting.log.read_text(errors="replace")

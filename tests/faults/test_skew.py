@@ -70,9 +70,10 @@ def broker_offset_ms(bootstrap: str, topic: str) -> int:
 
 
 def steady(progress: list[dict]) -> bool:
-    """The last three batches took under 2 s each."""
+    """The last three batches took under 3 s each (the watermark then trails by about two
+    batches, well within the 20 s lead, also in a slow hour of this host)."""
     last = [p["durationMs"].get("triggerExecution", 10**6) for p in progress[-3:]]
-    return len(last) == 3 and max(last) < 2000
+    return len(last) == 3 and max(last) < 3000
 
 
 def test_every_path_is_on_time_by_the_broker_s_clock(broker_clock, spark, work_dir, lateness_log):
@@ -127,8 +128,8 @@ def test_every_path_is_on_time_by_the_broker_s_clock(broker_clock, spark, work_d
                           timeout_s=60, message="the cold timers parked in the cold tier")
         # A young job's batches take seconds each on two cores (a Spark session's first job's
         # more); the wheel fires 20 s ahead: the rest is sent once they are down to steady ones.
-        assert_eventually(lambda: steady(job.query.recentProgress), timeout_s=90,
-                          message="the wheel's batches under 2 s")
+        assert_eventually(lambda: steady(job.query.recentProgress), timeout_s=120,
+                          message="the wheel's batches under 3 s")
         with DelayProducer(settings) as producer:
             for name, kwargs in (("now", dict(level=0)), ("short", dict(level=1)),
                                  ("level-22s", dict(level=2)),

@@ -14,7 +14,6 @@ from tests.support import fake_jars_dir
 @pytest.fixture
 def jars(tmp_path):
     fake_jars_dir(tmp_path / "lib", ("delta-spark_2.13-4.0.0.jar",
-                                     "spark-sql-kafka-0-10_2.13-4.1.1.jar",
                                      "delta-storage-4.0.0.jar", "kafka-clients-3.9.0.jar"))
     return load_settings(jars_dir=str(tmp_path / "lib"), data_dir=str(tmp_path / "data"))
 

@@ -9,8 +9,8 @@ import pytest
 
 from conf import load_settings
 from state.columns import STATE_FORMAT
-from streaming.checkpoint import (STAMP, CheckpointError, check, direct_was_on, started_ms,
-                                  write_stamp)
+from streaming.checkpoint import (STAMP, CheckpointError, check, direct_was_on, spark_line,
+                                  started_ms, write_stamp)
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
                          delay_levels="1s 2s 3s")
@@ -116,6 +116,21 @@ def test_a_checkpoint_of_the_removed_operator_is_refused_not_handed_to_spark(tmp
     stamp.write_text(json.dumps(old))
     with pytest.raises(CheckpointError, match=r"wheel state in format 4; .*Let that checkpoint drain"):
         check(SETTINGS, ckpt, {0: 1})
+
+
+def test_a_checkpoint_of_another_spark_line_is_refused_with_how_to_drain_it(tmp_path):
+    """Stamps without the key were all written on Spark 4.1."""
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    stamp = tmp_path / "ckpt" / "delayq.json"
+    write_stamp(SETTINGS, ckpt)
+    assert json.loads(stamp.read_text())["spark"] == spark_line()
+    assert check(SETTINGS, ckpt, {0: 1}) == "resume"
+    old = json.loads(stamp.read_text())
+    del old["spark"]
+    stamp.write_text(json.dumps(old))
+    with pytest.raises(CheckpointError, match=rf"written on Spark 4\.1; this delayq runs Spark "
+                                              rf"{spark_line()}.*Let that checkpoint drain"):
+        check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
 
 
 @pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])

@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer
+from pyspark.sql.conversion import PandasToArrowConversion
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructField, StructType
 from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
 from state.columns import ENVELOPE, WHEEL_OUT
@@ -135,8 +137,14 @@ def state(watermark_ms, of: Group | None = None, timed_out=False) -> Group:
     return Group(watermark_ms, of.handle if of else Handle(), timed_out)
 
 
-# As pyspark/worker.py builds it for transformWithStateInPandas.
-SERIALIZER = TransformWithStateInPandasSerializer("UTC", False, True, 10_000, 0, False)
+# As PySpark's worker writes a transformWithStateInPandas output frame (its serializer's
+# create_batch with Spark's default settings): one struct column of the output type.
+OUT_TYPE = StructType([StructField("_0", from_arrow_schema(WHEEL_OUT))])
+
+
+def to_arrow(frame: pd.DataFrame) -> None:
+    PandasToArrowConversion.convert([frame], OUT_TYPE, timezone="UTC", safecheck=False,
+                                    arrow_cast=True, assign_cols_by_name=True)
 
 
 def run(frame, st, config=CONFIG, key=(2, 0)):
@@ -151,9 +159,8 @@ def run(frame, st, config=CONFIG, key=(2, 0)):
         out = list(proc.handleExpiredTimer(key, values, ExpiredTimerInfo(timer)))
     else:
         out = list(proc.handleInputRows(key, iter([frame] if len(frame) else []), values))
-    for part in out:  # what PySpark's worker does with each frame: every column to Arrow
-        for field in WHEEL_OUT:
-            SERIALIZER._create_array(part[field.name], field.type, arrow_cast=True)
+    for part in out:  # what PySpark's worker does with each frame: to Arrow
+        to_arrow(part)
     rows = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["kind"])
     run.tally = rows[rows["kind"] == "tally"]
     return rows[rows["kind"] != "tally"].reset_index(drop=True)
