@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def jvm(spark_or_context):
+    """The Spark driver's JVM, for what PySpark has no public API for: Hadoop's file systems
+    (`HadoopPath`) and the query thread's wait at a stop (streaming/wheel_query.py)."""
+    context = getattr(spark_or_context, "sparkContext", spark_or_context)
+    return context._jvm
+
+
 def is_local(location: str | Path) -> bool:
     """A folder on this machine (a plain path or a file: URI), not on a store."""
     text = str(location)
@@ -60,15 +67,14 @@ class HadoopPath:
         return HadoopPath(self.uri.rsplit("/", 1)[0])
 
     def _fs(self):
-        """Hadoop's file system of the path, through the JVM of the active session and its
-        Hadoop configuration (PySpark has no public API for either): the credentials and
-        settings Spark itself reads the store with."""
+        """Hadoop's file system of the path with the active session's Hadoop configuration:
+        the credentials and settings Spark itself reads the store with."""
         from pyspark.sql import SparkSession
 
         context = SparkSession.active().sparkContext
-        jvm, conf = context._jvm, context._jsc.hadoopConfiguration()
-        jpath = jvm.org.apache.hadoop.fs.Path(self.uri)
-        return jvm, conf, jpath.getFileSystem(conf), jpath
+        conf = context._jsc.hadoopConfiguration()   # PySpark has no public API for it
+        jpath = jvm(context).org.apache.hadoop.fs.Path(self.uri)
+        return jvm(context), conf, jpath.getFileSystem(conf), jpath
 
     def exists(self) -> bool:
         _, _, fs, jpath = self._fs()

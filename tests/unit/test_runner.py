@@ -99,6 +99,5 @@ def test_the_error_conditions_are_read_along_the_causes():
 
     aborted = Py4JJavaError(Throwable(None, Throwable("STAGE_FAILED", Throwable(LOST_KEPT_ROWS))))
     assert error_conditions(aborted) == {"STAGE_FAILED", LOST_KEPT_ROWS}
-    captured = Failure("query failed", None, Failure("job aborted", LOST_KEPT_ROWS))
-    assert error_conditions(captured) == {LOST_KEPT_ROWS}
+    assert error_conditions(Failure("job aborted", LOST_KEPT_ROWS)) == {LOST_KEPT_ROWS}   # converted
     assert error_conditions(ValueError("x")) == set()
