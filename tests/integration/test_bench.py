@@ -1,5 +1,6 @@
 """`delayq bench --short` in CI, as a user runs it: its own broker, its own Spark session,
-every short scenario; it fails only on early or lost messages, never on speed."""
+every short scenario, a restart after a downtime among them; it fails only on early or lost
+messages, never on speed."""
 from __future__ import annotations
 
 import json
@@ -36,6 +37,14 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
     steady = written["scenarios"]["steady"]      # its lateness after the warm-up, and during
     assert steady["warmup"]["messages"] > 0 and steady["measured_messages"] > 0
     assert steady["warmup"]["messages"] + steady["measured_messages"] == steady["delivered"]
+    # The restart's downtime and the backlog sent during it: the backlog's figures are its own,
+    # none of it left before the restart (the kill took the whole job).
+    restart = written["scenarios"]["restart"]
+    outage = restart["outage"]
+    assert restart["down_s"] >= 5
+    assert outage["messages"] == outage["delivered"] == 2000
+    assert outage["lost"] == 0 and outage["early"] == 0
+    assert outage["before_restart"] == 0 and outage["first_delivery_after_restart_s"] > 0
     assert out.with_suffix(".png").stat().st_size > 0
     # A clean run leaves its result, not its gigabytes: broker log, checkpoint, arrays.
     assert sorted(p.name for p in folder.iterdir()) == ["result.json", "result.png"]
@@ -53,27 +62,3 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
               f"{warmup['lateness_max_ms']} ms")
         print(f"  drain/raw throughput ratio: {written['machine'].get('drain_ratio_to_raw')}")
         print(f"  this host's CPU probe (ms, lower is faster): {written['machine']['cpu_probe_ms']}")
-
-
-def test_a_restart_after_an_outage_delivers_its_backlog_and_nothing_early(work_dir):
-    """The restart scenario with a downtime and a backlog sent during it, as a user runs it:
-    the backlog's figures are its own, none of it left before the restart (the kill took the
-    whole job), and the bench fails on a lost or early message of either load."""
-    folder = work_dir / "bench-outage"
-    out = folder / "result.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
-    run = subprocess.run(
-        [sys.executable, "-m", "streaming.cli", "bench", "--scenarios", "restart",
-         "--restart-down-s", "5", "--restart-backlog", "2000", "--data-dir", str(folder),
-         "--driver-memory", "1500m", "--out", str(out)],
-        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
-
-    restart = json.loads(out.read_text())["scenarios"]["restart"]
-    outage = restart["outage"]
-    assert restart["down_s"] >= 5
-    assert restart["delivered"] == restart["messages"] > 0
-    assert outage["messages"] == outage["delivered"] == 2000
-    assert outage["lost"] == 0 and outage["early"] == 0
-    assert outage["before_restart"] == 0 and outage["first_delivery_after_restart_s"] > 0
-    assert restart["lost"] == 0 and restart["early"] == 0
