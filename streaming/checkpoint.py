@@ -120,7 +120,8 @@ def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change
             f"checkpoint {path} was written on Spark {was_spark}; this delayq runs Spark "
             f"{spark_line()}, whose state store and offset logs it was not read with. Let that "
             f"checkpoint drain with the delayq version that wrote it (until "
-            f"delayq_pending_messages is 0), then start this version on a new checkpoint.")
+            f"delayq_pending_messages is 0), then start this version on a new intake topic "
+            f"and checkpoint (docs/operations.md, Upgrades).")
     now, was = fingerprint(settings), {**FORMERLY_FIXED, **stamp.get("settings", {})}
     moved = {key: (was[key], now[key]) for key in SHAPING if key in was and was[key] != now[key]}
     if moved and not allow_config_change:

@@ -30,7 +30,8 @@ def spark_jars(settings: Settings, spark_version: str | None = None) -> list[Pat
     if connector != f"{CONNECTOR}{spark_version}.jar":
         raise ConfigError(
             f"{folder / connector} is not the Kafka connector of pyspark {spark_version}: "
-            f"run deploy/setup.sh again to resolve the jars of this version")
+            f"resolve the jars of deploy/maven/spark/pom.xml again (deploy/setup.sh does; "
+            f"an image: build it again)")
     return jars
 
 

@@ -31,7 +31,7 @@ from streaming.dispatcher import Dispatcher
 from streaming.heartbeat import Heartbeat
 from streaming.kafka_config import spark_options
 from streaming.ledger_query import start_ledger_query
-from streaming.listener import OffsetMirror, ProgressListener
+from streaming.listener import OffsetMirror, ProgressJsonListener, ProgressMetrics
 from streaming.offsets import committed_offsets, last_committed_batch
 from streaming.schema import OUTPUT_SPARK
 from streaming.wheel_query import BatchWriter, pending_by_level, wheel_stream
@@ -62,7 +62,7 @@ class DelayJob:
         self._direct_was_on = False   # see streaming/checkpoint.py direct_was_on
         # What start() starts and stop() stops (the ledger query: ledger topic → Delta).
         self.query = self.ledger_query = self._admin = self._mirror_admin = None
-        self._listener = self._mirror = self._heartbeat = self._seeder = None
+        self._listener = self._heartbeat = self._seeder = None
         self._writer: BatchWriter | None = None
         self._dispatcher: Dispatcher | None = None
 
@@ -163,16 +163,14 @@ class DelayJob:
         return writer
 
     def _listen(self) -> None:
+        observers = [OffsetMirror(self.settings.intake_topic, self._mirror_commit)]
         if self.metrics is not None:
-            self._listener = ProgressListener(self.metrics, self.query_name,
-                                              self.settings.late_tolerance_ms,
-                                              self.settings.intake_topic,
-                                              self.settings.heartbeat_partition)
-            self.spark.streams.addListener(self._listener)
+            observers.append(ProgressMetrics(self.metrics, self.settings.late_tolerance_ms,
+                                             self.settings.intake_topic,
+                                             self.settings.heartbeat_partition))
         self._mirror_admin = kadmin.admin_client(self.settings)
-        self._mirror = OffsetMirror(self.query_name, self.settings.intake_topic,
-                                    self._mirror_commit)
-        self.spark.streams.addListener(self._mirror)
+        self._listener = ProgressJsonListener(self.query_name, *observers)
+        self.spark.streams.addListener(self._listener)
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
 
@@ -302,10 +300,9 @@ class DelayJob:
             if self.ledger_query is not None:
                 self.ledger_query.stop()
                 self.ledger_query = None
-            for listener in (self._listener, self._mirror):
-                if listener is not None:
-                    self.spark.streams.removeListener(listener)
-            self._listener = self._mirror = None
+            if self._listener is not None:
+                self.spark.streams.removeListener(self._listener)
+            self._listener = None
             if self._seeder is not None:
                 self._seeder.join(timeout=30)
         finally:

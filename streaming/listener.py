@@ -13,22 +13,23 @@ log = logging.getLogger(__name__)
 
 
 class ProgressJsonListener(StreamingQueryListener):
-    failure = "could not read a progress report"
+    """One query's progress reports, each read once as Spark's own JSON and handed to each of
+    `observers`: PySpark converts a report field by field, a JVM call a field, for every
+    listener registered, so one listener serves them all."""
 
-    def __init__(self, query_name: str):
+    def __init__(self, query_name: str, *observers):
         self._name = query_name
+        self._observers = observers
 
     def onQueryProgress(self, event) -> None:
         progress = json.loads(event.progress.json)
         if progress.get("name") != self._name:
             return
-        try:
-            self.observe(progress)
-        except Exception:  # a listener's bug must never stop delivery
-            log.exception(self.failure)
-
-    def observe(self, progress: dict) -> None:
-        raise NotImplementedError
+        for observer in self._observers:
+            try:
+                observer.observe(progress)
+            except Exception:  # an observer's bug must never stop delivery
+                log.exception(observer.failure)
 
     def onQueryStarted(self, event) -> None:
         pass
@@ -40,12 +41,13 @@ class ProgressJsonListener(StreamingQueryListener):
         pass
 
 
-class ProgressListener(ProgressJsonListener):
+class ProgressMetrics:
+    """Each report into the metrics."""
+
     failure = "could not read a progress report into metrics"
 
-    def __init__(self, metrics: Metrics, query_name: str, late_tolerance_ms: int,
-                 intake_topic: str, heartbeats: int | None = None):
-        super().__init__(query_name)
+    def __init__(self, metrics: Metrics, late_tolerance_ms: int, intake_topic: str,
+                 heartbeats: int | None = None):
         self._metrics = metrics
         self._late_tolerance_ms = late_tolerance_ms
         self._intake = intake_topic
@@ -56,14 +58,13 @@ class ProgressListener(ProgressJsonListener):
                                        heartbeats=self._heartbeats)
 
 
-class OffsetMirror(ProgressJsonListener):
+class OffsetMirror:
     """After each batch, the intake offsets it committed go to the job's consumer group:
     lag shows in standard Kafka tools, and a lost checkpoint is noticed at the next start."""
 
     failure = "could not mirror the intake offsets to the consumer group"
 
-    def __init__(self, query_name: str, intake_topic: str, commit):
-        super().__init__(query_name)
+    def __init__(self, intake_topic: str, commit):
         self._intake = intake_topic
         self._commit = commit
         self._last: dict[int, int] = {}

@@ -57,11 +57,10 @@ ENGINE_CONF = {
     "spark.sql.execution.arrow.transformWithStateInPySpark.maxStateRecordsPerBatch": "8",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
-    "spark.ui.prometheus.enabled": "true",
     "spark.sql.streaming.metricsEnabled": "true",
     # Kafka is written through Spark's V2 writer (the list is Spark's default less "kafka"): an
     # Observation on the written query (sinks/ready.py) waits forever for its metrics on V1
-    # (an internal conf; without it on Spark 4.2.0 no message through the wheel was delivered).
+    # (an internal conf; still so on Spark 4.2.0: tests/integration/test_stack.py).
     "spark.sql.sources.useV1SourceList": "avro,csv,json,orc,parquet,text",
     # One pool of Python workers, not two: Spark keeps a daemon per worker environment, and
     # only some runners set SPARK_SIMPLIFIED_TRACEBACK in theirs (tracebacks keep PySpark's frames).
@@ -129,8 +128,8 @@ def build_session(settings: Settings, extra: dict[str, str] | None = None):
     for key, value in spark_conf(settings, extra).items():
         builder = builder.config(key, value)
     # Under spark-submit the JVM is already there, and started this process.
-    starts_jvm = SparkSession.getActiveSession() is None and "PYSPARK_GATEWAY_PORT" not in os.environ
-    with _jvm_output_quieted() if starts_jvm else contextlib.nullcontext():
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    with contextlib.nullcontext() if under_spark_submit else _jvm_output_quieted():
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel(settings.spark_log_level)
     return session
@@ -152,27 +151,42 @@ _TRACEBACKS = (b"Traceback (most recent call last):",
 _CLOSED_UNDER_IT = (b"BrokenPipeError", b"ConnectionResetError")
 
 
+# Where the readers of the JVM's output write its stdout (1) and stderr (2): copies of this
+# process's own while the JVM starts, then the descriptors themselves, wherever they point then.
+_OUT: dict[int, int] = {}
+
+
 @contextlib.contextmanager
 def _jvm_output_quieted():
     """The driver's JVM inherits this process's stdout and stderr when PySpark starts it: while
     it starts, both are pipes read by quiet_jvm_output, which writes on to the real ones; this
     process gets its own back after, the JVM (and the Python workers it starts) keep the pipes.
-    What the JVM writes after this process ended is not shown."""
-    saved = {}
-    for fd in (1, 2):
-        read_end, write_end = os.pipe()
-        saved[fd] = os.dup(fd)   # the readers write here for as long as the JVM lives
-        threading.Thread(target=quiet_jvm_output, args=(os.fdopen(read_end, "rb"), saved[fd]),
-                         daemon=True, name=f"delayq-jvm-output-{fd}").start()
-        sys.stdout.flush(), sys.stderr.flush()
-        os.dup2(write_end, fd)
-        os.close(write_end)
+    Once a process: PySpark keeps its JVM for the process's life. What the JVM writes after this
+    process ended is not shown."""
+    if _OUT:
+        yield
+        return
     try:
+        for fd in (1, 2):
+            read_end, write_end = os.pipe()
+            _OUT[fd] = os.dup(fd)
+            threading.Thread(target=quiet_jvm_output, args=(os.fdopen(read_end, "rb"), fd),
+                             daemon=True, name=f"delayq-jvm-output-{fd}").start()
+            _flush()
+            os.dup2(write_end, fd)
+            os.close(write_end)
         yield
     finally:
-        sys.stdout.flush(), sys.stderr.flush()
-        for fd, original in saved.items():
-            os.dup2(original, fd)
+        _flush()
+        for fd, saved in list(_OUT.items()):
+            os.dup2(saved, fd)
+            _OUT[fd] = fd
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
 
 
 def quiet_jvm_output(stream, fd: int) -> None:
@@ -205,6 +219,7 @@ def quiet_jvm_output(stream, fd: int) -> None:
 
 
 def _write(fd: int, data: bytes) -> None:
+    fd = _OUT.get(fd, fd)
     try:
         while data:
             data = data[os.write(fd, data):]

@@ -8,18 +8,21 @@ from streaming.listener import ProgressJsonListener
 from tests.support import assert_eventually
 
 
-class Collect(ProgressJsonListener):
-    def __init__(self, name: str):
-        super().__init__(name)
+class Collect:
+    failure = "could not collect"
+
+    def __init__(self):
         self.reports: list[dict] = []
 
     def observe(self, progress: dict) -> None:
         self.reports.append(progress)
 
 
-def test_a_listener_gets_its_query_reports_as_spark_json(spark, work_dir):
+def test_a_listener_gets_its_query_reports_as_spark_json_for_each_observer(spark, work_dir):
     name = f"listened-{time.time_ns()}"
-    ours, other = Collect(name), Collect("another-query")
+    collected, also, elsewhere = Collect(), Collect(), Collect()
+    ours = ProgressJsonListener(name, collected, also)
+    other = ProgressJsonListener("another-query", elsewhere)
     spark.streams.addListener(ours)
     spark.streams.addListener(other)
     query = (spark.readStream.format("rate").option("rowsPerSecond", 20).load()
@@ -27,15 +30,16 @@ def test_a_listener_gets_its_query_reports_as_spark_json(spark, work_dir):
              .option("checkpointLocation", str(work_dir / name))
              .trigger(processingTime="500 milliseconds").start())
     try:
-        assert_eventually(lambda: len(ours.reports) >= 3, timeout_s=60,
+        assert_eventually(lambda: len(collected.reports) >= 3, timeout_s=60,
                           message="three progress reports")
     finally:
         query.stop()
         spark.streams.removeListener(ours)
         spark.streams.removeListener(other)
-    assert not other.reports
+    assert not elsewhere.reports
+    assert also.reports == collected.reports[:len(also.reports)]
     by_batch = {p["batchId"]: p for p in query.recentProgress}
-    for report in ours.reports:
+    for report in collected.reports:
         assert report["name"] == name
         assert report["durationMs"]["triggerExecution"] >= 0
         assert report["sources"][0]["description"].startswith("RateStreamV2")

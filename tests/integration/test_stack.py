@@ -36,6 +36,39 @@ def test_broker_starts_stops_and_restarts_with_its_data(work_dir):
         broker.stop(spec)
 
 
+def test_an_observed_kafka_write_reports_only_through_the_v2_writer(spark, kafka_bootstrap,
+                                                                   new_topic):
+    """Why streaming/session.py takes Kafka out of spark.sql.sources.useV1SourceList: an
+    Observation on a write to Kafka through Spark's V1 writer never gets its metrics (Spark
+    4.2.0; the wheel's write, sinks/ready.py, would wait for ever), through V2 it does. When the
+    V1 side reports, the setting can go."""
+    import threading
+
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    topic = new_topic()
+
+    def observed_write() -> Observation:
+        seen = Observation()
+        (spark.range(3).select(F.col("id").cast("string").alias("value"))
+         .observe(seen, F.count(F.lit(1)).alias("n")).write.mode("append").format("kafka")
+         .option("kafka.bootstrap.servers", kafka_bootstrap).option("topic", topic).save())
+        return seen
+
+    assert observed_write().get == {"n": 3}
+    default = spark.conf.get("spark.sql.sources.useV1SourceList")
+    spark.conf.set("spark.sql.sources.useV1SourceList", f"{default},kafka")
+    try:
+        seen, got = observed_write(), []
+        waiting = threading.Thread(target=lambda: got.append(seen.get), daemon=True)
+        waiting.start()
+        waiting.join(15)
+        assert not got, "the V1 writer reports an Observation now: useV1SourceList can go"
+    finally:
+        spark.conf.set("spark.sql.sources.useV1SourceList", default)
+
+
 def test_kafka_python_round_trip_with_headers(kafka_bootstrap, new_topic):
     topic = new_topic(partitions=2)
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)

@@ -50,5 +50,5 @@ def test_the_installed_pyspark_is_the_pinned_one_and_the_local_fs_its_hadoop():
 def test_a_connector_of_another_spark_is_refused_with_the_fix(tmp_path):
     settings = load_settings(jars_dir=str(fake_jars_dir(tmp_path / "lib")))
     assert spark_jars(settings)   # the installed pyspark's connector
-    with pytest.raises(ConfigError, match="run deploy/setup.sh again"):
+    with pytest.raises(ConfigError, match="resolve the jars of deploy/maven/spark/pom.xml again"):
         spark_jars(settings, spark_version="4.1.1")
