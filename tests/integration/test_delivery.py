@@ -51,9 +51,10 @@ def test_every_level_on_time_and_exactly_as_sent(job_settings, start_job, new_to
     sent["clamped"] = Sent(None, b"level 9 is clamped to 3", [], meta.timestamp + 3_000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent, lateness_log=lateness_log)
-    # Every batch dropped the rows it kept (streaming.wheel_query.kept): after all these batches, at
+    # Every batch dropped the rows it kept (streaming.wheel_query.kept): after a few batches, at
     # most the one under way holds any.
-    assert job.query.lastProgress["batchId"] >= 3
+    assert_eventually(lambda: (job.query.lastProgress or {}).get("batchId", -1) >= 3,
+                      timeout_s=60, message="a fourth batch")
     assert len(kept_batches(spark)) <= 1
 
 
