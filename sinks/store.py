@@ -71,10 +71,10 @@ class HadoopPath:
         the credentials and settings Spark itself reads the store with."""
         from pyspark.sql import SparkSession
 
-        context = SparkSession.active().sparkContext
-        conf = context._jsc.hadoopConfiguration()   # PySpark has no public API for it
-        jpath = jvm(context).org.apache.hadoop.fs.Path(self.uri)
-        return jvm(context), conf, jpath.getFileSystem(conf), jpath
+        java = jvm(SparkSession.active())
+        conf = java.org.apache.spark.SparkContext.getOrCreate().hadoopConfiguration()
+        jpath = java.org.apache.hadoop.fs.Path(self.uri)
+        return java, conf, jpath.getFileSystem(conf), jpath
 
     def exists(self) -> bool:
         _, _, fs, jpath = self._fs()

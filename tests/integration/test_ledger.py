@@ -16,20 +16,22 @@ from tests.support import assert_eventually, consume_all, header_map
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
 
 
-def test_lookup_finds_delivered_pending_and_dead(job_settings, start_job, new_topic,
-                                                 kafka_bootstrap, spark):
+def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_job, new_topic,
+                                                            kafka_bootstrap, spark):
     settings = job_settings(delay_levels="1s 2s 60s")
     real = new_topic(**LOG_APPEND)
     job = start_job(settings)
     with DelayProducer(settings) as producer:
         delivered = producer.send(real, b"soon", level=1)
+        others = [producer.send(real, b"x", level=level) for level in (1, 2)]
         pending = producer.send(real, b"later", level=3)
     raw = KafkaProducer(bootstrap_servers=kafka_bootstrap)
     raw.send(settings.intake_topic, b"bad", headers=[("DELAY", b"1"), ("UNIQ_KEY", b"bad-1")],
              partition=0).get(timeout=30)
     raw.close()
-    [record] = consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
-    assert header_map(record)["UNIQ_KEY"].decode() == delivered.uniq_key
+    records = consume_all(kafka_bootstrap, real, expected=3, timeout_s=60, idle_s=2)
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in records) == sorted(
+        [delivered.uniq_key] + [o.uniq_key for o in others])
     consume_all(kafka_bootstrap, settings.dlq_topic, expected=1, timeout_s=30)
 
     checkpoint = __import__("pathlib").Path(job.checkpoint)
@@ -64,6 +66,22 @@ def test_lookup_finds_delivered_pending_and_dead(job_settings, start_job, new_to
     assert f"{delivered.uniq_key}: delivered" in out.stdout
     assert real in out.stdout
 
+    # The summary per level: the three deliveries (the dead letter and the pending message not).
+    def rows():
+        got = {r["level"]: r for r in lookup.summary(spark, settings.ledger_path, None, None)}
+        return got if sum(r["delivered"] for r in got.values()) == 3 else None
+    got = assert_eventually(rows, timeout_s=30, message="ledger summary of 3 deliveries")
+    assert (got[1]["delivered"], got[2]["delivered"]) == (2, 1)
+    assert all(r["early"] == 0 and r["p50_ms"] >= 0 for r in got.values())
+
+    # Maintenance (retention, OPTIMIZE, VACUUM) keeps today's rows and the table readable.
+    from streaming.maintenance import maintain
+
+    result = maintain(spark, settings.ledger_path, "sent_date", retain_days=30, vacuum_hours=168)
+    assert result["deleted_before"] < time.strftime("%Y-%m-%d")
+    assert spark.read.format("delta").load(str(settings.ledger_path)).count() == 3
+    assert maintain(spark, settings.data_path / "tables" / "none", "d", None, 168)["skipped"]
+
 
 def test_lookup_finds_a_message_its_dispatch_task_read_from_the_intake(
         job_settings, start_job, new_topic, kafka_bootstrap):
@@ -79,28 +97,3 @@ def test_lookup_finds_a_message_its_dispatch_task_read_from_the_intake(
     assert where.status == "pending" and where.detail["level"] == 3
     assert where.detail["topic"] == real and "dispatch task" in where.detail["where"]
     assert lookup.in_topics(settings, "never-sent") is None
-
-
-def test_ledger_summary_per_level(job_settings, start_job, new_topic, kafka_bootstrap, spark):
-    settings = job_settings()
-    real = new_topic(**LOG_APPEND)
-    start_job(settings)
-    with DelayProducer(settings) as producer:
-        for level in (1, 1, 2):
-            producer.send(real, b"x", level=level)
-    consume_all(kafka_bootstrap, real, expected=3, timeout_s=60)
-
-    def rows():
-        got = {r["level"]: r for r in lookup.summary(spark, settings.ledger_path, None, None)}
-        return got if sum(r["delivered"] for r in got.values()) == 3 else None
-    got = assert_eventually(rows, timeout_s=30, message="ledger summary of 3 deliveries")
-    assert (got[1]["delivered"], got[2]["delivered"]) == (2, 1)
-    assert all(r["early"] == 0 and r["p50_ms"] >= 0 for r in got.values())
-
-    # Maintenance (retention, OPTIMIZE, VACUUM) keeps today's rows and the table readable.
-    from streaming.maintenance import maintain
-
-    result = maintain(spark, settings.ledger_path, "sent_date", retain_days=30, vacuum_hours=168)
-    assert result["deleted_before"] < time.strftime("%Y-%m-%d")
-    assert spark.read.format("delta").load(str(settings.ledger_path)).count() == 3
-    assert maintain(spark, settings.data_path / "tables" / "none", "d", None, 168)["skipped"]
