@@ -180,7 +180,7 @@ def _jvm_output_quieted():
         _flush()
         for fd, saved in list(_OUT.items()):
             os.dup2(saved, fd)
-            _OUT[fd] = fd
+            _OUT[fd] = fd   # `saved` stays open: a reader may still be writing to it
 
 
 def _flush() -> None:

@@ -92,11 +92,11 @@ class Plan:
 
     @classmethod
     def short(cls) -> "Plan":
-        """The CI form: small, quick, fails only on early or lost messages; its restart has a
-        downtime with a backlog sent during it."""
+        """The CI form: small, quick, fails only on early or lost messages (restart: an outage)."""
         return cls(scenarios=("raw", "raw-steady", "drain", "steady", "burst", "backlog",
-                              "restart"), drain=5_000, rate=1_000, seconds=10, warmup_s=5, burst=5_000, burst_lead_s=25, backlog=20_000,
-                   backlog_rate=500, backlog_seconds=10, restart_down_s=5, restart_backlog=2_000)
+                              "restart"), drain=5_000, rate=1_000, seconds=10, warmup_s=5,
+                   burst=5_000, burst_lead_s=25, backlog=20_000, backlog_rate=500,
+                   backlog_seconds=10, restart_down_s=5, restart_backlog=2_000)
 
 
 @dataclass
