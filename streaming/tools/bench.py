@@ -12,8 +12,13 @@ Scenarios, in one run on one broker and one Spark session:
   steady  delayq under a constant rate over chosen levels: lateness p50/p95/p99/max, early,
           lost, duplicates, throughput in and out, batch durations.
   burst   many timer messages due in the same second: how long after it the last one left.
+  scattered
+          timers due uniformly over the next 10 minutes, measured after 10 minutes of fill:
+          the index's worst case, and the bytes the wheel keeps per pending message
+          (streaming/tools/bench_scattered.py).
   backlog many timers pending over 2 h … 30 days (cold tier), taken in between two runs of
-          a near load: its lateness with and without the backlog, take-in rate, disk, memory.
+          a near load: its lateness with and without the backlog, take-in rate, disk, memory
+          (streaming/tools/bench_backlog.py).
   restart a `delayq run` child SIGKILLed 20 s into a load and started again: start-up, first
           deliveries after it, optionally after a downtime's backlog (bench_restart.py).
   first-minute
@@ -40,7 +45,7 @@ import numpy as np
 from conf.settings import Settings
 from state.errors import ConfigError
 from streaming.tools.bench_figures import (after_warmup, batch_figures, cpu_probe_ms, cpu_used,
-                                     driver_cost, du, ended_since, last_batch,
+                                     driver_cost, ended_since, last_batch,
                                      last_delivery_ms, lateness_floor, processing_rate,
                                      public, step_figures, timeline, write)
 from streaming.tools.bench_load import Load, MemoryPeaks, fresh_topic, tidy
@@ -50,12 +55,15 @@ from streaming.tools.bench_load import Load, MemoryPeaks, fresh_topic, tidy
 # new job on a backlog; the steady load, burst and backlog run on the job it leaves (or start
 # one); restart and first-minute run their own, and cluster its own on a local standalone
 # cluster (asked for by name: streaming/tools/bench_cluster.py).
-SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "backlog", "restart",
+SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "scattered", "backlog", "restart",
              "first-minute", "cluster")
-# The scenarios in modules of their own.
+# The scenarios in modules of their own, and those of them that run a job of their own.
 SCENARIO_MODULES = {"raw": "streaming.tools.bench_raw", "raw-steady": "streaming.tools.bench_raw",
+                    "scattered": "streaming.tools.bench_scattered",
+                    "backlog": "streaming.tools.bench_backlog",
                     "restart": "streaming.tools.bench_restart", "first-minute": "streaming.tools.bench_start",
                     "cluster": "streaming.tools.bench_cluster"}
+OWN_JOB = ("restart", "first-minute", "cluster")
 
 
 def scenarios_of(text: str) -> tuple[str, ...]:
@@ -83,6 +91,8 @@ class Plan:
     levels: tuple[int, ...] = (1, 2)
     burst: int = 500_000
     burst_lead_s: float = 90
+    scattered_fill_s: float = 600   # scattered: load before the measured `seconds`
+    scattered_spread_s: float = 600   # scattered: timer delays uniform below this
     restart_rate: float = 200
     restart_down_s: float = 0     # restart: seconds the job stays down after the kill
     restart_backlog: int = 0      # restart: level-1 messages sent while it is down
@@ -93,9 +103,10 @@ class Plan:
     @classmethod
     def short(cls) -> "Plan":
         """The CI form: small, quick, fails only on early or lost messages (restart: an outage)."""
-        return cls(scenarios=("raw", "raw-steady", "drain", "steady", "burst", "backlog",
-                              "restart"), drain=5_000, rate=1_000, seconds=10, warmup_s=5,
-                   burst=5_000, burst_lead_s=25, backlog=20_000, backlog_rate=500,
+        return cls(scenarios=("raw", "raw-steady", "drain", "steady", "burst", "scattered",
+                              "backlog", "restart"), drain=5_000, rate=1_000, seconds=10,
+                   warmup_s=5, burst=5_000, burst_lead_s=25, scattered_fill_s=10,
+                   scattered_spread_s=20, backlog=20_000, backlog_rate=500,
                    backlog_seconds=10, restart_down_s=5, restart_backlog=2_000)
 
 
@@ -176,18 +187,22 @@ class Bench:
     def steady(self) -> dict:
         return self._constant("steady", self.plan.rate, self.plan.seconds, self.plan.warmup_s)
 
-    def _constant(self, name: str, rate: float, seconds: float, warmup_s: float = 0) -> dict:
-        """`rate` msg/s for `warmup_s` + `seconds` over the plan's levels, each on time or how
-        late; lateness and batch figures over the `seconds` after the warm-up."""
+    def _constant(self, name: str, rate: float, seconds: float, warmup_s: float = 0,
+                  delay_spread_ms: int = 0) -> dict:
+        """`rate` msg/s for `warmup_s` + `seconds` over the plan's levels (timers delayed up to
+        `delay_spread_ms` when given), each on time or how late; lateness and batch figures
+        over the `seconds` after the warm-up."""
         load = self._on_job(name)
         count = int(rate * (warmup_s + seconds))
-        longest = max(self.settings.level_delays_ms[lv - 1] for lv in self.plan.levels)
+        longest = max(delay_spread_ms, *(self.settings.level_delays_ms[lv - 1]
+                                         for lv in self.plan.levels))
         load.start_reader(timeout_s=warmup_s + seconds + longest / 1000 + 600)
         after = last_batch(self.job.query)
         first_summary = len(self.summaries)
         produced = load.produce(self.settings.intake_topic, count, rate, self.plan.size,
                                 levels=self.plan.levels,
-                                partitions=len(self.settings.level_delays_ms), wait=False)
+                                partitions=len(self.settings.level_delays_ms), wait=False,
+                                delay_spread_ms=delay_spread_ms)
         if warmup_s:
             time.sleep(warmup_s)
             after, first_summary = last_batch(self.job.query), len(self.summaries)
@@ -243,67 +258,19 @@ class Bench:
             for b in figures["timeline"] if b["fired"] >= self.plan.burst // 100]
         return figures
 
-    def backlog(self) -> dict:
-        """A large pending backlog: timers due over 2 h … 30 days (random bodies), taken in
-        while a near load runs before and after it. Figures: the near load's lateness with
-        the backlog pending (and without, as `without_backlog`, the same run), how fast the
-        backlog was taken in, the bytes it keeps on disk, the memory peaks meanwhile."""
-        if self.job is None:
-            # A young JVM would make the load before the backlog the slower one: warm it first.
-            self._constant("backlog-warm", self.plan.backlog_rate, self.plan.backlog_seconds)
-        before = self._constant("backlog-before", self.plan.backlog_rate, self.plan.backlog_seconds)
-        cold0 = sum(s.count("cold") for s in self.summaries)
-        far = Load(self.settings, self.work, fresh_topic(self.admin, "bench-far"), "backlog-far")
-        now_ms = int(time.time() * 1000)
-        hour, day = 3_600_000, 86_400_000
-        t0 = time.time()
-        producer = far.produce(self.settings.intake_topic, self.plan.backlog, 0, self.plan.size,
-                               deliver_at_ms=now_ms + 2 * hour,
-                               deliver_spread_ms=30 * day - 3 * hour, random_bodies=True,
-                               partitions=len(self.settings.level_delays_ms), wait=False)
-        far.wait_producer(producer)
-        produce_s = time.time() - t0
-        # Taken in: every backlog message written to the cold tier (never due in the run).
-        deadline = time.time() + 600 + self.plan.backlog / 1_000
-        parked = 0
-        while time.time() < deadline:
-            parked = sum(s.count("cold") for s in self.summaries) - cold0
-            if parked >= self.plan.backlog:
-                break
-            time.sleep(1)
-        taken_s = time.time() - t0
-        after = self._constant("backlog-after", self.plan.backlog_rate, self.plan.backlog_seconds)
-        cold_rows = self.spark.read.format("delta").load(str(self.settings.cold_path)).count()
-        cold_bytes = du(Path(self.settings.cold_path))
-        figures = dict(after)
-        figures.update(
-            lost=before["lost"] + after["lost"], early=before["early"] + after["early"],
-            backlog=self.plan.backlog, parked=parked, cold_rows=cold_rows,
-            not_parked=max(0, self.plan.backlog - cold_rows),
-            produce_s=round(produce_s, 1), taken_in_s=round(taken_s, 1),
-            taken_in_msg_s=round(parked / taken_s, 1) if taken_s else None,
-            cold_tier_bytes=cold_bytes,
-            cold_bytes_per_message=round(cold_bytes / max(1, cold_rows), 1),
-            wheel_state_bytes=du(self.work / "ckpt" / "state"),
-            without_backlog=public(before))
-        for what in ("lateness_p50_ms", "lateness_p99_ms", "batch_p50_ms"):
-            if before.get(what) and after.get(what):
-                figures[what.replace("_ms", "_ratio")] = round(after[what] / before[what], 3)
-        return figures
-
     def _scenario(self, name: str) -> dict:
         """Run one scenario: a method of this class, or a module's `run(bench)`; a module that
         runs its own job (restart, first-minute, cluster) gets the cores, this one stopped."""
         module = SCENARIO_MODULES.get(name)
         if module is None:
             return getattr(self, name.replace("-", "_"))()
-        if name not in ("raw", "raw-steady"):
+        if name in OWN_JOB:
             if self.job is not None:
                 self.job.stop()
                 self.job = None
             # An idle session here made the child's start 1.3-1.7 s slower (16.6, 17.0 : 15.3 s).
             self.stop_session()
-        function = "run" if name not in ("raw", "raw-steady") else name.replace("-", "_")
+        function = name.replace("-", "_") if name in ("raw", "raw-steady") else "run"
         return getattr(importlib.import_module(module), function)(self)
 
     def run(self) -> Result:

@@ -57,13 +57,16 @@ def produce(args) -> None:
     # Timers due over a span (a backlog): each message's own deliver time, drawn up front.
     timer_due = (args.deliver_at_ms + np.random.default_rng(0).integers(
         0, args.deliver_spread_ms, n, dtype=np.int64)) if args.deliver_spread_ms else None
+    # Timers each due its own delay after its append (TIMER_DELAY_MS), uniform over the spread.
+    timer_delay = np.random.default_rng(1).integers(
+        0, args.timer_delay_spread_ms, n, dtype=np.int64) if args.timer_delay_spread_ms else None
     started = time.time()
     i = 0
     while i < n:
         # Keep to the rate: send what is owed now, then yield to the delivery reports.
         owed = n if args.rate <= 0 else min(n, int((time.time() - started) * args.rate) + 1)
         while i < owed:
-            headers, part = _addressed(args, i, level_of, timer_due)
+            headers, part = _addressed(args, i, level_of, timer_due, timer_delay)
             # Random bodies where asked: one repeated body would compress away in the cold
             # tier's Parquet files and understate the bytes kept per message.
             body = os.urandom(args.size - SEQ) if args.random_bodies else pad
@@ -79,13 +82,18 @@ def produce(args) -> None:
                 producer.poll(0)
         producer.poll(0.005 if args.rate > 0 else 0)
     producer.flush(120)
-    _record(args, time.time() - started, append, delays, level_of, timer_due, failed)
+    _record(args, time.time() - started, append, delays, level_of, timer_due, failed,
+            timer_delay)
 
 
-def _addressed(args, i: int, level_of: np.ndarray, timer_due) -> tuple[list, int]:
-    """Message `i`'s headers and intake partition: a timer (its own due time or the burst's)
-    or a level message, on its level's partition."""
+def _addressed(args, i: int, level_of: np.ndarray, timer_due,
+               timer_delay) -> tuple[list, int]:
+    """Message `i`'s headers and intake partition: a timer (its own due time or delay, or the
+    burst's due time) or a level message, on its level's partition."""
     headers = [("REAL_TOPIC", args.real.encode()), ("UNIQ_KEY", f"{args.run}-{i}".encode())]
+    if timer_delay is not None:
+        headers.append(("TIMER_DELAY_MS", str(timer_delay[i]).encode()))
+        return headers, i % args.partitions
     if timer_due is not None:
         headers.append(("TIMER_DELIVER_MS", str(timer_due[i]).encode()))
         return headers, i % args.partitions
@@ -98,12 +106,15 @@ def _addressed(args, i: int, level_of: np.ndarray, timer_due) -> tuple[list, int
 
 
 def _record(args, elapsed: float, append: np.ndarray, delays: list[int], level_of: np.ndarray,
-            timer_due, failed: int) -> None:
+            timer_due, failed: int, timer_delay=None) -> None:
     """Each message's append and due time and level (`args.out`.npz), then the `.done` file."""
     n = len(append)
-    level_per_seq = (np.full(n, -1, dtype=np.int64) if args.deliver_at_ms
+    timers = args.deliver_at_ms or timer_delay is not None
+    level_per_seq = (np.full(n, -1, dtype=np.int64) if timers
                      else level_of[np.arange(n) % len(level_of)].astype(np.int64))
-    if timer_due is not None:
+    if timer_delay is not None:
+        due = append + timer_delay
+    elif timer_due is not None:
         due = np.maximum(append, timer_due)
     elif args.deliver_at_ms:
         due = np.maximum(append, args.deliver_at_ms)
@@ -172,6 +183,8 @@ def main(argv=None) -> None:
     p.add_argument("--deliver-at-ms", type=int, default=0, help="timers all due at this time")
     p.add_argument("--deliver-spread-ms", type=int, default=0,
                    help="timers due uniformly over [deliver-at, deliver-at + spread)")
+    p.add_argument("--timer-delay-spread-ms", type=int, default=0,
+                   help="timers due uniformly over [0, spread) ms after their append")
     p.add_argument("--random-bodies", action="store_true", help="a random body per message")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--run", default="bench")

@@ -29,3 +29,32 @@ def test_two_loads_on_one_topic_each_read_only_their_own(test_settings, new_topi
     for load, count in ((first, 300), (second, 200)):
         kept = np.load(load.out + "-read.npz")["seq"]
         assert len(kept) == count and kept.min() == 0 and kept.max() == count - 1
+
+
+def test_scattered_timers_carry_their_own_delay_and_are_due_that_long_after_their_append(
+        test_settings, new_topic, tmp_path):
+    """The scattered scenario's load: each timer a TIMER_DELAY_MS of its own, drawn below the
+    spread, and recorded as due that long after the broker appended it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = new_topic(partitions=2, message_timestamp_type="LogAppendTime")
+    load = Load(test_settings, tmp_path, topic, "scattered")
+    load.produce(topic, 400, 0, 64, partitions=2, delay_spread_ms=60_000)
+
+    sent = np.load(load.out + "-sent.npz")
+    consumer = Consumer({"bootstrap.servers": test_settings.bootstrap, "group.id": "t",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
+    delays = {}
+    while len(delays) < 400:
+        for msg in consumer.consume(500, timeout=10):
+            headers = dict(msg.headers())
+            assert "DELAY" not in headers and "TIMER_DELIVER_MS" not in headers
+            seq = int.from_bytes(msg.value()[:8], "big")
+            delays[seq] = (int(headers["TIMER_DELAY_MS"]), msg.timestamp()[1])
+    consumer.close()
+    delay = np.array([delays[i][0] for i in range(400)])
+    assert delay.min() >= 0 and delay.max() < 60_000 and len(set(delay)) > 300
+    assert (sent["level"] == -1).all()
+    assert (sent["append"] == [delays[i][1] for i in range(400)]).all()
+    assert (sent["due"] == sent["append"] + delay).all()
