@@ -80,6 +80,7 @@ class Settings(BaseSettings):
     clock_tolerance: Duration
     near_horizon: Duration
     cold_bucket: Duration
+    downtime_tolerance: Duration
 
     slot_ms: PositiveInt
     timer_parts: Annotated[int, Field(ge=1, le=1024)]
@@ -99,7 +100,7 @@ class Settings(BaseSettings):
     dispatch_replay_window: Duration
     dispatch_replay_keep: Duration
     dispatch_direct_max_delay_ms: int
-    wheel_chunk_kb: PositiveInt
+    dispatch_fetch_gap: NonNegativeInt
     fire_lead_per_message_us: NonNegativeInt
     heartbeat_ms: PositiveInt
     wheel_trigger_ms: NonNegativeInt
@@ -161,6 +162,7 @@ class Settings(BaseSettings):
     clock_tolerance_ms = _ms("clock_tolerance")
     near_horizon_ms = _ms("near_horizon")
     cold_bucket_ms = _ms("cold_bucket")
+    downtime_tolerance_ms = _ms("downtime_tolerance")
     late_tolerance_ms = _ms("late_tolerance")
     ledger_interval_ms = _ms("ledger_interval")
     dispatch_replay_window_ms = _ms("dispatch_replay_window")
@@ -176,6 +178,13 @@ class Settings(BaseSettings):
     ready_topic = property(lambda self: f"{self.intake_topic}.READY")
     ledger_topic = property(lambda self: f"{self.intake_topic}.LEDGER")
     data_path = property(lambda self: self.data_dir.resolve())
+
+    @property
+    def intake_retention_needed_ms(self) -> int:
+        """The shortest retention.ms of the intake the job starts on (defaults.toml,
+        downtime_tolerance): a pending message's body must outlive its wait."""
+        return (self.near_horizon_ms + self.cold_bucket_ms + self.clock_tolerance_ms
+                + self.downtime_tolerance_ms)
 
     @cached_property
     def dispatch_restart_backoff_ms(self) -> tuple[int, ...]:

@@ -39,6 +39,15 @@ WAITING, DONE = "waiting", "done"
 _TOMBSTONE_KEEPS = ("uniq_key", "level", "due_ms", "append_ms", "ipart", "ioff")
 
 
+def bodied_types():
+    """The Spark types of a wheel row with its record (state/columns.py WITH_BODY)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from state.columns import WITH_BODY
+
+    return from_arrow_schema(WITH_BODY)
+
+
 class ColdTier:
     def __init__(self, spark: SparkSession, path: Path, checkpoint: str, intake_topic: str,
                  intake_partitions: int, kafka_options: dict[str, str], bucket_ms: int,
@@ -66,9 +75,10 @@ class ColdTier:
         store.write_atomic(self.marker, json.dumps({"loaded_until": bucket}))
 
     # ---- per batch ------------------------------------------------------------------------
-    def park(self, batch: DataFrame, summary: BatchSummary) -> None:
-        """The batch's cold rows to the table (rolled at once if their bucket is loaded), and a
-        tombstone per cancel: WAITING for a miss whose bucket is not loaded (no miss yet, so
+    def park(self, batch: DataFrame, bodied: DataFrame | None, summary: BatchSummary) -> None:
+        """The batch's cold rows, with their records read back (`bodied`, the layout of
+        WITH_BODY), to the table (rolled at once if their bucket is loaded), and a tombstone
+        per cancel of `batch`: WAITING for a miss whose bucket is not loaded (no miss yet, so
         recounted as `cancel_parked`), DONE for a hit."""
         misses, hits = summary.count("cancel_unknown"), summary.count("cancelled")
         if not summary.count("cold") and not misses and not hits:
@@ -77,13 +87,16 @@ class ColdTier:
         bucket = F.col("due_ms") - F.pmod("due_ms", F.lit(self.bucket_ms))   # timing.bucket_start
         frames = []
         if summary.count("cold"):
-            rows = (batch.filter(F.col("kind") == "cold").select(*COLUMNS)
+            # The message's own headers: the contract's are written again by the roll.
+            own = F.filter("headers", lambda h: ~h["key"].isin(*sorted(H.CONTROL_HEADERS)))
+            rows = (bodied.filter(F.col("kind") == "cold").withColumn("headers", own)
+                    .select(*COLUMNS)
                     .withColumn(TOMBSTONE, F.lit(None).cast("string"))
                     .withColumn("due_bucket", bucket))
             self.roll(rows.filter(F.col("due_bucket") <= loaded))
             frames.append(rows.filter(F.col("due_bucket") > loaded))
         if misses or hits:
-            types = {f.name: f.dataType for f in batch.schema.fields}
+            types = {f.name: f.dataType for f in bodied_types().fields}
             kind = F.col("kind")
             waiting = (kind == "cancel_unknown") & (bucket > loaded)
             tombs = (batch.filter((kind == "cancelled") | waiting)

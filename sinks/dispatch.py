@@ -72,22 +72,26 @@ class DispatchConfig:
     direct_max_delay_ms: int = -1
     ready_partitions: int = 1
     intake_start: dict = field(default_factory=dict)
+    # The read-back of references' bodies (sinks/bodies.py): a gap of more wanted records than
+    # this is skipped by positioning the partition again rather than read through.
+    fetch_gap: int = 500
 
 
 class Row:
     """A message held by a dispatch task; `offset` is its offset in `source`: None for the
     task's ready partition, (intake topic, partition) for a message it read from the intake
-    itself (sinks/direct.py)."""
+    itself (sinks/direct.py). `body` is False for a reference whose record the task has not
+    read back yet (sinks/bodies.py): topic, key, value and its own headers unknown."""
 
     __slots__ = ("due_ms", "ipart", "ioff", "offset", "topic", "partition", "key", "value",
-                 "headers", "level", "append_ms", "uniq_key", "source")
+                 "headers", "level", "append_ms", "uniq_key", "source", "body")
 
     def __init__(self, due_ms, ipart, ioff, offset, topic, partition, key, value, headers,
-                 level, append_ms, uniq_key, source=None):
+                 level, append_ms, uniq_key, source=None, body=True):
         self.due_ms, self.ipart, self.ioff, self.offset = due_ms, ipart, ioff, offset
         self.topic, self.partition, self.key, self.value = topic, partition, key, value
         self.headers, self.level, self.append_ms = headers, level, append_ms
-        self.uniq_key, self.source = uniq_key, source
+        self.uniq_key, self.source, self.body = uniq_key, source, body
 
     def order(self) -> tuple:
         """Its place in the heap: due time, then intake position (one key's order)."""
@@ -101,8 +105,10 @@ def identity(uniq_key: str, due_ms: int) -> int:
 
 
 def ready_row(offset: int, key, value, headers: list | None) -> Row:
-    """A fired row from its ready record: the message's own headers (with UNIQ_KEY and
-    DELIVER_MS, as delivered) and the restore headers the wheel appended after them."""
+    """A fired row from its ready record: a reference (UNIQ_KEY, DELIVER_MS, then the level and
+    the intake record it names: `body` False, its headers those two until its record is read
+    back), or, as a version before 6 wrote them, a whole message (its own headers with UNIQ_KEY
+    and DELIVER_MS, as delivered, then the restore headers the wheel appended)."""
     headers = list(headers or [])
     extra = {}
     while headers and headers[-1][0] in READY_HEADERS:
@@ -117,6 +123,9 @@ def ready_row(offset: int, key, value, headers: list | None) -> Row:
         if uniq is not None and due is not None:
             break
     ipart, ioff, append_ms = (int(x) for x in extra[READY_FROM].split(b"-"))
+    if READY_TOPIC not in extra:
+        return Row(due, ipart, ioff, offset, None, None, None, None, headers,
+                   int(extra[READY_LEVEL]), append_ms, uniq, body=False)
     qid = extra.get(READY_QID)
     return Row(due, ipart, ioff, offset, extra[READY_TOPIC].decode(),
                int(qid) if qid else None, key, value, headers, int(extra[READY_LEVEL]),
@@ -325,9 +334,17 @@ def ledger_rows(record: bytes):
     return pa.ipc.open_stream(pa.py_buffer(record)).read_all()
 
 
+# A dead-lettered reference's header: the intake record it named ("<partition>-<offset>").
+INTAKE_RECORD = "DELAYQ_INTAKE_RECORD"
+
+
 def dead_letter_headers(row: Row, reason: str) -> list:
     """A refused row's headers, its real topic and partition back, then DLQ_REASON; a row
-    without a topic is bad input (sinks/direct.py), its headers all there as they came."""
+    without a topic is bad input (sinks/direct.py), its headers all there as they came; a
+    reference without its record names the record it referenced."""
+    if not row.body:
+        return row.headers + [(INTAKE_RECORD, f"{row.ipart}-{row.ioff}".encode()),
+                              (H.DLQ_REASON, reason.encode())]
     extra = [] if row.topic is None else [(H.REAL_TOPIC, row.topic.encode())]
     if row.partition is not None:
         extra.append((H.REAL_QID, str(row.partition).encode()))

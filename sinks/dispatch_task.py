@@ -1,6 +1,7 @@
 """The dispatch task's loop (sinks/dispatch.py has its rules and records): consume the ready
-partition and the intake partitions it reads itself (sinks/direct.py), hold rows until due,
-send them and their ledger rows, commit, and on a restart skip what the ledger already holds
+partition's references and read their bodies back from the intake (sinks/bodies.py), and the
+intake partitions it reads itself (sinks/direct.py), hold rows until due, send them and their
+ledger rows, commit, and on a restart skip what the ledger already holds
 (sinks/dispatch_start.py). No Spark import: it runs in a plain Python worker."""
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from sinks.bodies import Bodies
 from sinks.direct import direct_rows
-from sinks.dispatch import (PROBE, READY_STOP, SENDER, TOO_LARGE, DispatchConfig, Offsets,
-                            Row, Skew, dead_letter_headers, identity, ledger_chunks, ready_row,
-                            refusal, sender)
+from sinks.dispatch_send import Sending
+from sinks.dispatch import (PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row, Skew,
+                            identity, ledger_chunks, ready_row, sender)
 from sinks.dispatch_start import (added_partitions, committed, in_ledger, owned_partitions,
                                   retrying, transient)
 
@@ -37,7 +39,7 @@ def run_partition(config: DispatchConfig, partition: int,
     yield {"partition": partition, "sent": task.sent, "dead": task.dead, "skipped": task.skipped}
 
 
-class _Task:
+class _Task(Sending):
     """One run of a dispatch task over its ready partition (see `run_partition`)."""
 
     def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float]):
@@ -47,6 +49,7 @@ class _Task:
         self.consumer = Consumer({**config.consumer, "enable.auto.commit": False,
                                   "auto.offset.reset": "error"})
         self.producer = Producer(config.producer)
+        self.bodies = Bodies(config.consumer, config.intake_topic, config.rules, config.fetch_gap)
         self.skew = Skew(config.ledger_topic, config.clock_tolerance_ms, clock=clock)
         self.heap: list[tuple] = []     # (*Row.order(), push number, row) of each held row
         self._pushes = itertools.count()   # equal orders never compare their rows
@@ -86,6 +89,7 @@ class _Task:
             if done is not None and time.monotonic() - began > config.replay_keep_s:
                 done = None
             self._release()
+            self._read_back()
             self._send_due()
             self.producer.poll(0)
             self._ledger()
@@ -128,6 +132,7 @@ class _Task:
     def close(self) -> None:
         try:
             self.consumer.close()
+            self.bodies.close()
         finally:
             self.producer.flush(10)
 
@@ -146,7 +151,7 @@ class _Task:
 
     def _pace(self) -> None:
         """Bounded memory: stop reading while too many rows are held."""
-        held = len(self.heap)
+        held = len(self.heap) + self.bodies.pending()
         if not self.paused and held >= self.config.max_held:
             self.consumer.pause([self.ready, *self.intake])
             self.paused = True
@@ -217,87 +222,34 @@ class _Task:
             if offset < self._old_end:
                 done.add(known)
         self.offsets[None].read(offset, self.ledger_end)
-        self._hold(row)
         self.held[row.level] += 1
+        if row.body:
+            self._hold(row)
+        else:
+            self.bodies.want(row)
+
+    def _read_back(self) -> None:
+        """The references' bodies read back from the intake: held until due, or, for a record
+        gone or not the one referenced, dead-lettered (with the reference's headers)."""
+        self.bodies.pump()
+        restored, dead = self.bodies.take()
+        for row in restored:
+            self._hold(row)
+        for row, reason in dead:
+            self._dead_letter(row, reason)
 
     def _send_due(self) -> None:
-        """Send every held row due by the broker's clock; none before that clock is measured."""
+        """Send every held row due by the broker's clock, up to the first reference still
+        without its body; none before that clock is measured."""
         if not self.skew.measured:
             return
         heap, pop, produce, delivered = self.heap, heapq.heappop, self._produce, self._delivered
-        broker_ms = self.skew.broker_ms
-        while heap and heap[0][0] <= broker_ms():
+        broker_ms, first = self.skew.broker_ms, self.bodies.first_wanted()
+        while heap and heap[0][0] <= broker_ms() and (first is None or heap[0][:3] < first):
             row = pop(heap)[-1]
             if not produce(row.topic, row.partition, row, row.headers, delivered):
                 self._hold(row)   # the producer's queue is full: later
                 return
-
-    def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
-        """`row` to the producer, stamped with the broker's clock here, never before its due."""
-        sent_ms = self._now_ms()
-        try:   # partition -1: librdkafka's partitioner places it
-            self.producer.produce(topic, row.value, row.key, -1 if partition is None else partition,
-                                  on_delivery=lambda err, msg: callback(err, msg, row, sent_ms),
-                                  headers=headers, timestamp=max(sent_ms, row.due_ms))
-        except BufferError:
-            self.producer.poll(0.05)
-            return False
-        except KafkaException as e:   # refused before it was queued (no such partition)
-            callback(e.args[0], None, row, sent_ms)
-        return True
-
-    # ---- acknowledgements (called from producer.poll) ---------------------------------------
-    def _delivered(self, err, msg, row: Row, sent_ms: int) -> None:
-        if err is None:
-            self.sent += 1
-            self._acked(row, sent_ms, None)
-            return
-        reason = refusal(err, row)
-        if err.code() in TOO_LARGE and (row.source, row.offset) not in self._alone:
-            # The broker refuses a whole record batch too large for the topic: a row may only
-            # have shared one with a larger one. Sent again alone, it is refused only when it
-            # is too large itself (Kafka's Java producer splits such a batch the same way).
-            self._alone.add((row.source, row.offset))
-            self._later(lambda: self._send_alone(row), 0.0)
-            return
-        if reason is None:
-            log.warning("dispatch %d: sending %s to %s failed (%s); retrying", self.partition,
-                        row.uniq_key, row.topic, err)
-            self._later(lambda: self._produce(row.topic, row.partition, row, row.headers,
-                                              self._delivered))
-            return
-        self._dead_letter(row, reason)
-
-    def _send_alone(self, row: Row) -> bool:
-        """`row` in a record batch of its own: what is queued leaves first, then the row."""
-        self.producer.flush(30)
-        sent = self._produce(row.topic, row.partition, row, row.headers, self._delivered)
-        self.producer.flush(30)
-        return sent
-
-    def _dead_letter(self, row: Row, reason: str) -> None:
-        sent = self._produce(self.config.dlq_topic, None, row, dead_letter_headers(row, reason),
-                             lambda e, m, r, s: self._dead_lettered(e, r, s, reason))
-        if not sent:
-            self._later(lambda: self._dead_letter(row, reason), 0.05)
-
-    def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
-        if err is not None:   # the commit point stays below the row until it is taken
-            if (row.source, row.offset) not in self._refused:   # said once, not at every retry
-                self._refused.add((row.source, row.offset))
-                log.warning("dispatch %d: the dead-letter topic %s refused %s (%s); retrying "
-                            "until it takes it", self.partition, self.config.dlq_topic,
-                            row.uniq_key, err)
-            self._later(lambda: self._dead_letter(row, reason))
-            return
-        self._refused.discard((row.source, row.offset))
-        self.dead += 1
-        self._acked(row, sent_ms, reason)
-
-    def _acked(self, row: Row, sent_ms: int, reason: str | None) -> None:
-        if not self._unledgered:
-            self._unledgered_since = time.monotonic()
-        self._unledgered.append((row, sent_ms, reason))
 
     def _ledger(self, force: bool = False) -> None:
         """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows

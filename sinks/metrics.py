@@ -79,8 +79,20 @@ class Metrics:
                                   "partition (RocketMQ's delayOffset).", ["level"], **r)
         Gauge("delayq_build_info", "Build information.", ["version", "spark_version"],
               **r).labels(version=version, spark_version=spark_version).set(1)
+        self.retention_headroom = Gauge(
+            "delayq_intake_retention_headroom_seconds",
+            "How long the job may still be down or behind before the intake's retention deletes "
+            "a pending message's record: retention.ms, less the longest wait of a held reference "
+            "(near_horizon + cold_bucket + clock_tolerance), less the watermark lag.", **r)
+        self._retention_s: tuple[float, float] | None = None   # (retention, longest wait)
         self.last_batch_ms = Gauge("delayq_last_batch_timestamp_seconds",
                                    "When the last micro-batch finished.", **r)
+
+    def set_retention(self, retention_ms: int, wait_ms: int) -> None:
+        """The intake's retention.ms (-1: for ever) and the longest a reference waits."""
+        retention = float("inf") if retention_ms < 0 else retention_ms / 1000
+        self._retention_s = (retention, wait_ms / 1000)
+        self.retention_headroom.set(retention - wait_ms / 1000)
 
     def add_pending(self, by_level: dict[int, int]) -> None:
         """Messages the wheel's state gained (lost, when negative) by level: a batch's deltas,
@@ -134,7 +146,10 @@ class Metrics:
         watermark = progress.get("eventTime", {}).get("watermark")
         if watermark and not watermark.startswith("1970-01-01"):
             ms = datetime.fromisoformat(watermark.replace("Z", "+00:00")).timestamp() * 1000
-            self.watermark_lag.set(max(0.0, now - (ms + late_tolerance_ms) / 1000.0))
+            lag = max(0.0, now - (ms + late_tolerance_ms) / 1000.0)
+            self.watermark_lag.set(lag)
+            if self._retention_s is not None:
+                self.retention_headroom.set(self._retention_s[0] - self._retention_s[1] - lag)
         for source in progress.get("sources", []):
             end = _offsets(source.get("endOffset"), intake_topic)
             latest = _offsets(source.get("latestOffset"), intake_topic)

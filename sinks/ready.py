@@ -1,45 +1,36 @@
-"""The wheel's Kafka sink: every fired message goes to the ready topic (`<intake>.READY`)
-with its restore information in trailing headers, for the dispatch tasks (sinks/dispatch.py) to
-send at its due time; dead letters go straight to the dead-letter topic. A batch replayed after
-a crash is written again (Spark's Kafka sink is at least once); the dispatch tasks skip the
-deliveries the ledger already holds.
+"""The wheel's Kafka sink: every fired reference goes to the ready topic (`<intake>.READY`),
+for the dispatch tasks (sinks/dispatch.py) to read its body back from the intake and send it at
+its due time; dead letters go to the dead-letter topic with their record read back. A batch
+replayed after a crash is written again (Spark's Kafka sink is at least once); the dispatch
+tasks skip the deliveries the ledger already holds.
 
-The ready partition of a row keeps what Kafka keeps in order on one path: the messages to one
-(topic, REAL_QID), and one key's messages to one topic, go through one partition and so one
-dispatch task, which sends them in due order. The rest spread by UNIQ_KEY. A batch writes each
-ready partition from one task, its rows in due order: a dispatch task sends overdue rows as it
-reads them (a restart's backlog), so they must come in due order too.
+A reference's ready partition is its intake partition's, modulo the ready partitions: the
+dispatch task of ready partition p reads back from the intake partitions q with q mod (ready
+partitions) = p, the ones it reads for the short levels too (sinks/direct.py), so each intake
+partition has one sender and its reads stay in offset order. A batch writes each ready
+partition from one task, in due order (then intake position): a dispatch task sends overdue rows
+as it reads them (a restart's backlog), so they must come in due order too.
 """
 from __future__ import annotations
-
-import functools
-import time
-from typing import Callable
 
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from sinks.base import BatchSummary
-from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
+from sinks.dispatch import READY_FROM, READY_LEVEL
 from sinks.kafka import appended_headers, header_struct
+from state import headers as H
 
 # The kinds of the wheel's rows counted in a summary, besides dead letters and tallies.
 _COUNTED_KINDS = ("deliver", "cold", "cancelled", "cancel_unknown")
 
 
-def ready_lane(partitions: int) -> F.Column:
-    """The ready partition of a delivery (see the module's docstring)."""
-    n = F.lit(partitions)
-    return (F.when(F.col("partition").isNotNull(), F.pmod(F.hash("topic", "partition"), n))
-            .when(F.col("key").isNotNull(), F.pmod(F.hash("topic", "key"), n))
-            .otherwise(F.pmod(F.hash("uniq_key"), n))).cast("int")
-
-
-def ready_headers() -> F.Column:
-    """The message's headers as delivered, then the restore headers the dispatch removes."""
-    return appended_headers(
-        header_struct(READY_TOPIC, F.col("topic")),
-        header_struct(READY_QID, F.col("partition").cast("string")),
+def reference_headers() -> F.Column:
+    """A fired reference as the dispatch reads it (sinks/dispatch.py ready_row): UNIQ_KEY and
+    DELIVER_MS, as delivered, then its level and intake record."""
+    return F.array(
+        header_struct(H.UNIQ_KEY, F.col("uniq_key")),
+        header_struct(H.DELIVER_MS, F.col("due_ms").cast("string")),
         header_struct(READY_LEVEL, F.col("level").cast("string")),
         header_struct(READY_FROM, F.concat_ws("-", "ipart", "ioff", "append_ms")))
 
@@ -69,35 +60,34 @@ def add_counts(seen: dict, summary: BatchSummary) -> None:
 
 
 class ReadySink:
-    """The wheel batch's one write: its columns, filter and counts built once."""
+    """The wheel batch's writes: its references (with every row counted, in the batch's one
+    Spark job) and its dead letters (with their records read back, when it has any)."""
 
     def __init__(self, options: dict[str, str], ready_topic: str, partitions: int,
                  max_request_bytes: int = 1_048_576):
-        deliver = F.col("kind") == "deliver"
-        self._sent = [
-            F.when(deliver, F.lit(ready_topic)).otherwise(F.col("topic")).alias("topic"),
-            F.when(deliver, F.col("lane")).otherwise(F.col("partition")).alias("partition"),
-            F.col("key"), F.col("value"),
-            F.when(deliver, ready_headers()).otherwise(F.col("headers")).alias("headers"),
-        ]
+        self._sent = [F.lit(ready_topic).alias("topic"),
+                      F.pmod("ipart", F.lit(partitions)).cast("int").alias("partition"),
+                      F.lit(None).cast("binary").alias("key"),
+                      F.lit(None).cast("binary").alias("value"),
+                      reference_headers().alias("headers")]
         self._counts = observed_counts()
         self._partitions = partitions
-        self._written = F.col("kind").isin("deliver", "dead")   # the rows a batch writes
-        self._lane = F.when(deliver, ready_lane(partitions))
         self._options = {"kafka.max.request.size": str(max_request_bytes), **options}
 
-    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> Callable[[], DataFrame]:
-        """Fired rows to the ready topic and dead letters to theirs, in the batch's one Spark
-        job, every row counted into `summary` on the way (`observed_counts`). Returns the sent
-        rows (the batch's columns and `sent_ms`), built on first call: most batches never need
-        them (dead letters are rare), and building them costs the driver an analysis of the
-        micro-batch's whole plan."""
+    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> None:
+        """Fired references to the ready topic, in the batch's one Spark job, every row counted
+        into `summary` on the way (`observed_counts`)."""
         seen = Observation()
-        (batch.observe(seen, *self._counts).filter(self._written)
-         .withColumn("lane", self._lane).repartition(self._partitions, "lane")
-         .sortWithinPartitions("due_ms").select(*self._sent)
+        (batch.observe(seen, *self._counts).filter(F.col("kind") == "deliver")
+         .repartition(self._partitions, F.pmod("ipart", F.lit(self._partitions)))
+         .sortWithinPartitions("due_ms", "ipart", "ioff").select(*self._sent)
          .write.mode("append").format("kafka").options(**self._options).save())
         add_counts(seen.get, summary)
-        now_ms = int(time.time() * 1000)
-        return functools.cache(lambda: batch.filter(self._written)
-                               .withColumn("sent_ms", F.lit(now_ms).cast("long")))
+
+    def write_dead(self, rows: DataFrame) -> None:
+        """Dead letters (rows of WITH_BODY) to the dead-letter topic: their records as they came,
+        then DLQ_REASON."""
+        (rows.filter(F.col("kind") == "dead")
+         .select("topic", F.lit(None).cast("int").alias("partition"), "key", "value",
+                 appended_headers(header_struct(H.DLQ_REASON, F.col("reason"))).alias("headers"))
+         .write.mode("append").format("kafka").options(**self._options).save())

@@ -35,19 +35,34 @@ ENVELOPE = pa.schema([
     ("ioff", pa.int64()),
 ])
 
-# A pending message inside a chunk of a wheel group's state: these ENVELOPE columns.
-PENDING = pa.schema([ENVELOPE.field(name) for name in (
-    "due_ms", "uniq_key", "topic", "qid", "key", "value", "hkeys", "hvals", "level", "append_ms",
-    "ipart", "ioff")])
+# The wheel's input: an ENVELOPE without the message's body. The wheel query hands its parse
+# only each record's position, append time and control headers (streaming/wheel_query.py), so
+# no key, value or user header reaches the wheel's Python; the dispatch tasks read the bodies
+# back from the intake when the message is due (sinks/bodies.py).
+BODY = ("key", "value", "hkeys", "hvals")
+INDEX_ENVELOPE = pa.schema([field for field in ENVELOPE if field.name not in BODY])
 
-# What the job emits, per batch: deliveries, dead letters and cancel outcomes.
-OUTPUT = pa.schema([
+# A wheel group's state (applyInPandasWithState keeps it as one row): how many references it
+# holds, the earliest due time among them, and the references, REFERENCE's columns as lists in
+# one JSON object. Not as array columns: PySpark 4.2.0's worker lowercases the state schema's
+# JSON it receives (`Conf.get` lowercases every value unless told not to), and an array's
+# "elementType" key no longer parses. No binary column either: Spark's pickler copies binary
+# byte by byte. Spark SQL reads the JSON with from_json (streaming/wheel_query.py wheel_state).
+REFERENCE = pa.schema([ENVELOPE.field(name) for name in (
+    "ipart", "ioff", "append_ms", "due_ms", "uniq_key")])
+STATE = pa.schema([("count", pa.int32()), ("earliest_ms", pa.int64()), ("refs", pa.string())])
+# The type of STATE's `refs`, for Spark SQL's from_json.
+_SQL = {pa.int32(): "int", pa.int64(): "bigint", pa.string(): "string"}
+REFS_DDL = ", ".join(f"{f.name} array<{_SQL[f.type]}>" for f in REFERENCE)
+
+# What the wheel emits, per batch: references to fire, dead letters, cold parks and cancel
+# outcomes. A row names its intake record (ipart, ioff, append_ms); the job reads the record
+# back in the JVM where a body is needed there (a dead letter, a cold park: `sinks/kafka.py`
+# intake_bodies), and the dispatch tasks read it back for a delivery.
+WHEEL_OUT = pa.schema([
     ("kind", pa.string()),       # deliver | dead | cold | cancelled | cancel_unknown | tally
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("headers", HEADERS),        # exactly the headers written to Kafka
+    ("topic", pa.string()),      # a cold or dead row's REAL_TOPIC (a dead letter's: the DLQ)
+    ("partition", pa.int32()),   # a cold row's REAL_QID
     ("uniq_key", pa.string()),
     ("level", pa.int32()),
     ("due_ms", pa.int64()),
@@ -61,16 +76,12 @@ OUTPUT = pa.schema([
     ("pending_delta", pa.int32()),
 ])
 
-# What the wheel's processor returns: OUTPUT with the message's own headers as two lists. The job
-# builds OUTPUT's `headers` from them in Spark, adding UNIQ_KEY and DELIVER_MS to deliveries and
-# DLQ_REASON to dead letters (streaming/wheel_query.py, `with_kafka_headers`).
-WHEEL_OUT = pa.schema([
-    field for name in OUTPUT.names
-    for field in ([ENVELOPE.field("hkeys"), ENVELOPE.field("hvals")] if name == "headers"
-                  else [OUTPUT.field(name)])
-])
+# A wheel row with its intake record read back (`sinks/kafka.py` intake_bodies): a dead letter
+# or a cold park. The record's key, value and headers as they came (null: no longer there).
+WITH_BODY = pa.schema([*WHEEL_OUT, ("key", pa.binary()), ("value", pa.binary()),
+                       ("headers", HEADERS)])
 
-# Bumped whenever the wheel's state (state/processor.py) or PENDING change: a checkpoint
-# holding another format is refused. 5: transformWithState's layout only (4 was either
-# operator's, and a stamp of format 4 does not always say which).
-STATE_FORMAT = 5
+# Bumped whenever the wheel's state (STATE) or its operator change: a checkpoint holding
+# another format is refused. 6: applyInPandasWithState over references (5 was
+# transformWithState's state of whole messages).
+STATE_FORMAT = 6

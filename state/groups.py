@@ -1,10 +1,5 @@
-"""A wheel group's buckets and settings (state/wheel.py turns the wheel).
-
-Kept apart from the wheel's own imports (pandas, pyarrow, numpy): transformWithStateInPandas
-plans a query by running the stateful processor's `init` in a Python process of its own on
-the driver, which imports what the pickled processor names (state/processor.py), so the
-wheel's heavy imports would slow every start's planning.
-"""
+"""A wheel group's buckets and settings (state/wheel.py turns the wheel), kept apart from the
+wheel's own imports (pandas, pyarrow, numpy) so the driver can name them cheaply."""
 from __future__ import annotations
 
 import zlib
@@ -31,8 +26,6 @@ class WheelConfig:
     # the wheel adds it back so its own arithmetic is in real time.
     watermark_delay_ms: int
     dlq_topic: str
-    # A state chunk's bound in bytes of messages (state/wheel.py encode).
-    chunk_bytes: int
     # The groups a timer slot is split into, by UNIQ_KEY (`part_of`).
     timer_parts: int
     # The driver's clock when the query was built (epoch ms; 0 = none): the watermark of a new

@@ -1,8 +1,10 @@
 """The parse stage over one Arrow batch of intake records: envelopes and wheel groups.
 
-Arrow in, Arrow out (Spark's mapInArrow): the key and value columns pass through untouched,
-the headers are read once as flat name and value lists, and the user headers are cut out of
-them with array operations. Only the per-record rules (`state.envelope`) run per row.
+Arrow in, Arrow out (Spark's mapInArrow): the headers are read once as flat name and value
+lists, and the user headers are cut out of them with array operations. Only the per-record rules
+(`state.envelope`) run per row. The wheel's parse gets no body (no key, no value, only the
+control headers: streaming/wheel_query.py) and returns INDEX_ENVELOPE; the dispatch tasks' parse
+of records they read themselves passes key and value through untouched and returns ENVELOPE.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from state import headers as H
-from state.columns import ENVELOPE
+from state.columns import ENVELOPE, INDEX_ENVELOPE
 from state.envelope import (TIMER_LEVEL, Kind, Rules, default_uniq_key, level_of, parse,
                             real_topic_of)
 from state.placement import spread_slots
@@ -234,7 +236,8 @@ def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, rules: Rules,
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
                 now_ms: int, overdue_before_ms: int = 0, common: bool = True,
                 direct_max_delay_ms: int = -1) -> pa.RecordBatch:
-    """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns.
+    """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns, or
+without key and value → INDEX_ENVELOPE columns.
 
     A level message due before `overdue_before_ms` (when the checkpoint's query first started)
     goes out with the immediate messages, so a job started on a backlog sends it as it reads it.
@@ -272,17 +275,19 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     if direct_max_delay_ms >= 0:
         _mark_direct(cols, numbers["ioff"], rules, direct_max_delay_ms, spread)
 
-    hkeys, hvals = _user_headers(~control | dead[row_of], row_of, n, names, values)
     arrays = {
         **{name: pa.array(cols[name], ENVELOPE.field(name).type) for name in cols},
-        "key": batch.column("key").cast(pa.binary()),
-        "value": batch.column("value").cast(pa.binary()),
-        "hkeys": hkeys, "hvals": hvals,
         "append_ms": batch.column("append_ms").cast(pa.int64()),
         "ipart": batch.column("ipart").cast(pa.int32()),
         "ioff": batch.column("ioff").cast(pa.int64()),
     }
-    return pa.RecordBatch.from_arrays([arrays[name] for name in ENVELOPE.names], schema=ENVELOPE)
+    schema = INDEX_ENVELOPE
+    if "value" in batch.schema.names:
+        hkeys, hvals = _user_headers(~control | dead[row_of], row_of, n, names, values)
+        arrays.update(key=batch.column("key").cast(pa.binary()),
+                      value=batch.column("value").cast(pa.binary()), hkeys=hkeys, hvals=hvals)
+        schema = ENVELOPE
+    return pa.RecordBatch.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
 def _user_headers(keep: np.ndarray, row_of: np.ndarray, n: int, names: pa.Array,

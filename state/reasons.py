@@ -10,6 +10,8 @@ LABELS = frozenset({
     "several_delay_headers", "beyond_max_delay", "timer_in_past",
     # a send the real topic refused (sinks/dispatch.py, by librdkafka's error code)
     "unknown_topic", "partition_out_of_range", "too_large", "not_authorized", "invalid_record",
+    # a reference whose intake record is gone or is not the one referenced (sinks/bodies.py)
+    "intake_record_gone", "intake_record_replaced",
 })
 
 

@@ -1,32 +1,32 @@
-"""The wheel: the turn that holds delayed messages (`turn`), run by transformWithStateInPandas
-(state/processor.py keeps a group's state).
+"""The wheel: the turn that holds delayed messages (`turn`), run by applyInPandasWithState with
+event-time timeouts (`make_wheel`).
 
 A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
-slot of `slot_ms` (a timer slot: one of `timer_parts` parts, by UNIQ_KEY). Its state is its
-pending messages (`encode`); its event-time timer is set `lead_ms` before the earliest of them.
-On a call it releases every message due before the fire horizon (watermark + lead) to the ready
-topic, whose dispatch tasks send each one at its due time. Pass-through buckets (immediate,
-dead, cold) are emitted on arrival and keep no state.
+slot of `slot_ms` (a timer slot: one of `timer_parts` parts, by UNIQ_KEY). Its state is an index
+of its pending messages, as RocketMQ's schedule queue is: each one's intake partition and
+offset, append time, due time and UNIQ_KEY (state/columns.py STATE), never its body. Its
+event-time timeout is set `lead_ms` before the earliest of them. On a call it releases every
+message due before the fire horizon (watermark + lead) to the ready topic, whose dispatch tasks
+read each one's body back from the intake and send it at its due time. Pass-through buckets
+(immediate, dead, cold) are emitted on arrival and keep no state.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generator, Iterator
+import json
+from typing import Callable, Generator, Iterator
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pybase64
 
-from state.columns import PENDING, WHEEL_OUT
+from state.columns import REFERENCE, WHEEL_OUT
 from state.envelope import Kind
 from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  # noqa: F401
                           WheelConfig, part_of)
 from state.placement import balanced_slot, spread_slots
 from state.timing import fire_horizon, slot_of, timer_for
-
-if TYPE_CHECKING:
-    from state.processor import Held
+from state.worker import settle
 
 # The pass-through bucket of each kind that keeps no state in the wheel. Heartbeats travel with
 # immediate messages and are dropped in the wheel: a filter before the stateful operator would
@@ -70,28 +70,34 @@ def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
     return spark_watermark_ms + config.watermark_delay_ms
 
 
-def encode(pending: pa.Table, chunk_bytes: int) -> list[str]:
-    """Pending messages as chunks of the state, each the base64 of an Arrow IPC stream of
-    about `chunk_bytes` of messages at most. Spark moves a state value whole through an
-    executor's heap (pickled, into the JVM and out), so the chunk bounds what one value costs
-    there, whatever the size of a group."""
-    count = max(1, -(-pending.nbytes // chunk_bytes))
-    step = max(1, -(-pending.num_rows // count))
-    chunks = []
-    for start in range(0, pending.num_rows, step):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, PENDING) as writer:
-            writer.write_table(pending.slice(start, step))
-        chunks.append(pybase64.b64encode_as_string(sink.getvalue()))
-    return chunks
+class Held:
+    """A group's state for one call, as `turn` sees it: applyInPandasWithState's GroupState,
+    whose one row (state/columns.py STATE) holds the group's references, read and written
+    whole, and its one event-time timeout."""
 
+    def __init__(self, state):
+        self._state = state
+        self.exists = state.exists
+        self.watermark_ms = state.getCurrentWatermarkMs()
 
-def decode_chunks(chunks: list[str]) -> pa.Table:
-    """Pending messages from their chunks (each `encode`d), in the order given (pybase64's SIMD
-    codec: decoding is on the path of every group that fires)."""
-    tables = [pa.ipc.open_stream(pa.py_buffer(pybase64.b64decode(chunk, validate=True))).read_all()
-              for chunk in chunks]
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    def index(self) -> pa.Table:
+        """The references the group holds (empty when none)."""
+        if not self.exists:
+            return REFERENCE.empty_table()
+        lists = json.loads(self._state.get[2])
+        return pa.table([pa.array(lists[field.name], field.type) for field in REFERENCE],
+                        schema=REFERENCE)
+
+    def keep(self, index: pa.Table, earliest_ms: int, timer_ms: int) -> None:
+        """Hold `index` and time out at `timer_ms` (Spark clears a timeout once it fired, so
+        every call that keeps state sets one)."""
+        refs = json.dumps({name: index.column(name).to_pylist() for name in REFERENCE.names},
+                          separators=(",", ":"))
+        self._state.update((index.num_rows, earliest_ms, refs))
+        self._state.setTimeoutTimestamp(timer_ms)
+
+    def remove(self) -> None:
+        self._state.remove()
 
 
 def _rows(n: int, **columns) -> pd.DataFrame:
@@ -105,18 +111,19 @@ def _rows(n: int, **columns) -> pd.DataFrame:
         for name in WHEEL_OUT.names}, index=pd.RangeIndex(n))
 
 
-def _message(rows: pd.DataFrame) -> dict:
-    """The columns a message keeps from intake to delivery (its partition is REAL_QID's)."""
-    return {"partition": rows["qid"], **{name: rows[name] for name in (
-        "topic", "key", "value", "hkeys", "hvals", "uniq_key", "level", "append_ms", "ipart",
-        "ioff")}}
+def _reference(rows: pd.DataFrame) -> dict:
+    """The columns that name a message's intake record, and its UNIQ_KEY."""
+    return {name: rows[name] for name in ("uniq_key", "append_ms", "ipart", "ioff")}
 
 
-def _deliveries(pending: pd.DataFrame) -> pd.DataFrame:
-    """Rows ready for the dispatch at their due time, as the parse set it (the job adds the
-    UNIQ_KEY and DELIVER_MS headers in Spark). The wheel decides on the watermark, the intake
-    broker's clock, so no host's clock corrects a due time here (state/timing.py)."""
-    return _rows(len(pending), kind="deliver", due_ms=pending["due_ms"], **_message(pending))
+def _deliveries(pending: pd.DataFrame, level: int | pd.Series) -> pd.DataFrame:
+    """References ready for the dispatch at their due time, as the parse set it. The wheel
+    decides on the watermark, the intake broker's clock, so no host's clock corrects a due time
+    here (state/timing.py)."""
+    n = len(pending)
+    levels = level if isinstance(level, pd.Series) else np.full(n, level, dtype=np.int64)
+    return _rows(n, kind="deliver", due_ms=pending["due_ms"], level=levels,
+                 **_reference(pending))
 
 
 def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
@@ -124,39 +131,6 @@ def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
     return _rows(len(levels), kind="tally", level=list(levels),
                  received=[r for r, _ in levels.values()],
                  pending_delta=[d for _, d in levels.values()])
-
-
-def _append(rows: pd.DataFrame, held: Held, bucket: int, config: WheelConfig):
-    """New messages for a held group none of whose messages fires in this batch, and no
-    cancel or rolled message among them: the ones due already leave, the others are appended
-    to the group's state as chunks of their own. Yields the output frames; returns False,
-    having yielded nothing, when the group must be read whole.
-
-    Only rolled messages are checked against the held ones (a roll retried after a crash): a
-    producer's resend of a held message is delivered twice, as it is in another group or batch."""
-    new = rows[rows["kind"] == Kind.DELAY]
-    if (rows["kind"] == Kind.CANCEL).any() or not len(new) or new["rolled"].astype(bool).any():
-        return False
-    count, earliest = held.meta()
-    watermark = real_watermark(held.watermark_ms, config)
-    horizon = fire_horizon(watermark, config.lead_for(count + len(new), bucket))
-    if earliest <= horizon:
-        return False
-    now = new["due_ms"].to_numpy() <= horizon
-    new = new[PENDING.names]
-    if now.any():
-        yield _deliveries(new[now])
-    later = new[~now]
-    yield _tally({bucket: (len(new), len(later))})
-    chunks = []
-    if len(later):
-        count += len(later)
-        earliest = min(earliest, int(later["due_ms"].min()))
-        chunks = encode(pa.Table.from_pandas(later, schema=PENDING, preserve_index=False),
-                        config.chunk_bytes)
-    held.keep(count, earliest, _timer(earliest, count, bucket, watermark, config), chunks,
-              append=True)
-    return True
 
 
 def _timer(earliest: int, count: int, bucket: int, watermark: int, config: WheelConfig) -> int:
@@ -174,33 +148,33 @@ def _pass_through(bucket: int, rows: pd.DataFrame,
         counts = taken.groupby("level")["kind"].count()
         colds = taken[taken["kind"] == Kind.COLD].groupby("level")["kind"].count()
         yield _tally({int(lv): (int(n), int(colds.get(lv, 0))) for lv, n in counts.items()})
-    if bucket == BUCKET_COLD:   # the message as the wheel would hold it, user headers only
+    if bucket == BUCKET_COLD:   # the job reads its body back and parks it (sinks/cold.py)
         cold = rows[rows["kind"] == Kind.COLD]
-        yield _rows(len(cold), kind="cold", due_ms=cold["due_ms"], **_message(cold))
+        yield _rows(len(cold), kind="cold", due_ms=cold["due_ms"], level=cold["level"],
+                    topic=cold["topic"], partition=cold["qid"], **_reference(cold))
         return
     dead = rows[rows["kind"] == Kind.DEAD]
-    if len(dead):   # with all its original headers; the job adds DLQ_REASON from `reason`
-        yield _rows(len(dead), kind="dead", due_ms=0, reason=dead["reason"],
-                    **{**_message(dead), "topic": config.dlq_topic, "partition": None})
+    if len(dead):   # the job reads its record back and adds DLQ_REASON from `reason`
+        yield _rows(len(dead), kind="dead", due_ms=0, reason=dead["reason"], level=dead["level"],
+                    topic=config.dlq_topic, **_reference(dead))
     ready = rows[rows["kind"] == Kind.NOW]
     if len(ready):
-        yield _deliveries(ready)
+        yield _deliveries(ready, ready["level"])
 
 
 def _arrivals(held_rows: pa.Table, new: pd.DataFrame) -> tuple[pa.Table, pd.DataFrame, int, int]:
     """A group's new messages beside those it holds: (held, new, received, rolled). A message
     rolled in twice (a retried roll after a crash) is held once; rolled messages were pending
-    already, in the cold tier, so they count as rolled, not received."""
-    received = len(new) - int(new["rolled"].astype(bool).sum())
-    before = held_rows.num_rows
-    if before:
-        keys = pd.Series(np.concatenate([
-            held_rows.column("uniq_key").to_numpy(zero_copy_only=False),
-            new["uniq_key"].to_numpy()]))
-        first = ~keys.duplicated(keep="first").to_numpy()
-        if not first[:before].all():
-            held_rows = held_rows.filter(pa.array(first[:before]))
-        new = new[first[before:]]
+    already, in the cold tier, so they count as rolled, not received. Only rolled messages are
+    checked: a producer's resend of a held message is its own message, delivered again, as it is
+    when it lands in another group or batch."""
+    rolled = new["rolled"].astype(bool).to_numpy()
+    received = len(new) - int(rolled.sum())
+    if rolled.any():
+        keys = new["uniq_key"]
+        again = rolled & (keys.duplicated(keep="first").to_numpy() | keys.isin(
+            held_rows.column("uniq_key").to_pylist()).to_numpy())
+        new = new[~again]
     return held_rows, new, received, int(new["rolled"].astype(bool).sum())
 
 
@@ -225,21 +199,14 @@ def _cancel(cancels: pd.DataFrame, held_rows: pa.Table,
 
 def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
          config: WheelConfig) -> Iterator[pd.DataFrame]:
-    """One call of the wheel for one group: its new rows (None: its timer expired) and its
-    held state. Yields the output frames and leaves the state and its timer set."""
+    """One call of the wheel for one group: its new rows (None: its timeout fired) and its
+    held state. Yields the output frames and leaves the state and its timeout set."""
     if bucket in (BUCKET_NOW, BUCKET_DEAD, BUCKET_COLD):
         if rows is not None:
             yield from _pass_through(bucket, rows, config)
         return
 
-    if held.exists and rows is not None:
-        appended = yield from _append(rows, held, bucket, config)
-        if appended:
-            return
-
-    # The held messages stay in Arrow: only the rows that fire are converted. Incoming rows
-    # that fire at once (a drain, a delay shorter than the batch) go out as they came.
-    held_rows = decode_chunks(held.chunks()) if held.exists else PENDING.empty_table()
+    held_rows = held.index()
     before = held_rows.num_rows
     received = rolled = 0
     new = None
@@ -251,6 +218,8 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
         if len(cancels):
             held_rows, new = yield from _cancel(cancels, held_rows, new)
 
+    # The held references stay in Arrow: only the ones that fire are converted. Incoming rows
+    # that fire at once (a drain, a delay shorter than the batch) go out as they came.
     arriving = len(new) if new is not None else 0
     watermark = real_watermark(held.watermark_ms, config)
     horizon = fire_horizon(watermark, config.lead_for(held_rows.num_rows + arriving, bucket))
@@ -259,24 +228,23 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
     rest = held_rows.filter(pc.invert(due))
     if arriving:
         now = new["due_ms"].to_numpy() <= horizon
-        new = new[PENDING.names]
+        new = new[REFERENCE.names]
         some, every = now.any(), now.all()
         if some:
             fired.append(new if every else new[now])
         if not every:
-            later = pa.Table.from_pandas(new[~now] if some else new, schema=PENDING,
+            later = pa.Table.from_pandas(new[~now] if some else new, schema=REFERENCE,
                                          preserve_index=False)
             rest = pa.concat_tables([rest, later]) if rest.num_rows else later
     fired = [frame for frame in fired if len(frame)]
     if fired:
-        yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True))
+        yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True),
+                          bucket)
     if received or rolled or rest.num_rows != before:
         yield _tally({bucket: (received, rest.num_rows - before - rolled)})
     if rest.num_rows:
         earliest = pc.min(rest.column("due_ms")).as_py()
-        held.keep(rest.num_rows, earliest,
-                  _timer(earliest, rest.num_rows, bucket, watermark, config),
-                  encode(rest, config.chunk_bytes), append=False)
+        held.keep(rest, earliest, _timer(earliest, rest.num_rows, bucket, watermark, config))
     elif held.exists:
         held.remove()
 
@@ -285,3 +253,13 @@ def incoming(frames: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
     """A group's new rows of this batch as one frame, or None."""
     frames = [frame for frame in frames if len(frame)]
     return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def make_wheel(config: WheelConfig) -> Callable:
+    """The function handed to applyInPandasWithState, closed over its configuration."""
+
+    def wheel(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
+        settle()
+        yield from turn(int(key[0]), incoming(frames), Held(state), config)
+
+    return wheel

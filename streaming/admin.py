@@ -24,6 +24,15 @@ DLQ_HEADROOM_BYTES = 16_384
 KAFKA_DEFAULT_MAX_MESSAGE = 1_048_588
 # How long a start waits for a topic's altered setting to show (`ensure_log_append_time`).
 ALTER_WAIT_S = 30.0
+# Kafka's broker default for log.retention.ms (7 days): a new intake keeps at least this.
+KAFKA_DEFAULT_RETENTION_MS = 7 * 24 * 3_600_000
+
+
+def intake_configs(settings: Settings) -> dict[str, str]:
+    """A new intake's settings: the broker's append time, and records kept, never compacted,
+    at least as long as a pending message's body is needed (`check_intake`)."""
+    keep = max(KAFKA_DEFAULT_RETENTION_MS, settings.intake_retention_needed_ms)
+    return {**LOG_APPEND_TIME, "cleanup.policy": "delete", "retention.ms": str(keep)}
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:
@@ -106,7 +115,7 @@ def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> 
     must be able to write (the dead-letter topic's limit)."""
     with closing(admin_client(settings)) if admin is None else nullcontext(admin) as admin:
         wanted_parts = settings.heartbeat_partition + 1
-        if not create_topic(admin, settings.intake_topic, wanted_parts, LOG_APPEND_TIME):
+        if not create_topic(admin, settings.intake_topic, wanted_parts, intake_configs(settings)):
             _grow(admin, settings.intake_topic, wanted_parts)
         intake_max = max_message_bytes(admin, settings.intake_topic) or KAFKA_DEFAULT_MAX_MESSAGE
         wanted = max(intake_max + DLQ_HEADROOM_BYTES, KAFKA_DEFAULT_MAX_MESSAGE)
@@ -183,16 +192,35 @@ def max_message_bytes(admin: KafkaAdminClient, topic: str) -> int | None:
     return int(value) if value else None
 
 
-def check_intake(settings: Settings, admin: KafkaAdminClient) -> None:
-    """Refuse an intake topic whose record times are not the broker's append time."""
-    kind = topic_config(admin, settings.intake_topic, "message.timestamp.type")
+def check_intake(settings: Settings, admin: KafkaAdminClient) -> int:
+    """Refuse an intake topic whose record times are not the broker's append time, or that may
+    delete a record before its pending message is delivered: the wheel holds references to the
+    intake's records, not their bodies (conf/defaults.toml, downtime_tolerance). Returns its
+    retention.ms (-1: kept for ever)."""
+    topic = settings.intake_topic
+    fix = f"Fix: kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config"
+    kind = topic_config(admin, topic, "message.timestamp.type")
     if kind != "LogAppendTime":
         raise JobError(
-            f"intake topic {settings.intake_topic} has message.timestamp.type={kind}; delayq "
-            f"takes time from the broker only and needs LogAppendTime. Fix: kafka-configs.sh "
-            f"--alter --entity-type topics --entity-name {settings.intake_topic} "
-            f"--add-config message.timestamp.type=LogAppendTime"
-        )
+            f"intake topic {topic} has message.timestamp.type={kind}; delayq takes time from "
+            f"the broker only and needs LogAppendTime. {fix} message.timestamp.type=LogAppendTime")
+    needed = settings.intake_retention_needed_ms
+    why = (f"the wheel holds references to the intake's records, whose bodies are read back "
+           f"when due, up to {needed} ms (near_horizon + cold_bucket + clock_tolerance + "
+           f"downtime_tolerance) after their append")
+    policy = topic_config(admin, topic, "cleanup.policy") or "delete"
+    if "compact" in policy:
+        raise JobError(f"intake topic {topic} has cleanup.policy={policy}: compaction deletes "
+                       f"records by key, and {why}. {fix} cleanup.policy=delete")
+    retention = int(topic_config(admin, topic, "retention.ms") or KAFKA_DEFAULT_RETENTION_MS)
+    if 0 <= retention < needed:
+        raise JobError(f"intake topic {topic} has retention.ms={retention}, and {why}. {fix} "
+                       f"retention.ms={needed} (or more), or lower downtime_tolerance")
+    size = int(topic_config(admin, topic, "retention.bytes") or -1)
+    if size >= 0:
+        raise JobError(f"intake topic {topic} has retention.bytes={size}: a full partition "
+                       f"deletes records however young, and {why}. {fix} retention.bytes=-1")
+    return retention
 
 
 def topic_partitions(admin: KafkaAdminClient, topics: list[str]) -> dict[str, int | None]:

@@ -106,14 +106,15 @@ def _is_json(line: str) -> bool:
 def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change: bool) -> None:
     """Refuse wheel state in another format, or shaping settings that moved since the stamp."""
     stamp = _stamp(path)
-    if stamp is None:
+    if stamp is None and not (path / "state").is_dir():
         return
-    was_format = stamp.get("state_format", 1)
+    was_format = (stamp or {}).get("state_format", 1)
     if was_format != STATE_FORMAT:
         raise CheckpointError(
             f"checkpoint {path} holds wheel state in format {was_format}; this delayq reads "
             f"format {STATE_FORMAT}. Let that checkpoint drain with the delayq version that "
-            f"wrote it, then start this version on a new checkpoint.")
+            f"wrote it (until delayq_pending_messages is 0), then start this version on a new "
+            f"checkpoint (docs/operations.md, Upgrades).")
     was_spark = stamp.get("spark", FIRST_SPARK)
     if was_spark != spark_line():
         raise CheckpointError(

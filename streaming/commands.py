@@ -94,7 +94,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
         where = lookup.find(spark, args.uniq_key, settings.ledger_path,
                             settings.dead_letter_path, checkpoint, settings.cold_path,
-                            recent=lambda key: lookup.in_topics(settings, key))
+                            recent=lambda key: lookup.in_topics(settings, key),
+                            topic_of=lookup.intake_topic_of(settings))
         print(f"{args.uniq_key}: {where.status}")
         for key, value in where.detail.items():
             print(f"  {key:12} {value}")

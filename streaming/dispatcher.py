@@ -57,7 +57,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           intake_refresh_s=settings.dispatch_intake_refresh_ms / 1000,
                           intake_topic=settings.intake_topic, rules=rules_of(settings),
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
-                          ready_partitions=partitions, intake_start=intake_start)
+                          ready_partitions=partitions, intake_start=intake_start,
+                          fetch_gap=settings.dispatch_fetch_gap)
 
 
 def failure_reason(exc: Exception) -> str:

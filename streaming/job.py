@@ -33,7 +33,7 @@ from streaming.kafka_config import spark_options
 from streaming.ledger_query import start_ledger_query
 from streaming.listener import OffsetMirror, ProgressJsonListener, ProgressMetrics
 from streaming.offsets import committed_offsets, last_committed_batch
-from streaming.schema import OUTPUT_SPARK
+from streaming.schema import WITH_BODY_SPARK
 from streaming.wheel_query import BatchWriter, pending_by_level, wheel_stream
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,10 @@ class DelayJob:
         self._step_t = time.monotonic()
         self._admin = kadmin.admin_client(self.settings)
         largest = max(kadmin.ensure_topics(self.settings, self._admin), 1_048_576)
-        kadmin.check_intake(self.settings, self._admin)
+        retention_ms = kadmin.check_intake(self.settings, self._admin)
+        if self.metrics is not None:
+            self.metrics.set_retention(retention_ms, self.settings.intake_retention_needed_ms
+                                       - self.settings.downtime_tolerance_ms)
         self._step("topics")
         self._size_partitions()
         started_ms, now_ms = self._check_checkpoint()
@@ -155,10 +158,11 @@ class DelayJob:
                         self.settings.near_horizon_ms + self.settings.clock_tolerance_ms)
         observers = [h for h in (self.metrics.observe_batch if self.metrics else None,
                                  self._on_batch) if h]
-        writer = BatchWriter(kafka, self._sinks, observers, cold)
+        writer = BatchWriter(kafka, (intake, spark_options(self.settings),
+                                     self.settings.dlq_topic), self._sinks, observers, cold)
         self._step("cold_tier")
         for sink in self._sinks:
-            sink.ensure_table(self.spark, sent_schema(OUTPUT_SPARK))
+            sink.ensure_table(self.spark, sent_schema(WITH_BODY_SPARK))
         self._step("tables")
         return writer
 

@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
@@ -24,7 +23,6 @@ from sinks.dispatch import ledger_rows, ready_row
 from sinks.store import HadoopPath
 from state import headers as H
 from state.envelope import default_uniq_key
-from state.wheel import decode_chunks
 from streaming.kafka_config import librdkafka_config
 from streaming.wheel_query import rules_of, wheel_state
 
@@ -55,9 +53,12 @@ def _dead(r) -> Whereabouts:
 
 
 def _pending_at(row, **where) -> Whereabouts:
-    """A pending message from its held row (attributes topic, level, due_ms, ipart, ioff)."""
-    return Whereabouts("pending", {"topic": row.topic, "level": row.level, "due": _iso(row.due_ms),
-                                   "intake": f"{row.ipart}-{row.ioff}", **where})
+    """A pending message from its held row or reference (attributes level, due_ms, ipart, ioff,
+    and topic once its body is known)."""
+    topic = getattr(row, "topic", None)
+    return Whereabouts("pending", {**({"topic": topic} if topic else {}), "level": row.level,
+                                   "due": _iso(row.due_ms), "intake": f"{row.ipart}-{row.ioff}",
+                                   **where})
 
 
 def _matching(spark: SparkSession, table: str, uniq_key: str) -> list:
@@ -67,9 +68,19 @@ def _matching(spark: SparkSession, table: str, uniq_key: str) -> list:
 
 def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
          checkpoint: str | Path | HadoopPath, cold: str | None = None,
-         recent: Callable[[str], Whereabouts | None] | None = None) -> Whereabouts:
+         recent: Callable[[str], Whereabouts | None] | None = None,
+         topic_of: Callable[[int, int], str | None] | None = None) -> Whereabouts:
     """Where `uniq_key` is, looked for in that order; `recent` looks in the Kafka topics
-    between the wheel and the tables (`in_topics`)."""
+    between the wheel and the tables (`in_topics`); `topic_of` reads a pending message's
+    REAL_TOPIC from its intake record (`intake_topic_of`): the wheel holds only references."""
+    where = _find(spark, uniq_key, ledger, dead, checkpoint, cold, recent)
+    if where.status == "pending" and "topic" not in where.detail and topic_of is not None:
+        ipart, ioff = (int(x) for x in where.detail["intake"].split("-"))
+        where.detail = {"topic": topic_of(ipart, ioff) or "-", **where.detail}
+    return where
+
+
+def _find(spark, uniq_key, ledger, dead, checkpoint, cold, recent) -> Whereabouts:
     if table_exists(ledger) and (rows := _matching(spark, ledger, uniq_key)):
         return _delivered(rows[0].asDict())
     if table_exists(dead) and (rows := _matching(spark, dead, uniq_key)):
@@ -91,13 +102,11 @@ def _pending(spark: SparkSession, uniq_key: str,
              checkpoint: Path | HadoopPath) -> Whereabouts | None:
     if not (checkpoint / "state").is_dir():
         return None
-    chunks = wheel_state(spark, str(checkpoint), "chunk").where(F.col("chunk").isNotNull())
-    for row in chunks.toLocalIterator():
-        table = decode_chunks([row["chunk"]])
-        keys = table.column("uniq_key").to_pylist()
-        if uniq_key in keys:
-            return _pending_at(SimpleNamespace(**table.slice(keys.index(uniq_key), 1).to_pylist()[0]))
-    return None
+    held = (wheel_state(spark, str(checkpoint)).where(F.array_contains("uniq_key", uniq_key))
+            .select("bucket", F.explode(F.arrays_zip("uniq_key", "due_ms", "ipart", "ioff"))
+                    .alias("r")).where(F.col("r.uniq_key") == uniq_key)
+            .select(F.col("bucket").alias("level"), "r.due_ms", "r.ipart", "r.ioff").take(1))
+    return _pending_at(held[0]) if held else None
 
 
 def summary(spark: SparkSession, ledger: Path, since_ms: int | None, until_ms: int | None):
@@ -146,8 +155,10 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
                             lambda tps: consumer.committed(tps, timeout=30), from_earliest=True):
             headers = msg.headers() or []
             if wanted in headers:
-                return _pending_at(ready_row(msg.offset(), msg.key(), msg.value(), headers),
-                                   where=f"the ready topic, partition {msg.partition()}")
+                row = ready_row(msg.offset(), msg.key(), msg.value(), headers)
+                if not row.body:   # a reference: its topic is in its intake record
+                    row.topic = intake_topic_of(settings)(row.ipart, row.ioff)
+                return _pending_at(row, where=f"the ready topic, partition {msg.partition()}")
         return _in_intake(consumer, settings, uniq_key)
     finally:
         consumer.close()
@@ -170,6 +181,23 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
                 return _pending_at(rows[0], where="held by the dispatch task of intake "
                                                   f"partition {rows[0].ipart}")
     return None
+
+
+def intake_topic_of(settings) -> Callable[[int, int], str | None]:
+    """The REAL_TOPIC of the intake record at (partition, offset), None if it is gone."""
+    def topic_of(ipart: int, ioff: int) -> str | None:
+        consumer = Consumer({"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
+                             "group.id": f"delayq.{settings.intake_topic}.lookup",
+                             "enable.auto.commit": False, "isolation.level": "read_committed"})
+        try:
+            consumer.assign([TopicPartition(settings.intake_topic, ipart, ioff)])
+            for msg in consumer.consume(1, timeout=10):
+                if msg.error() is None and msg.offset() == ioff:
+                    return dict(msg.headers() or []).get(H.REAL_TOPIC, b"").decode() or None
+            return None
+        finally:
+            consumer.close()
+    return topic_of
 
 
 def _records(consumer, topic: str, starts, from_earliest: bool = False):

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from state.columns import ENVELOPE, OUTPUT, WHEEL_OUT
+from state.columns import INDEX_ENVELOPE, STATE, WHEEL_OUT, WITH_BODY
 
-ENVELOPE_SPARK = from_arrow_schema(ENVELOPE)
-OUTPUT_SPARK = from_arrow_schema(OUTPUT)
+INDEX_ENVELOPE_SPARK = from_arrow_schema(INDEX_ENVELOPE)
+STATE_SPARK = from_arrow_schema(STATE)
 WHEEL_OUT_SPARK = from_arrow_schema(WHEEL_OUT)
+WITH_BODY_SPARK = from_arrow_schema(WITH_BODY)

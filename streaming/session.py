@@ -45,16 +45,13 @@ ENGINE_CONF = {
     "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
     # Spark reads a key's whole value before each write only to count the store's keys, which
-    # the job does not report; a wheel group's list state is one value in RocksDB.
+    # the job does not report.
     "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     # Delta rebuilds the ledger's snapshot after every commit with this many tasks (default
     # 50); its state is a few thousand log actions, which one task does fastest.
     "spark.databricks.delta.snapshotPartitions": "1",
-    # A wheel group's list state (transformWithState) comes to Python this many chunks (of
-    # about wheel_chunk_kb) at a time, not a burst's whole group in one message (default 10,000).
-    "spark.sql.execution.arrow.transformWithStateInPySpark.maxStateRecordsPerBatch": "8",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.streaming.metricsEnabled": "true",
@@ -136,12 +133,8 @@ def build_session(settings: Settings, extra: dict[str, str] | None = None):
 
 
 # What the driver's JVM prints outside log4j (conf/log4j2.properties sets what log4j prints) on
-# every healthy run: the JVM's notice of the vector module Spark's launcher adds, and the
-# prints of PySpark's planner worker for the wheel's transformWithState, a block per query
-# start, each line followed by an empty one.
+# every healthy run: the JVM's notice of the vector module Spark's launcher adds.
 QUIET_LINES = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
-QUIET_PREFIXES = (b"Starting Streaming TransformWithStateInPandas Python worker",
-                  b"Streaming TransformWithStateInPandas Python worker ")
 # Set when a clean stop begins (streaming/runner.py). From then on, a Python worker whose
 # socket the stopping JVM closed under it may print PySpark's traceback of the broken pipe;
 # any other traceback still shows.
@@ -210,7 +203,7 @@ def quiet_jvm_output(stream, fd: int) -> None:
             block = [line]
             continue
         # A quiet line is dropped, and so is the empty line after one.
-        quiet = text in QUIET_LINES or text.startswith(QUIET_PREFIXES)
+        quiet = text in QUIET_LINES
         if not quiet and not (after_quiet and not text):
             _write(fd, line)
         after_quiet = quiet

@@ -1,6 +1,9 @@
-"""The wheel query: intake → parse → wheel (transformWithStateInPandas, state/processor.py) →
-the ready topic, written by `BatchWriter` once per batch; and the reads of its state
-(`pending_by_level`, `wheel_state`).
+"""The wheel query: intake → parse → wheel (applyInPandasWithState, state/wheel.py) → the
+ready topic, written by `BatchWriter` once per batch; and the reads of its state
+(`pending_by_level`, `wheel_state`). The wheel's Python sees each record's position, append
+time and control headers, never its key, value or user headers: it holds and fires references,
+and the bodies a batch needs itself (dead letters, cold parks) are read back in the JVM
+(sinks/kafka.py intake_bodies).
 """
 from __future__ import annotations
 
@@ -14,21 +17,22 @@ from typing import TYPE_CHECKING, Callable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming.state import GroupStateTimeout
 
 from conf.settings import Settings
 from sinks import store
 from sinks.base import BatchSummary
 from sinks.direct import WHEEL_HEADERS, direct_values
-from sinks.kafka import header_struct
+from sinks.kafka import intake_bodies
 from sinks.ready import ReadySink
 from state import headers as H
 from state.envelope import Rules
 from state.errors import JobError
 from state.parse import make_parser
-from state.processor import WheelProcessor
-from state.wheel import WheelConfig
+from state.columns import REFS_DDL
+from state.wheel import WheelConfig, make_wheel
 from streaming.kafka_config import spark_options
-from streaming.schema import ENVELOPE_SPARK, OUTPUT_SPARK, WHEEL_OUT_SPARK
+from streaming.schema import INDEX_ENVELOPE_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
 if TYPE_CHECKING:
     from sinks.cold import ColdTier
@@ -59,7 +63,6 @@ def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelCon
         watermark_delay_ms=settings.late_tolerance_ms,
         first_watermark_ms=first_watermark_ms,
         dlq_topic=settings.dlq_topic,
-        chunk_bytes=settings.wheel_chunk_kb * 1024,
         timer_parts=settings.timer_parts,
     )
 
@@ -88,7 +91,7 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
 
 def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None,
                  overdue_before_ms: int = 0, first_watermark_ms: int = 0) -> DataFrame:
-    """The fired output of the wheel: rows of the OUTPUT layout, once per batch. `source`,
+    """The fired output of the wheel: rows of the WHEEL_OUT layout, once per batch. `source`,
     in the layout of `intake_stream`, replaces the intake topic (the class data training).
     Level messages due before `overdue_before_ms` pass through without state (the
     checkpoint's first start: `streaming.checkpoint.started_ms`); `first_watermark_ms` stands
@@ -97,15 +100,23 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
     source = intake_stream(spark, settings) if source is None else source
     rules = rules_of(settings)
     direct = direct_values(rules, settings.dispatch_direct_max_delay_ms)
-    parsed = (source.filter(~direct_column(direct)) if direct else source).mapInArrow(
+    parsed = index_of(source.filter(~direct_column(direct)) if direct else source).mapInArrow(
         make_parser(rules, settings.slot_ms, spread, overdue_before_ms=overdue_before_ms),
-        ENVELOPE_SPARK)
+        INDEX_ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
              .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
     config = wheel_config_of(settings, first_watermark_ms)
-    fired = timed.groupBy("bucket", "slot").transformWithStateInPandas(
-        WheelProcessor(config), WHEEL_OUT_SPARK, "Append", "EventTime")
-    return with_kafka_headers(fired)
+    return timed.groupBy("bucket", "slot").applyInPandasWithState(
+        make_wheel(config), WHEEL_OUT_SPARK, STATE_SPARK, "append",
+        GroupStateTimeout.EventTimeTimeout)
+
+
+def index_of(intake: DataFrame) -> DataFrame:
+    """What the wheel's parse reads of an intake record: its position, append time and control
+    headers (the contract's; the user's are left in the JVM), no key and no value."""
+    control = sorted(H.CONTROL_HEADERS)
+    return intake.select("ipart", "ioff", "append_ms",
+                         F.filter("headers", lambda h: h["key"].isin(*control)).alias("headers"))
 
 
 def direct_column(values: frozenset[bytes]) -> F.Column:
@@ -117,27 +128,15 @@ def direct_column(values: frozenset[bytes]) -> F.Column:
     return ~F.coalesce(wheel, F.lit(False))
 
 
-def with_kafka_headers(fired: DataFrame) -> DataFrame:
-    """The wheel's rows with the headers written to Kafka (its own, then UNIQ_KEY and DELIVER_MS
-    on a delivery, DLQ_REASON on a dead letter), built in the JVM rather than per row in Python."""
-    own = F.zip_with("hkeys", "hvals", lambda k, v: F.struct(k.alias("key"), v.alias("value")))
-    kind = F.col("kind")
-    headers = (F.when(kind == "deliver", F.concat(own, F.array(
-                   header_struct(H.UNIQ_KEY, F.col("uniq_key")),
-                   header_struct(H.DELIVER_MS, F.col("due_ms").cast("string")))))
-               .when(kind == "dead", F.concat(own, F.array(
-                   header_struct(H.DLQ_REASON, F.col("reason")))))
-               .otherwise(own))
-    return fired.select(*(headers.alias(name) if name == "headers" else F.col(name)
-                          for name in OUTPUT_SPARK.fieldNames()))
-
-
 @dataclass
 class BatchWriter:
-    """foreachBatch: the batch kept (`kept`), written to the ready topic and counted in one
-    Spark job, then handed to the cold tier and every other sink."""
+    """foreachBatch: the batch kept (`kept`), its references written to the ready topic and
+    every row counted in one Spark job; then, when it has dead letters or cold parks, their
+    records read back from the intake (`with_bodies`) for the dead-letter topic, the cold tier
+    and every other sink."""
 
     kafka: ReadySink
+    intake: tuple[str, dict[str, str], str]   # the intake, Spark's Kafka options, the DLQ
     sinks: list[DeadLetterTable] = field(default_factory=list)
     observers: list[Callable[[BatchSummary], None]] = field(default_factory=list)
     cold: "ColdTier | None" = None
@@ -166,6 +165,7 @@ class BatchWriter:
             self.parked.set()
             wait_for_the_stop(batch.sparkSession, batch_id, lambda: self.stopping)
         batch, release = kept(batch)
+        releases = [release]
         clock = time.monotonic()
         timings: dict[str, float] = {}
         if self.first is None:
@@ -180,15 +180,26 @@ class BatchWriter:
             summary = BatchSummary(batch_id, timings=timings)
             # The batch's one Spark job: it computes the batch, writes what fired and counts
             # every row for the sinks and the metrics (sinks/ready.py).
-            sent = self.kafka.write_batch(batch, summary)
+            self.kafka.write_batch(batch, summary)
             lap("kafka")
+            bodied = None
+            if summary.count("dead") or summary.count("cold"):
+                bodied, release_bodied = self.with_bodies(batch, summary)
+                releases.append(release_bodied)
+                lap("bodies")
+            if summary.count("dead"):
+                self.kafka.write_dead(bodied)
+                lap("dead")
             if self.cold is not None:
-                self.cold.park(batch, summary)
+                self.cold.park(batch, bodied, summary)
                 self.cold.advance(summary)
                 lap("cold")
-            if summary.sends:
+            if summary.count("dead"):
+                now_ms = int(time.time() * 1000)
+                dead = bodied.filter(F.col("kind") == "dead").withColumn(
+                    "sent_ms", F.lit(now_ms).cast("long"))
                 for sink in self.sinks:
-                    sink.write_batch(sent, summary)
+                    sink.write_batch(lambda: dead, summary)
                     lap(sink.name)
             for observe in self.observers:
                 observe(summary)
@@ -197,7 +208,32 @@ class BatchWriter:
                 self.lost_kept_rows = True
             raise
         finally:
-            release()
+            for drop in reversed(releases):
+                drop()
+
+    def with_bodies(self, batch: DataFrame,
+                    summary: BatchSummary) -> tuple[DataFrame, Callable[[], None]]:
+        """The batch's dead and cold rows with their intake records read back, kept (`kept`):
+        the dead-letter topic, the cold tier and the dead-letter table read them. A cold row
+        whose record is gone already (the intake's retention) becomes a dead letter
+        (`intake_record_gone`), counted so in `summary`: no empty message is parked."""
+        topic, options, dlq = self.intake
+        rows = intake_bodies(batch.filter(F.col("kind").isin("dead", "cold")), topic, options)
+        lost = (F.col("kind") == "cold") & F.col("found").isNull()
+        gone = F.concat(F.lit("intake_record_gone: intake record "), F.col("ipart").cast("string"),
+                        F.lit("-"), F.col("ioff").cast("string"), F.lit(" of "),
+                        F.col("uniq_key"), F.lit(" was deleted before the cold tier took it"))
+        # One projection: each expression reads the rows' columns as they were.
+        bodied, release = kept(rows.withColumns({
+            "kind": F.when(lost, F.lit("dead")).otherwise(F.col("kind")),
+            "topic": F.when(lost, F.lit(dlq)).otherwise(F.col("topic")),
+            "reason": F.when(lost, gone).otherwise(F.col("reason")), "lost": lost}))
+        if summary.count("cold"):
+            for row in bodied.filter("lost").groupBy("level").count().collect():
+                summary.recount("cold", "dead", row["count"])
+                summary.dead_by_reason["intake_record_gone"] += row["count"]
+                summary.pending_delta_by_level[row["level"]] -= row["count"]
+        return bodied, release
 
 
 # How long a batch begun after a stop was asked waits for it (DelayJob.stop asks for it within
@@ -301,21 +337,27 @@ def pending_by_level(spark: SparkSession, checkpoint: str,
     root = store.path(checkpoint)
     if not (root / "state" / "0").is_dir() or not (root / "commits").is_dir():
         return {}
-    groups = wheel_state(spark, checkpoint, "count", batch_id)
+    groups = wheel_state(spark, checkpoint, batch_id, references=False)
     rows = groups.groupBy("bucket").agg(F.sum("count").alias("n")).collect()
     return {int(r["bucket"]): int(r["n"] or 0) for r in rows}
 
 
-def wheel_state(spark: SparkSession, checkpoint: str, part: str,
-                batch_id: int | None = None) -> DataFrame:
-    """The checkpoint's wheel state read with Spark's state data source: columns bucket, slot
-    and `count` (one row per group) or `chunk` (one row per chunk of a group's messages,
-    state/wheel.py decode_chunks)."""
+def wheel_state(spark: SparkSession, checkpoint: str, batch_id: int | None = None,
+                references: bool = True) -> DataFrame:
+    """The checkpoint's wheel state read with Spark's state data source, one row per group:
+    bucket, slot, count and, with `references`, the group's references, a list per column
+    (state/columns.py STATE and REFERENCE)."""
     spark.streams.active  # the state reader needs the state store coordinator
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
-    var, column = ("meta", "value.count") if part == "count" else ("chunks", "list_element.chunk")
-    return (reader.option("stateVarName", var).load(checkpoint)
-            .select(F.col("key.bucket").alias("bucket"), F.col("key.slot").alias("slot"),
-                    F.col(column).alias(part)))
+    state = reader.load(checkpoint)
+    held = "value.groupState" if "groupState" in state.schema["value"].dataType.names \
+        else "value"
+    groups = state.where(F.col(f"{held}.count").isNotNull()).select(
+        F.col("key.bucket").alias("bucket"), F.col("key.slot").alias("slot"),
+        F.col(f"{held}.count").alias("count"), F.col(f"{held}.refs").alias("refs"))
+    if not references:
+        return groups.drop("refs")
+    return groups.select("bucket", "slot", "count", F.from_json("refs", REFS_DDL).alias("r")) \
+        .select("bucket", "slot", "count", "r.*")

@@ -34,10 +34,10 @@ def _train(settings: Settings, out: Path) -> None:
 
         from sinks.kafka import sent_schema
         from streaming.wheel_query import kept, wheel_stream
-        from streaming.schema import OUTPUT_SPARK
+        from streaming.schema import WHEEL_OUT_SPARK
 
         source = _training_source(spark)
-        schema = sent_schema(OUTPUT_SPARK)
+        schema = sent_schema(WHEEL_OUT_SPARK)
 
         def sink(batch, batch_id):
             batch, release = kept(batch)

@@ -10,7 +10,6 @@ import pytest
 from kafka import KafkaProducer
 
 from state.errors import JobError
-from state.wheel import decode_chunks
 from streaming.admin import ensure_topics
 from streaming.wheel_query import pending_by_level, wheel_state
 from streaming.offsets import delay_offset_table
@@ -186,25 +185,27 @@ def test_a_backlog_keeps_passing_through_after_a_restart_on_its_checkpoint(
     assert not pending, f"overdue level messages went into the state: {pending}"
 
 
-def test_an_overdue_backlog_leaves_in_due_order_per_key_and_per_named_partition(
+def test_an_overdue_backlog_leaves_each_intake_partition_s_messages_in_due_order(
         job_settings, start_job, new_topic, kafka_bootstrap):
-    """The ready topic's partitions are lanes (sinks/ready.py `ready_lane`), each sent in due
-    order by its dispatch task: on a topic of two partitions, a backlog overdue at the job's start (levels 1-3 mixed, so
-    due order is not send order) leaves each key's messages and each named partition's in due
-    order, all of them, none early."""
+    """One intake partition has one sender, its ready lane's dispatch task (sinks/ready.py),
+    which sends in due order: a backlog overdue at the job's start (levels 1-3 mixed, on their
+    three intake partitions, so due order is not send order) leaves each key's and each named
+    partition's messages of one sender in due order, all of them, none early."""
     settings = job_settings()
     real = new_topic(partitions=2, **LOG_APPEND)
     ensure_topics(settings)
     sent: dict = {}
+    lane_of: dict = {}   # UNIQ_KEY → its sender: its level's intake partition's ready lane
     with DelayProducer(settings) as producer:
         for i in range(80):
             level = 3 - (i // 6) % 3   # each lane's later sends due sooner
             if i % 2:
-                send(producer, sent, real, f"keyed {i}".encode(), key=f"k{i % 6}".encode(),
-                     level=level)
+                handle = send(producer, sent, real, f"keyed {i}".encode(),
+                              key=f"k{i % 6}".encode(), level=level)
             else:
-                send(producer, sent, real, f"named {i}".encode(), partition=(i // 2) % 2,
-                     level=level)
+                handle = send(producer, sent, real, f"named {i}".encode(),
+                              partition=(i // 2) % 2, level=level)
+            lane_of[handle.uniq_key] = (level - 1) % settings.ready_partitions
     time.sleep(3.5)  # the longest level is 3 s: all are overdue when the job starts
     start_job(settings)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
@@ -212,15 +213,16 @@ def test_an_overdue_backlog_leaves_in_due_order_per_key_and_per_named_partition(
 
     def lanes_of(rows) -> dict:
         lanes: dict = {}
-        for key, partition, due_ms in rows:
-            lanes.setdefault(("key", key) if key else ("partition", partition), []).append(due_ms)
+        for uniq, key, partition, due_ms in rows:
+            where = ("key", key) if key else ("partition", partition)
+            lanes.setdefault((where, lane_of[uniq]), []).append(due_ms)
         return lanes
-    as_sent = lanes_of((s.key, s.partition, s.due_ms) for s in sent.values())
-    assert len(as_sent) == 3 + 2 and all(d != sorted(d) for d in as_sent.values()), \
+    as_sent = lanes_of((u, s.key, s.partition, s.due_ms) for u, s in sent.items())
+    assert len(as_sent) == (3 + 2) * 2 and any(d != sorted(d) for d in as_sent.values()), \
         "each lane's messages were sent out of due order"
-    delivered = lanes_of((r.key, None if r.key else r.partition,
-                          sent[header_map(r)["UNIQ_KEY"].decode()].due_ms)
-                         for r in sorted(records, key=lambda r: (r.partition, r.offset)))
+    delivered = lanes_of((u, r.key, None if r.key else r.partition, sent[u].due_ms)
+                         for r in sorted(records, key=lambda r: (r.partition, r.offset))
+                         for u in [header_map(r)["UNIQ_KEY"].decode()])
     assert delivered.keys() == as_sent.keys()
     assert all(dues == sorted(dues) for dues in delivered.values()), delivered
 
@@ -392,15 +394,15 @@ def test_a_stop_whose_query_thread_does_not_end_says_where_it_is(
     check_deliveries(list(once.values()), sent)
 
 
-def test_timers_added_to_held_groups_in_a_later_batch_are_appended_and_all_delivered(
+def test_timers_added_to_held_groups_in_a_later_batch_are_held_as_references_and_delivered(
         job_settings, start_job, new_topic, kafka_bootstrap, work_dir, spark):
-    """Timers of one slot sent in two batches: the second batch's rows for a group that holds
-    the first's, and does not fire yet, are appended to its state as a chunk (a list element,
-    state/processor.py), as Spark's state store keeps it, in chunks of wheel_chunk_kb at most
-    (here less than a message: a message a chunk); the timer releases every chunk, none early."""
-    settings = job_settings(wheel_chunk_kb=1)
+    """Timers of one slot sent in two batches: the second batch's join the first's in their
+    groups' state, which holds only references (each one's intake partition and offset, append
+    and due time, UNIQ_KEY: no body), as Spark's state store keeps them; the timeouts release
+    every one, restored whole from the intake by the dispatch tasks, none early."""
+    settings = job_settings()
     real = new_topic(**LOG_APPEND)
-    checkpoint = str(work_dir / f"ckpt-chunks-{settings.intake_topic}")
+    checkpoint = str(work_dir / f"ckpt-refs-{settings.intake_topic}")
     start_job(settings, checkpoint=checkpoint)
     due = (int(time.time() * 1000) // 1000 + 25) * 1000 + 500   # one slot, well past the lead
     sent: dict = {}
@@ -408,15 +410,15 @@ def test_timers_added_to_held_groups_in_a_later_batch_are_appended_and_all_deliv
         with DelayProducer(settings) as producer:
             for i in range(first, first + 16):
                 value = f"timer {i} ".encode() + b"x" * 2_000
-                handle = producer.send(real, value, deliver_at_ms=due)
-                sent[handle.uniq_key] = Sent(None, value, [], handle.due_ms)
+                handle = producer.send(real, value, deliver_at_ms=due, headers=[("n", b"%d" % i)])
+                sent[handle.uniq_key] = Sent(None, value, [("n", b"%d" % i)], handle.due_ms)
         assert_eventually(lambda: sum(pending_by_level(spark, checkpoint).values()) >= first + 16,
                           timeout_s=60, message=f"{first + 16} timers held in the state")
-    held = wheel_state(spark, checkpoint, "chunk")
-    chunks = held.groupBy("bucket", "slot").count().collect()
-    assert any(r["count"] > 1 for r in chunks), "a group took the second batch as a chunk"
-    sizes = [decode_chunks([r["chunk"]]).num_rows for r in held.collect()]
-    assert sizes == [1] * len(sent), f"a message a chunk: {sizes}"
+    held = wheel_state(spark, checkpoint)
+    assert set(held.columns) == {"bucket", "slot", "count", "ipart", "ioff", "append_ms",
+                                 "due_ms", "uniq_key"}, "references only"
+    keys = sorted(k for r in held.collect() for k in r["uniq_key"])
+    assert keys == sorted(sent)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent)
 

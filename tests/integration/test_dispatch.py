@@ -13,7 +13,7 @@ import uuid
 from dataclasses import replace
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaProducer
 
 from conf import load_settings
@@ -466,3 +466,64 @@ def test_a_partition_added_to_the_intake_under_load_is_read_from_its_beginning(
     assert not twice, f"{len(twice)} sent twice, e.g. {sorted(twice)[:3]}"
     assert sorted(names) == sorted(sent)
     assert result[0]["sent"] == len(sent)
+
+
+def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_is_dead_lettered(
+        dispatch, kafka_bootstrap, new_topic):
+    """The wheel fires references, and the task reads each one's record back from the intake,
+    in runs and across gaps, and sends it whole (its key, value and own headers, then UNIQ_KEY
+    and DELIVER_MS) at its due time, never early. A record the intake's retention deleted, an
+    offset past the partition's end and a record that is not the one referenced (another
+    UNIQ_KEY, another append time) are dead-lettered with their reason, and the rest still go."""
+    from confluent_kafka.admin import AdminClient
+
+    from streaming.wheel_query import rules_of
+
+    config, _ = dispatch
+    real, intake = config.real, new_topic(**LOG_APPEND)
+    settings = load_settings(intake_topic=intake, dlq_topic=config.dlq_topic)
+    config = replace(config, intake_topic=intake, rules=rules_of(settings), fetch_gap=5)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    records = []
+    for i in range(300):
+        meta = producer.send(intake, key=f"k{i}".encode(), value=b"v%d" % i, headers=[
+            ("REAL_TOPIC", real.encode()), ("DELAY", b"1"), ("u", b"%d" % i),
+            ("UNIQ_KEY", f"m{i}".encode())]).get(timeout=30)
+        records.append((meta.offset, meta.timestamp))
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})   # kept: it runs the request
+    for done in admin.delete_records([TopicPartition(intake, 0, 10)]).values():
+        done.result(30)
+    due = int(time.time() * 1000) + 3_000
+    wanted = [i for i in range(300) if i % 7 == 0 or 100 <= i < 160]   # runs and gaps
+    refs = [(f"m{i}", *records[i]) for i in wanted]
+    refs[wanted.index(105)] = ("m-other", *records[105])          # another UNIQ_KEY there
+    refs[wanted.index(112)] = ("m112", records[112][0], records[112][1] + 1)   # appended else
+    refs.append(("m-far", 10_000, records[0][1]))                   # past the end
+    ready = Producer({"bootstrap.servers": kafka_bootstrap})   # as the wheel writes them: no body
+    for uniq, offset, append in refs:
+        ready.produce(config.ready_topic, partition=0, headers=[
+            (H.UNIQ_KEY, uniq.encode()), (H.DELIVER_MS, str(due).encode()),
+            (READY_LEVEL, b"1"), (READY_FROM, f"0-{offset}-{append}".encode())])
+    ready.flush(30)
+
+    thread, result = in_thread(config)
+    good = [i for i in wanted if i >= 10 and i not in (105, 112)]
+    delivered = consume_all(kafka_bootstrap, real, expected=len(good), timeout_s=60)
+    dead = consume_all(kafka_bootstrap, config.dlq_topic, expected=len(refs) - len(good),
+                       timeout_s=60)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert sorted(int(r.value[1:]) for r in delivered) == good
+    for r in delivered:
+        i = int(r.value[1:])
+        assert r.key == f"k{i}".encode() and r.timestamp >= due
+        assert list(r.headers) == [("u", b"%d" % i), (H.UNIQ_KEY, f"m{i}".encode()),
+                                   (H.DELIVER_MS, str(due).encode())]
+    reasons = {header_map(r)[H.UNIQ_KEY].decode(): header_map(r)[H.DLQ_REASON].decode()
+               for r in dead}
+    assert sorted(reasons) == sorted(["m0", "m7", "m-other", "m112", "m-far"])
+    assert all(reasons[k].startswith("intake_record_gone: ") for k in ("m0", "m7", "m-far"))
+    assert "deleted (the intake's retention)" in reasons["m0"]
+    assert all(reasons[k].startswith("intake_record_replaced: ") for k in ("m-other", "m112"))
+    assert header_map(dead[0])["DELAYQ_INTAKE_RECORD"]
+    assert result and result[0]["dead"] == 5

@@ -38,7 +38,8 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
 
     def found(uniq):
         where = lookup.find(spark, uniq, settings.ledger_path, settings.dead_letter_path,
-                            checkpoint, recent=lambda key: lookup.in_topics(settings, key))
+                            checkpoint, recent=lambda key: lookup.in_topics(settings, key),
+                            topic_of=lookup.intake_topic_of(settings))
         return where if where.status != "unknown" else None
 
     # Sent, its ledger row is in the ledger topic before the ledger query appends it to Delta.

@@ -80,10 +80,10 @@ def test_the_ledger_and_dead_letter_tables_are_created_empty_as_spark_writes_the
     from sinks.base import BatchSummary
     from sinks.kafka import sent_schema
     from sinks.ledger import DeadLetterTable
-    from streaming.schema import OUTPUT_SPARK
+    from streaming.schema import WITH_BODY_SPARK
 
     root = request.getfixturevalue("location") if where == "hdfs" else str(tmp_path)
-    sent = sent_schema(OUTPUT_SPARK)
+    sent = sent_schema(WITH_BODY_SPARK)
     for kind, column in ((DeadLetterTable, "dead_date"),):
         table = kind(f"{root}/{column}", f"{root}/ckpt")
         table.ensure_table(spark, sent)

@@ -105,17 +105,26 @@ def test_a_checkpoint_with_wheel_state_of_another_format_is_refused(tmp_path):
         check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
 
 
-def test_a_checkpoint_of_the_removed_operator_is_refused_not_handed_to_spark(tmp_path):
-    """Format 4 stamps were written under either wheel operator, some without saying which:
-    none is read, so none starts transformWithState over applyInPandasWithState's state."""
+@pytest.mark.parametrize("was", [4, 5])
+def test_a_checkpoint_of_an_earlier_wheel_is_refused_not_handed_to_spark(tmp_path, was):
+    """Format 5 held whole messages in transformWithState's state, format 4 under either
+    operator: none is read by this wheel's applyInPandasWithState over references."""
     ckpt = spark_checkpoint(tmp_path / "ckpt")
     stamp = tmp_path / "ckpt" / "delayq.json"
     write_stamp(SETTINGS, ckpt)
-    old = {**json.loads(stamp.read_text()), "state_format": 4,
-           "wheel_operator": "applyInPandasWithState"}
+    old = {**json.loads(stamp.read_text()), "state_format": was}
     stamp.write_text(json.dumps(old))
-    with pytest.raises(CheckpointError, match=r"wheel state in format 4; .*Let that checkpoint drain"):
+    with pytest.raises(CheckpointError, match=rf"wheel state in format {was}; .*Let that "
+                                              rf"checkpoint drain .*delayq_pending_messages is 0"):
         check(SETTINGS, ckpt, {0: 1})
+
+
+def test_wheel_state_without_a_stamp_is_refused(tmp_path):
+    """State from before stamps were written: its format is unknown, so it is not read."""
+    ckpt = spark_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "state" / "0").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"wheel state in format 1; .*Let that checkpoint"):
+        check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
 
 
 def test_a_checkpoint_of_another_spark_line_is_refused_with_how_to_drain_it(tmp_path):

@@ -107,8 +107,7 @@ def test_the_jvm_output_keeps_everything_but_a_healthy_runs_notices(tmp_path):
 
     jvm = io.BytesIO(
         b"WARNING: Using incubator modules: jdk.incubator.vector\n"
-        b"Starting Streaming TransformWithStateInPandas Python worker.\n\n"
-        b"Streaming TransformWithStateInPandas Python worker Completed execution of UDF: f.\n\n"
+        b"\n"
         b"\n"
         b"21:00:30 ERROR TaskSetManager: Task 0 in stage 3.0 failed 1 times\n"
         b"Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space\n"

@@ -1,7 +1,6 @@
-"""The wheel (state/wheel.py) under its processor (state/processor.py), driven through a
-stand-in of the processor's handle that keeps PySpark's state semantics in memory (no JVM): a
-list of chunks, a meta value, the registered timers."""
-import base64
+"""The wheel (state/wheel.py), driven through PySpark's own GroupState class as
+applyInPandasWithState hands it to the function (pure Python, no JVM)."""
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -9,26 +8,26 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 from pyspark.sql.conversion import PandasToArrowConversion
+from pyspark.serializers import CPickleSerializer
 from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import StructField, StructType
-from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
 
-from state.columns import ENVELOPE, WHEEL_OUT
+from state.columns import BODY, ENVELOPE, INDEX_ENVELOPE, REFERENCE, WHEEL_OUT
 from state.envelope import Rules
 from state.parse import parse_batch
 from state.placement import partition_of
-from state.processor import WheelProcessor
 from state.timing import (correct_deliver_timestamp, correct_deliver_timestamps, fire_horizon,
                           slot_of, timer_for)
-from state.wheel import BUCKET_DEAD, BUCKET_NOW, WheelConfig, decode_chunks, encode
+from state.wheel import BUCKET_DEAD, BUCKET_NOW, WheelConfig, make_wheel
+from streaming.schema import STATE_SPARK
 
 NOW = 1_700_000_000_000
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),
               max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
               cold_bucket_ms=3_600_000, timer_parts=8)
 CONFIG = WheelConfig(slot_ms=1_000, lead_ms=500, lead_per_message_us=0,
-                     watermark_delay_ms=10_000, dlq_topic="in.DLQ", chunk_bytes=1 << 20,
-                     timer_parts=8)
+                     watermark_delay_ms=10_000, dlq_topic="in.DLQ", timer_parts=8)
 
 
 def intake(*rows):
@@ -45,184 +44,129 @@ def intake(*rows):
     })
 
 
-class Value:
-    def __init__(self):
-        self.value, self.writes = None, 0
-
-    def get(self):
-        return self.value
-
-    def update(self, value):
-        self.value, self.writes = tuple(value), self.writes + 1
-
-    def clear(self):
-        self.value = None
+def state(watermark_ms, of=None, timed_out=False) -> GroupState:
+    """A call's view of a group, as applyInPandasWithState hands it over: a new group, or what
+    `of` (an earlier call's state) kept, and whether its timeout fired."""
+    kept = of is not None and of.exists
+    return GroupState(
+        optionalValue=of._value if kept else None, batchProcessingTimeMs=NOW,
+        eventTimeWatermarkMs=watermark_ms, timeoutConf=GroupStateTimeout.EventTimeTimeout,
+        hasTimedOut=timed_out, watermarkPresent=True, defined=kept, updated=False,
+        removed=False, timeoutTimestamp=-1, keyAsUnsafe=b"", valueSchema=STATE_SPARK)
 
 
-class Chunks:
-    def __init__(self):
-        self.rows, self.calls = [], []
-
-    def get(self):
-        return iter(list(self.rows))
-
-    def appendValue(self, row):
-        self.rows.append(tuple(row))
-        self.calls.append("append")
-
-    def put(self, rows):
-        self.rows = [tuple(r) for r in rows]
-        self.calls.append("put")
-
-    def clear(self):
-        self.rows = []
-        self.calls.append("clear")
+def held(st: GroupState) -> pa.Table:
+    """The references a group's state holds (checked against its count and earliest due)."""
+    count, earliest, refs = st.get
+    table = pa.table(json.loads(refs))
+    assert table.schema.names == REFERENCE.names and table.num_rows == count
+    assert earliest == min(table.column("due_ms").to_pylist())
+    return table
 
 
-class Handle:
-    """One grouping key's state, as the processor's handle shows it."""
-
-    def __init__(self):
-        self.chunks, self.meta, self.timers = Chunks(), Value(), set()
-
-    def getListState(self, name, schema):
-        assert name == "chunks"
-        return self.chunks
-
-    def getValueState(self, name, schema):
-        assert name == "meta"
-        return self.meta
-
-    def registerTimer(self, ms):
-        self.timers.add(ms)
-
-    def deleteTimer(self, ms):
-        assert ms in self.timers, f"deleted a timer that is not registered: {ms}"
-        self.timers.remove(ms)
+def timeout(st: GroupState) -> int:
+    """The group's event-time timeout, in Spark's watermark units."""
+    return st._timeout_timestamp
 
 
-class Group:
-    """A wheel group's state (`handle`) and one call's Spark watermark; `timed_out`: the call
-    is the group's timer's."""
-
-    def __init__(self, watermark_ms: int, handle: Handle, timed_out: bool):
-        self.watermark_ms, self.handle, self.timed_out = watermark_ms, handle, timed_out
-
-    @property
-    def exists(self) -> bool:
-        return self.handle.meta.value is not None
-
-    @property
-    def chunks(self) -> list[str]:
-        return [row[0] for row in self.handle.chunks.rows]
-
-    @property
-    def meta(self) -> tuple[int, int]:
-        """(count, earliest due ms)."""
-        return self.handle.meta.value[:2]
-
-    @property
-    def timer(self) -> int:
-        """The group's one registered timer, in Spark's watermark units."""
-        (timer,) = self.handle.timers
-        return timer
-
-    @property
-    def removed(self) -> bool:
-        return not self.exists and not self.handle.chunks.rows and not self.handle.timers
+def removed(st: GroupState) -> bool:
+    return not st.exists
 
 
-def state(watermark_ms, of: Group | None = None, timed_out=False) -> Group:
-    """A call's view of a group: a new one, or `of`'s state."""
-    return Group(watermark_ms, of.handle if of else Handle(), timed_out)
-
-
-# As PySpark's worker writes a transformWithStateInPandas output frame (its serializer's
-# create_batch with Spark's default settings): one struct column of the output type.
-OUT_TYPE = StructType([StructField("_0", from_arrow_schema(WHEEL_OUT))])
-
-
-def to_arrow(frame: pd.DataFrame) -> None:
-    PandasToArrowConversion.convert([frame], OUT_TYPE, timezone="UTC", safecheck=False,
-                                    arrow_cast=True, assign_cols_by_name=True)
+# As PySpark's applyInPandasWithState serializer writes a call's output: every frame to Arrow,
+# and the state the call kept, pickled, to the JVM.
+PICKLE = CPickleSerializer()
 
 
 def run(frame, st, config=CONFIG, key=(2, 0)):
     """One call for a group: `frame`'s rows, or, empty, none (`key` names its group then)."""
-    proc = WheelProcessor(config)
-    proc.init(st.handle)
+    wheel = make_wheel(config)
     key = (int(frame["bucket"].iloc[0]), int(frame["slot"].iloc[0])) if len(frame) else key
-    values = TimerValues(currentWatermarkInMs=st.watermark_ms)
-    if st.timed_out:
-        timer = st.timer
-        st.handle.timers.remove(timer)   # Spark drops an expired timer before the call
-        out = list(proc.handleExpiredTimer(key, values, ExpiredTimerInfo(timer)))
-    else:
-        out = list(proc.handleInputRows(key, iter([frame] if len(frame) else []), values))
+    out = list(wheel(key, iter([frame] if len(frame) else []), st))
     for part in out:  # what PySpark's worker does with each frame: to Arrow
-        to_arrow(part)
+        PandasToArrowConversion.convert([part], OUT_TYPE, timezone="UTC", safecheck=False,
+                                        arrow_cast=True, assign_cols_by_name=True)
+    if st.exists:   # and what it does with the state: pickled for the JVM
+        PICKLE.dumps(STATE_SPARK.toInternal(st._value))
     rows = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["kind"])
     run.tally = rows[rows["kind"] == "tally"]
     return rows[rows["kind"] != "tally"].reset_index(drop=True)
 
 
+OUT_TYPE = StructType([StructField("_0", from_arrow_schema(WHEEL_OUT))])
+
+
 def envelopes(*rows):
-    """Parsed envelopes as PySpark hands them to the wheel: a pandas frame."""
-    return parse_batch(intake(*rows), RULES, 1_000, 2, NOW).to_pandas()
+    """Parsed envelopes as PySpark hands them to the wheel: a pandas frame of the index layout
+    (the wheel query hands its parse no key and no value)."""
+    batch = intake(*rows)
+    index = batch.select([name for name in batch.schema.names if name not in ("key", "value")])
+    return parse_batch(index, RULES, 1_000, 2, NOW).to_pandas()
 
 
-def test_delayed_messages_wait_in_state_with_a_timer_lead_before_due():
+EMPTY = pd.DataFrame(columns=INDEX_ENVELOPE.names)
+
+
+def test_delayed_messages_wait_in_state_as_references_with_a_timeout_lead_before_due():
     frame = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"a")], 1))
     st = state(watermark_ms=NOW - 10_000)   # real watermark == NOW
     out = run(frame, st)
     assert out.empty, "due in 2 s, lead 0.5 s: nothing fires yet"
     assert list(zip(run.tally["level"], run.tally["received"], run.tally["pending_delta"])) == [(2, 1, 1)]
-    assert st.meta == (1, NOW + 2_000)
-    assert decode_chunks(st.chunks).num_rows == 1
-    # The Spark timer is in Spark's watermark units (real time minus the watermark delay).
-    assert st.timer == NOW + 2_000 - 500 - 10_000
+    assert held(st).to_pylist() == [
+        {"ipart": 0, "ioff": 1, "append_ms": NOW, "due_ms": NOW + 2_000, "uniq_key": "a"}]
+    # The timeout is in Spark's watermark units (real time minus the watermark delay).
+    assert timeout(st) == NOW + 2_000 - 500 - 10_000
 
 
-def test_timeout_releases_messages_due_before_the_horizon_with_their_own_headers():
+def test_timeout_releases_the_references_due_before_the_horizon():
     frame = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"a"), ("u", b"1")], 1))
     st = state(NOW - 10_000)
     run(frame, st)
     fired = state(NOW + 1_600 - 10_000, of=st, timed_out=True)
-    out = run(pd.DataFrame(columns=ENVELOPE.names), fired)
+    out = run(EMPTY, fired)
     assert list(out["kind"]) == ["deliver"]
     row = out.iloc[0]
-    assert (row["topic"], row["due_ms"], row["uniq_key"]) == ("t", NOW + 2_000, "a")
-    assert (list(row["hkeys"]), list(row["hvals"])) == (["u"], [b"1"]), "control headers cut"
-    assert fired.removed
+    assert (row["due_ms"], row["uniq_key"], row["level"], row["ipart"], row["ioff"],
+            row["append_ms"]) == (NOW + 2_000, "a", 2, 0, 1, NOW)
+    assert row["topic"] is None, "the dispatch reads the topic back with the body"
+    assert removed(fired)
     assert list(run.tally["pending_delta"]) == [-1]
 
 
-def test_messages_beyond_the_horizon_stay_with_a_new_timer():
+def test_messages_beyond_the_horizon_stay_with_a_new_timeout():
     frame = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("UNIQ_KEY", b"a")], 1),
                       ([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"b")], 2))
     frame["bucket"], frame["slot"] = 9, 0  # same group for the test
     st = state(NOW + 600 - 10_000)
     out = run(frame, st)
     assert list(out["uniq_key"]) == ["a"]
-    assert st.meta == (1, NOW + 3_000)
+    assert held(st).column("due_ms").to_pylist() == [NOW + 3_000]
+    assert timeout(st) == NOW + 3_000 - 500 - 10_000
 
 
-def test_immediate_and_dead_pass_through_without_state():
+def test_immediate_dead_and_cold_pass_through_without_state():
+    far = str(NOW + 5 * 3_600_000).encode()
     frame = envelopes(([("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"now")], 1),
-                      ([("DELAY", b"1")], 2), ([("DELAYQ_HEARTBEAT", b"1")], 3))
-    for bucket in (BUCKET_NOW, BUCKET_DEAD):
+                      ([("DELAY", b"1")], 2), ([("DELAYQ_HEARTBEAT", b"1")], 3),
+                      ([("REAL_TOPIC", b"t"), ("REAL_QID", b"4"), ("TIMER_DELIVER_MS", far),
+                        ("UNIQ_KEY", b"cold")], 4))
+    for bucket in (BUCKET_NOW, BUCKET_DEAD, -3):
         part = frame[frame["bucket"] == bucket]
         st = state(NOW - 10_000)
         out = run(part, st)
-        assert st.removed, "no state, no timer"
+        assert removed(st) and timeout(st) == -1, "no state, no timeout"
         if bucket == BUCKET_NOW:
             assert list(out["kind"]) == ["deliver"], "heartbeats are dropped"
+            assert (out.iloc[0]["level"], out.iloc[0]["ioff"]) == (0, 1)
             assert list(zip(run.tally["level"], run.tally["received"])) == [(0, 1)]
-        else:
+        elif bucket == BUCKET_DEAD:
             assert list(out["kind"]) == ["dead"]
-            assert out.iloc[0]["topic"] == "in.DLQ"
+            assert (out.iloc[0]["topic"], out.iloc[0]["ioff"]) == ("in.DLQ", 2)
             assert out.iloc[0]["reason"] == "missing_real_topic: header REAL_TOPIC is missing"
-            assert list(out.iloc[0]["hkeys"]) == ["DELAY"], "original headers kept"
+        else:
+            assert list(zip(out["kind"], out["topic"], out["partition"], out["ioff"])) == [
+                ("cold", "t", 4, 4)], "the job parks it with its record read back"
 
 
 def test_cancel_drops_a_pending_message_and_reports_unknown_ones():
@@ -235,7 +179,23 @@ def test_cancel_drops_a_pending_message_and_reports_unknown_ones():
     out = run(frame, st)
     assert sorted(zip(out["kind"], out["uniq_key"])) == [("cancel_unknown", "zzz"),
                                                         ("cancelled", "a")]
-    assert decode_chunks(st.chunks).column("uniq_key").to_pylist() == ["b"]
+    assert held(st).column("uniq_key").to_pylist() == ["b"]
+    # And later, from the state.
+    cancel = envelopes(([("TIMER_DEL_UNIQKEY", b"b"), ("DELAY", b"2")], 5))
+    cancel["bucket"], cancel["slot"] = 2, 0
+    out = run(cancel, st := state(NOW - 10_000, of=st))
+    assert list(zip(out["kind"], out["uniq_key"])) == [("cancelled", "b")] and removed(st)
+
+
+def test_the_wheel_s_parse_gets_no_body_and_returns_the_index_layout():
+    batch = intake(([("a", b"1"), ("REAL_TOPIC", b"t"), ("b", None), ("DELAY", b"1")], 1),
+                   ([("DELAY", b"1"), ("x", b"y")], 2))
+    index = parse_batch(batch.drop_columns(["key", "value"]), RULES, 1_000, 2, NOW)
+    whole = parse_batch(batch, RULES, 1_000, 2, NOW)
+    assert index.schema == INDEX_ENVELOPE and whole.schema == ENVELOPE
+    assert not set(BODY) & set(INDEX_ENVELOPE.names)
+    assert index.to_pylist() == whole.drop_columns(list(BODY)).to_pylist(), \
+        "the same decisions with or without the body"
 
 
 def test_parse_cuts_control_headers_and_keeps_all_headers_of_a_dead_letter():
@@ -261,7 +221,7 @@ def test_due_times_are_corrected_as_one_rule_for_arrays_and_scalars():
         1_100, 100, 5_000, 0]
 
 
-def test_a_large_group_fires_ahead_by_its_size_and_its_timer_releases_it():
+def test_a_large_group_fires_ahead_by_its_size_and_its_timeout_releases_it():
     config = replace(CONFIG, lead_per_message_us=1_000)
     assert config.lead_for(10, -1) == 500 + 10 * CONFIG.timer_parts
     assert config.lead_for(10, 2) == 500 + 10, "a level slot is one group"
@@ -271,12 +231,12 @@ def test_a_large_group_fires_ahead_by_its_size_and_its_timer_releases_it():
     frame["bucket"], frame["slot"] = -1, 0  # one group for the test
     st = state(NOW - 10_000)
     assert run(frame, st, config=config).empty
-    timer = st.timer + 10_000
-    assert timer == NOW + 60_000 - config.lead_for(10, -1)
-    fired = state(timer - 10_000, of=st, timed_out=True)
+    fires = timeout(st) + 10_000
+    assert fires == NOW + 60_000 - config.lead_for(10, -1)
+    fired = state(fires - 10_000, of=st, timed_out=True)
     out = run(frame.iloc[:0], fired, config=config, key=(-1, 0))
-    assert list(out["kind"]) == ["deliver"] * 10 and fired.removed, \
-        "the timer's call releases the group"
+    assert list(out["kind"]) == ["deliver"] * 10 and removed(fired), \
+        "the timeout's call releases the group"
 
 
 @pytest.mark.parametrize("parts", [8, 16])
@@ -307,74 +267,35 @@ def timers(*keys_due, first_offset=1):
     return frame
 
 
-def test_messages_added_to_a_group_that_does_not_fire_are_appended_as_a_chunk():
-    """A later batch's messages for a held group are appended to its state as a chunk of their
-    own (the held chunk is not read or written again); one due already leaves at once. The group's count, earliest due time and timer are the whole group's, and its timer
-    releases every message of every chunk."""
+def test_a_later_batch_adds_to_the_held_references_and_the_timeout_is_the_whole_group_s():
+    """A later batch's messages for a held group join its references; one due already leaves
+    at once. The timeout is set again on every call (Spark clears it after it fires), from the
+    whole group's earliest due time, and releases every reference."""
     st = state(NOW - 10_000)
     assert run(timers(("a", NOW + 30_000), ("b", NOW + 40_000)), st).empty
-    first = st.chunks
     later = state(NOW - 10_000, of=st)
     out = run(timers(("c", NOW + 20_000), ("d", NOW + 100), ("e", NOW + 50_000), first_offset=3),
               later)
     assert list(out["uniq_key"]) == ["d"], "due within the lead: leaves at once"
-    assert later.chunks[:1] == first and len(later.chunks) == 2
-    assert later.handle.chunks.calls == ["put", "append"]
-    assert later.meta == (4, NOW + 20_000)
-    assert decode_chunks(later.chunks).column("uniq_key").to_pylist() == ["a", "b", "c", "e"]
+    assert held(later).column("uniq_key").to_pylist() == ["a", "b", "c", "e"]
     assert list(zip(run.tally["received"], run.tally["pending_delta"])) == [(3, 2)]
-    assert later.timer + 10_000 == NOW + 20_000 - CONFIG.lead_for(4, -1)
+    assert timeout(later) + 10_000 == NOW + 20_000 - CONFIG.lead_for(4, -1)
 
     fired = state(NOW + 60_000 - 10_000, of=later, timed_out=True)
-    out = run(pd.DataFrame(columns=ENVELOPE.names), fired)
-    assert sorted(out["uniq_key"]) == ["a", "b", "c", "e"] and fired.removed
+    out = run(EMPTY, fired, key=(-1, 0))
+    assert sorted(out["uniq_key"]) == ["a", "b", "c", "e"] and removed(fired)
     assert list(run.tally["pending_delta"]) == [-4]
 
 
-def test_a_chunk_is_the_standard_base64_of_an_arrow_stream_both_ways():
-    """State written by earlier versions (the standard library's codec) reads the same, and
-    what this version writes, the standard library reads."""
+def test_a_group_s_state_costs_at_most_100_bytes_a_reference():
+    """A burst's group part (62,500 timers, `timer_parts` 8) costs Spark's state at most 100
+    bytes a reference, as pickled for the JVM."""
+    keys = [(f"bench-burst-{i}", NOW + 30_000 + i % 1_000) for i in range(62_500)]
     st = state(NOW - 10_000)
-    run(timers(("a", NOW + 30_000), ("b", NOW + 40_000)), st)
-    (chunk,) = st.chunks
-    raw = base64.b64decode(chunk, validate=True)
-    assert base64.b64encode(raw).decode() == chunk
-    table = pa.ipc.open_stream(raw).read_all()
-    assert decode_chunks([base64.b64encode(raw).decode()]).equals(table)
-    assert encode(table, CONFIG.chunk_bytes) == [chunk]
-    with pytest.raises(ValueError):
-        decode_chunks([chunk[:-5] + "!" + chunk[-4:]])
-
-
-def test_a_group_is_kept_in_chunks_of_at_most_the_bound_in_order():
-    """However many messages a group takes in one batch, each chunk of its state holds about
-    chunk_bytes of them at most, and the group reads back whole, in order, and fires whole."""
-    keys = [(f"k{i:04d}", NOW + 30_000 + i) for i in range(3_000)]
-    frame = timers(*keys)
-    frame["value"] = [b"v" * 1_000] * len(frame)
-    config = replace(CONFIG, chunk_bytes=256 * 1024)
-    st = state(NOW - 10_000)
-    assert run(frame, st, config=config).empty
-    sizes = [decode_chunks([c]).nbytes for c in st.chunks]
-    assert len(sizes) >= 12 and max(sizes) <= config.chunk_bytes, sizes
-    assert decode_chunks(st.chunks).column("uniq_key").to_pylist() == [k for k, _ in keys]
-    fired = state(NOW + 40_000 - 10_000, of=st, timed_out=True)
-    out = run(pd.DataFrame(columns=ENVELOPE.names), fired, config=config)
-    assert list(out["uniq_key"]) == [k for k, _ in keys] and fired.removed
-
-
-def test_a_group_read_whole_again_is_written_back_as_one_chunk():
-    """A cancel (or a message that fires) reads every chunk; what stays is one chunk again."""
-    st = state(NOW - 10_000)
-    run(timers(("a", NOW + 30_000)), st)
-    run(timers(("b", NOW + 40_000), first_offset=2), st := state(NOW - 10_000, of=st))
-    assert len(st.chunks) == 2
-    cancel = envelopes(([("TIMER_DEL_UNIQKEY", b"a"), ("TIMER_DELIVER_MS", str(NOW + 30_000).encode())], 9))
-    cancel["bucket"], cancel["slot"] = -1, 0
-    out = run(cancel, st := state(NOW - 10_000, of=st))
-    assert list(zip(out["kind"], out["uniq_key"])) == [("cancelled", "a")]
-    assert len(st.chunks) == 1 and st.meta[0] == 1 and st.handle.chunks.calls[-1] == "put"
-    assert decode_chunks(st.chunks).column("uniq_key").to_pylist() == ["b"]
+    assert run(timers(*keys), st).empty
+    assert held(st).column("uniq_key").to_pylist() == [k for k, _ in keys]
+    pickled = PICKLE.dumps(STATE_SPARK.toInternal(st._value))
+    assert len(pickled) / len(keys) <= 100, len(pickled) / len(keys)
 
 
 def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
@@ -392,7 +313,7 @@ def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
     out = run(again, fired)
     assert list(zip(out["uniq_key"], out["ioff"])) == [("a", 1), ("b", 8)], \
         "the held copy of a leaves, once; b, due on arrival, after it"
-    assert fired.removed
+    assert removed(fired)
     assert list(zip(run.tally["received"], run.tally["pending_delta"])) == [(1, -1)], \
         "b taken in, a delivered: one fewer pending (the dropped copy was never pending twice)"
 
@@ -402,10 +323,11 @@ def test_a_message_due_on_arrival_leaves_as_it_would_from_the_state():
     the wheel's output rows are equal in every column."""
     message = ([("REAL_TOPIC", b"t"), ("REAL_QID", b"3"), ("DELAY", b"1"), ("UNIQ_KEY", b"a"),
                 ("h", b"\x00\xff"), ("h", None)], 5)
-    held = state(NOW - 10_000)
-    assert run(envelopes(message), held).empty
-    timed_out = state(NOW + 1_000 - 10_000, of=held, timed_out=True)
-    from_state = run(pd.DataFrame(columns=ENVELOPE.names), timed_out)
+    kept = state(NOW - 10_000)
+    frame = envelopes(message)
+    assert run(frame, kept).empty
+    timed_out = state(NOW + 1_000 - 10_000, of=kept, timed_out=True)
+    from_state = run(EMPTY, timed_out, key=(frame["bucket"].iloc[0], frame["slot"].iloc[0]))
     on_arrival = run(envelopes(message), state(NOW + 1_000 - 10_000))
     assert list(on_arrival["kind"]) == ["deliver"]
     for name in WHEEL_OUT.names:
@@ -414,7 +336,7 @@ def test_a_message_due_on_arrival_leaves_as_it_would_from_the_state():
             assert list(a) == list(b), name
         else:
             assert a == b or (pd.isna(a) and pd.isna(b)), name
-    assert on_arrival.iloc[0]["partition"] == 3 and list(on_arrival.iloc[0]["hvals"]) == [b"\x00\xff", None]
+    assert (on_arrival.iloc[0]["ioff"], on_arrival.iloc[0]["level"]) == (5, 1)
 
 
 def test_a_new_query_s_first_batch_takes_the_job_s_start_for_its_missing_watermark():
@@ -428,11 +350,11 @@ def test_a_new_query_s_first_batch_takes_the_job_s_start_for_its_missing_waterma
 
     first = state(0)
     assert list(run(overdue, first, config)["uniq_key"]) == ["old"]
-    assert first.removed
+    assert removed(first)
 
-    held = state(0)
-    assert run(later, held, config).empty
-    assert held.timer + 10_000 == NOW + 9_000 - 500, "its timer, as in any batch"
+    waiting = state(0)
+    assert run(later, waiting, config).empty
+    assert timeout(waiting) + 10_000 == NOW + 9_000 - 500, "its timeout, as in any batch"
 
     # A later batch whose Spark watermark (real time NOW) is behind the job's start: Spark's
     # watermark rules, and the overdue message waits for it like any other.
@@ -457,7 +379,8 @@ def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_s
             ([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"later")], 8))
     # Appended at NOW: "old-*" due at NOW + 1 s and the timer at NOW + 1.5 s, before the start
     # at NOW + 2 s; "later" after it.
-    parsed = parse_batch(intake(*rows), RULES, 1_000, 2, NOW, overdue_before_ms=NOW + 2_000)
+    parsed = parse_batch(intake(*rows).drop_columns(["key", "value"]), RULES, 1_000, 2, NOW,
+                         overdue_before_ms=NOW + 2_000)
     by_key = {r["uniq_key"]: r for r in parsed.to_pylist()}
     assert [(by_key[k]["kind"], by_key[k]["bucket"]) for k in ("old-a", "old-b")] \
         == [("now", BUCKET_NOW)] * 2
@@ -475,7 +398,7 @@ def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_s
     out = run(passing, st)
     assert list(zip(out["kind"], out["uniq_key"], out["level"], out["due_ms"])) == [
         ("deliver", "old-a", 1, NOW + 1_000)]
-    assert st.removed, "no state, no timer"
+    assert removed(st), "no state, no timeout"
     assert list(zip(run.tally["level"], run.tally["received"], run.tally["pending_delta"])) \
         == [(1, 1, 0)], "counted as taken in at its level, never pending"
 

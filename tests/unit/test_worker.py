@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import state.parse
-import state.processor
+import state.wheel
 from state.parse import make_parser
 from tests.support import fresh_python
 from tests.unit.test_wheel import NOW, RULES, envelopes, intake, run, state as group
@@ -39,7 +39,7 @@ def test_outside_a_reused_worker_nothing_is_frozen():
 @pytest.fixture
 def settles(monkeypatch):
     calls = []
-    for module in (state.parse, state.processor):
+    for module in (state.parse, state.wheel):
         monkeypatch.setattr(module, "settle", lambda name=module.__name__: calls.append(name))
     return calls
 
@@ -48,4 +48,4 @@ def test_the_parse_and_the_wheel_each_settle_their_worker(settles):
     batch = intake(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0))
     assert list(make_parser(RULES, 1_000, 2)(iter([batch])))
     run(envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0)), group(NOW))
-    assert settles == ["state.parse", "state.processor"]
+    assert settles == ["state.parse", "state.wheel"]

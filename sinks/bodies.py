@@ -1,0 +1,244 @@
+"""A dispatch task's read-back of message bodies from the intake (DESIGN.md section 4): the
+wheel holds and fires references (intake partition, offset, append time, UNIQ_KEY, due time), as
+RocketMQ's schedule queue holds commit-log offsets, and the task reads each referenced record
+when its reference arrives, a fire lead before it is due.
+
+References are gathered per intake partition and read in offset order: a level's partition holds
+its messages in due order, so a level's references come in runs, read through; a gap of more than
+`fetch_gap` records is skipped by positioning the partition again. The record read must be the
+one referenced, its UNIQ_KEY and append time the reference's: a topic recreated, or an unclean
+leader election, reuses offsets. A record gone (deleted by retention, or an offset that
+read_committed skips) or not the one referenced is dead-lettered with its reason. The message is
+restored by the parse rules of the wheel (state/parse.py, which the dispatch's own intake read
+uses too) and due when its reference says: the due time is never computed again.
+
+No Spark import: it runs in the dispatch task's Python worker.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from sinks.direct import intake_batch
+from sinks.dispatch import Row
+from state import headers as H
+from state.envelope import Kind, Rules
+from state.parse import parse_batch
+from state.reasons import reason
+
+log = logging.getLogger(__name__)
+
+# How long a pass of `pump` reads at most, so the task's loop keeps sending what is due.
+PUMP_S = 0.02
+# How long a partition's end may stay before a reference before the reference is taken to
+# name no record (a log truncated below it); a new leader's end can trail for a moment.
+END_WAIT_S = 10.0
+_NO_PARTITION = (KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART,
+                 KafkaError._UNKNOWN_TOPIC)
+
+
+def gone(row: Row, why: str) -> str:
+    return reason("intake_record_gone", f"intake record {row.ipart}-{row.ioff} of "
+                                        f"{row.uniq_key} {why}")
+
+
+class Bodies:
+    """The references a task waits for the bodies of, by intake partition, and the consumer
+    that reads them (never committed: the task's ready partition's commit covers them)."""
+
+    def __init__(self, consumer_config: dict, topic: str, rules: Rules, fetch_gap: int,
+                 consumer=None):
+        self.topic, self.rules, self.gap = topic, rules, fetch_gap
+        self.consumer = consumer or Consumer({
+            **consumer_config, "enable.auto.commit": False, "auto.offset.reset": "error",
+            "enable.partition.eof": True, "isolation.level": "read_committed",
+            # A reposition drops what was fetched ahead: fetch ahead a little, not megabytes.
+            "max.partition.fetch.bytes": 262_144, "queued.max.messages.kbytes": 8_192})
+        self.wants: dict[int, dict[int, list[Row]]] = {}   # ipart → offset → rows
+        self._offsets: dict[int, list[int]] = {}   # ipart → a heap of its wanted offsets
+        self.reading: dict[int, int] = {}   # assigned partitions → the offset read next
+        self._back: dict[int, int] = {}   # read partitions with a new reference behind them
+        self._ended: dict[int, float] = {}   # partitions at their end with references beyond
+        self._order: list[tuple] = []   # (due, ipart, ioff) of each want, lazily pruned
+        self.restored: list[Row] = []
+        self.dead: list[tuple[Row, str]] = []
+
+    def want(self, row: Row) -> None:
+        p, offset = row.ipart, row.ioff
+        rows = self.wants.setdefault(p, {}).setdefault(offset, [])
+        if not rows:
+            heapq.heappush(self._offsets.setdefault(p, []), offset)
+        rows.append(row)
+        heapq.heappush(self._order, (row.due_ms, p, offset))
+        if p in self.reading and offset < self.reading[p]:
+            self._back[p] = min(offset, self._back.get(p, offset))
+
+    def first_wanted(self) -> tuple | None:
+        """The heap order (due, ipart, ioff) of the earliest reference still without its body:
+        no row due after it is sent before it (one key's order, sinks/dispatch.py Row)."""
+        order = self._order
+        while order and order[0][2] not in self.wants.get(order[0][1], ()):
+            heapq.heappop(order)
+        return order[0] if order else None
+
+    def pending(self) -> int:
+        return sum(len(offsets) for offsets in self.wants.values())
+
+    def pump(self) -> None:
+        """Read what the consumer has fetched of the wanted records, for up to PUMP_S; then
+        `take` gives the rows read back and the references without their record."""
+        self._position()
+        found = []
+        deadline = time.monotonic() + PUMP_S
+        while self.reading and time.monotonic() < deadline:
+            msgs = self.consumer.consume(5000, timeout=0)
+            if not msgs:
+                break
+            for msg in msgs:
+                err = msg.error()
+                if err is None:
+                    found.extend(self._read(msg.partition(), msg.offset(), msg))
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    self._at_end(msg.partition(), msg.offset())
+                elif err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    self._out_of_range(msg.partition())
+                elif err.code() in _NO_PARTITION:
+                    self._passed(msg.partition(), 2**63 - 1, "is in no partition (the intake "
+                                                             "was recreated with fewer)")
+                    self._drop(msg.partition())
+                elif err.fatal():
+                    raise RuntimeError(f"intake read-back: {err}")
+                else:
+                    log.warning("intake read-back: %s", err)
+            self._position()
+        if found:
+            self._restore(found)
+
+    def _next(self, p: int) -> int | None:
+        """Partition `p`'s lowest wanted offset."""
+        heap, offsets = self._offsets.get(p, []), self.wants.get(p, {})
+        while heap and heap[0] not in offsets:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def _position(self) -> None:
+        """Assign each partition that has references and is not read, at its first one; read
+        again from a reference that came behind the position; drop the partitions that have
+        none left."""
+        for p, offset in self._back.items():
+            if p in self.reading:
+                self._seek(p, offset)
+        self._back.clear()
+        drop = [p for p in self.reading if self._next(p) is None]
+        if drop:
+            self.consumer.incremental_unassign([TopicPartition(self.topic, p) for p in drop])
+            for p in drop:
+                del self.reading[p]
+        add = []
+        for p in self.wants:
+            first = self._next(p) if p not in self.reading else None
+            if first is not None:
+                self.reading[p] = first
+                add.append(TopicPartition(self.topic, p, first))
+        if add:
+            self.consumer.incremental_assign(add)
+
+    def _seek(self, p: int, offset: int) -> None:
+        """Read partition `p` from `offset` (librdkafka drops what it fetched from before)."""
+        self.consumer.incremental_unassign([TopicPartition(self.topic, p)])
+        self.consumer.incremental_assign([TopicPartition(self.topic, p, offset)])
+        self.reading[p] = offset
+
+    def _read(self, p: int, offset: int, msg) -> list:
+        """A record read: the references below it that it passed had no record to read
+        (read_committed skips aborted writes), its own take it; then on to the next wanted,
+        reading through a gap of at most `fetch_gap` records and seeking past a longer one."""
+        if p not in self.reading or offset < self.reading[p]:
+            return []
+        self._passed(p, offset, "was not read (aborted, or removed)")
+        rows = self.wants.get(p, {}).pop(offset, None)
+        self.reading[p] = offset + 1
+        self._ended.pop(p, None)
+        following = self._next(p)
+        if following is not None and following - offset > self.gap:
+            self._seek(p, following)
+        return [(msg, row) for row in rows] if rows else []
+
+    def _passed(self, p: int, offset: int, why: str) -> None:
+        """Dead-letter the references of partition `p` below `offset`."""
+        offsets = self.wants.get(p, {})
+        while (low := self._next(p)) is not None and low < offset:
+            self.dead.extend((row, gone(row, why)) for row in offsets.pop(low))
+
+    def _at_end(self, p: int, offset: int) -> None:
+        """The partition's end reached at `offset`: the references below it were skipped
+        (read_committed skips aborted writes); those past it wait for their records, which
+        the wheel read before it fired them, unless the end stays before them END_WAIT_S."""
+        if p not in self.reading:
+            return
+        self._passed(p, offset, "was not read (aborted, or removed)")
+        if self._next(p) is None:
+            return
+        since = self._ended.setdefault(p, time.monotonic())
+        if time.monotonic() - since >= END_WAIT_S:
+            self._ended.pop(p)
+            self._out_of_range(p, drop=False)
+
+    def _out_of_range(self, p: int, drop: bool = True) -> None:
+        """A position outside the partition, or its end long before a reference: the
+        references below its first record (deleted by retention) and from its end on (a
+        truncated log) have no record."""
+        low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30,
+                                                        cached=False)
+        offsets = self.wants.get(p, {})
+        while (first := self._next(p)) is not None and first < low:
+            self.dead.extend((row, gone(row, "was deleted (the intake's retention)"))
+                             for row in offsets.pop(first))
+        for beyond in [o for o in offsets if o >= high]:
+            self.dead.extend((row, gone(row, "is beyond the partition's end"))
+                             for row in offsets.pop(beyond))
+        if drop:
+            self._drop(p)
+
+    def _drop(self, p: int) -> None:
+        """Stop reading `p`; `_position` assigns it again at its next reference, if any."""
+        if self.reading.pop(p, None) is not None:
+            self.consumer.incremental_unassign([TopicPartition(self.topic, p)])
+
+    def _restore(self, found: list) -> None:
+        """The records read, parsed at once, each checked against its reference and restored
+        as the wheel would deliver it: the message's own headers, then UNIQ_KEY and DELIVER_MS
+        (the reference's due time)."""
+        msgs = [msg for msg, _ in found]
+        parsed = parse_batch(intake_batch(msgs), self.rules, slot_ms=1000, spread=1,
+                             now_ms=int(time.time() * 1000)).to_pydict()
+        for i, (msg, row) in enumerate(found):
+            if parsed["uniq_key"][i] != row.uniq_key or msg.timestamp()[1] != row.append_ms:
+                self.dead.append((row, reason(
+                    "intake_record_replaced",
+                    f"intake record {row.ipart}-{row.ioff} is not {row.uniq_key} appended at "
+                    f"{row.append_ms} (the intake was recreated or lost records)")))
+                continue
+            if parsed["kind"][i] == Kind.DEAD.value:   # as it came: all its headers
+                row.key, row.value, row.body = parsed["key"][i], parsed["value"][i], True
+                row.headers = list(zip(parsed["hkeys"][i] or [], parsed["hvals"][i] or []))
+                self.dead.append((row, parsed["reason"][i]))
+                continue
+            row.topic, row.partition = parsed["topic"][i], parsed["qid"][i]
+            row.key, row.value = parsed["key"][i], parsed["value"][i]
+            row.headers = [*zip(parsed["hkeys"][i] or [], parsed["hvals"][i] or []),
+                           (H.UNIQ_KEY, row.uniq_key.encode()),
+                           (H.DELIVER_MS, str(row.due_ms).encode())]
+            row.body = True
+            self.restored.append(row)
+
+    def take(self) -> tuple[list[Row], list[tuple[Row, str]]]:
+        """The rows restored and the references dead-lettered since the last call."""
+        restored, dead, self.restored, self.dead = self.restored, self.dead, [], []
+        return restored, dead
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -1,0 +1,86 @@
+"""A dispatch task's sends and their acknowledgements (its loop is sinks/dispatch_task.py): a
+row to its real topic, stamped with the broker's clock and never before its due time; a refusal
+classified by the client's error code, retried when transient and dead-lettered when not; what
+was acknowledged queued for its ledger row. No Spark import."""
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import KafkaException
+
+from sinks.dispatch import TOO_LARGE, Row, dead_letter_headers, refusal
+
+log = logging.getLogger(__name__)
+
+
+class Sending:
+    """The send path of sinks/dispatch_task.py's _Task, which it is mixed into: it uses the
+    task's producer, clock (`_now_ms`), retries (`_later`) and counters."""
+
+    def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
+        """`row` to the producer, stamped with the broker's clock here, never before its due."""
+        sent_ms = self._now_ms()
+        try:   # partition -1: librdkafka's partitioner places it
+            self.producer.produce(topic, row.value, row.key, -1 if partition is None else partition,
+                                  on_delivery=lambda err, msg: callback(err, msg, row, sent_ms),
+                                  headers=headers, timestamp=max(sent_ms, row.due_ms))
+        except BufferError:
+            self.producer.poll(0.05)
+            return False
+        except KafkaException as e:   # refused before it was queued (no such partition)
+            callback(e.args[0], None, row, sent_ms)
+        return True
+
+    # ---- acknowledgements (called from producer.poll) ---------------------------------------
+    def _delivered(self, err, msg, row: Row, sent_ms: int) -> None:
+        if err is None:
+            self.sent += 1
+            self._acked(row, sent_ms, None)
+            return
+        reason = refusal(err, row)
+        if err.code() in TOO_LARGE and (row.source, row.offset) not in self._alone:
+            # The broker refuses a whole record batch too large for the topic: a row may only
+            # have shared one with a larger one. Sent again alone, it is refused only when it
+            # is too large itself (Kafka's Java producer splits such a batch the same way).
+            self._alone.add((row.source, row.offset))
+            self._later(lambda: self._send_alone(row), 0.0)
+            return
+        if reason is None:
+            log.warning("dispatch %d: sending %s to %s failed (%s); retrying", self.partition,
+                        row.uniq_key, row.topic, err)
+            self._later(lambda: self._produce(row.topic, row.partition, row, row.headers,
+                                              self._delivered))
+            return
+        self._dead_letter(row, reason)
+
+    def _send_alone(self, row: Row) -> bool:
+        """`row` in a record batch of its own: what is queued leaves first, then the row."""
+        self.producer.flush(30)
+        sent = self._produce(row.topic, row.partition, row, row.headers, self._delivered)
+        self.producer.flush(30)
+        return sent
+
+    def _dead_letter(self, row: Row, reason: str) -> None:
+        sent = self._produce(self.config.dlq_topic, None, row, dead_letter_headers(row, reason),
+                             lambda e, m, r, s: self._dead_lettered(e, r, s, reason))
+        if not sent:
+            self._later(lambda: self._dead_letter(row, reason), 0.05)
+
+    def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
+        if err is not None:   # the commit point stays below the row until it is taken
+            if (row.source, row.offset) not in self._refused:   # said once, not at every retry
+                self._refused.add((row.source, row.offset))
+                log.warning("dispatch %d: the dead-letter topic %s refused %s (%s); retrying "
+                            "until it takes it", self.partition, self.config.dlq_topic,
+                            row.uniq_key, err)
+            self._later(lambda: self._dead_letter(row, reason))
+            return
+        self._refused.discard((row.source, row.offset))
+        self.dead += 1
+        self._acked(row, sent_ms, reason)
+
+    def _acked(self, row: Row, sent_ms: int, reason: str | None) -> None:
+        if not self._unledgered:
+            self._unledgered_since = time.monotonic()
+        self._unledgered.append((row, sent_ms, reason))
