@@ -35,18 +35,13 @@ def appended_headers(*extra: F.Column) -> F.Column:
 
 
 def intake_bodies(refs: DataFrame, topic: str, options: dict[str, str]) -> DataFrame:
-    """`refs` (rows naming intake records by ipart and ioff) with each record's key, value and
-    headers, read back in one bounded Kafka read of the offsets they span per partition, in the
-    JVM (the wheel's Python never sees a body), and `found`: true, or null for a record that is
-    gone (its key, value and headers null too)."""
+    """`refs` (rows naming intake records by ipart and ioff; at least one) with each record's
+    key, value and headers, read back in one bounded Kafka read of the offsets they span per
+    partition, in the JVM (the wheel's Python never sees a body), and `found`: true, or null for
+    a record that is gone (its key, value and headers null too)."""
     spans = refs.groupBy("ipart").agg(F.min("ioff").alias("low"), F.max("ioff").alias("high"))
     spans = spans.collect()
     columns = [*refs.columns, "key", "value", "headers", "found"]
-    if not spans:
-        return refs.select("*", F.lit(None).cast("binary").alias("key"),
-                           F.lit(None).cast("binary").alias("value"),
-                           F.lit(None).cast(HEADERS_TYPE).alias("headers"),
-                           F.lit(None).cast("boolean").alias("found"))
     records = (refs.sparkSession.read.format("kafka").options(**options)
                .option("assign", json.dumps({topic: [r["ipart"] for r in spans]}))
                .option("startingOffsets", json.dumps(

@@ -352,8 +352,7 @@ def wheel_state(spark: SparkSession, checkpoint: str, batch_id: int | None = Non
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
     state = reader.load(checkpoint)
-    held = "value.groupState" if "groupState" in state.schema["value"].dataType.names \
-        else "value"
+    held = "value.groupState"   # flatMapGroupsWithState's state format 2: (groupState, timeout)
     groups = state.where(F.col(f"{held}.count").isNotNull()).select(
         F.col("key.bucket").alias("bucket"), F.col("key.slot").alias("slot"),
         F.col(f"{held}.count").alias("count"), F.col(f"{held}.refs").alias("refs"))

@@ -109,6 +109,21 @@ def test_progress_report_sets_watermark_lag_offsets_and_batch_duration():
     assert r.get_sample_value("delayq_batch_duration_seconds_count") == 1
 
 
+def test_the_retention_headroom_is_retention_less_the_longest_wait_less_the_watermark_lag():
+    """delayq_intake_retention_headroom_seconds: what is left of the intake's retention once a
+    reference's longest wait and the job's lag behind the clock are taken off it."""
+    m = fresh()
+    m.set_retention(7 * 86_400_000, 4_260_000)   # 7 d; near horizon + cold bucket + tolerance
+    gauge = lambda: m.registry.get_sample_value("delayq_intake_retention_headroom_seconds")
+    assert gauge() == 7 * 86_400 - 4_260
+    progress = {"eventTime": {"watermark": "2026-11-15T12:00:00.000Z"}}
+    m.observe_progress(progress, late_tolerance_ms=7 * 86_400_000, intake_topic="in",
+                       now=1_795_348_800 + 3_600)   # an hour behind
+    assert abs(gauge() - (7 * 86_400 - 4_260 - 3_600)) < 1e-6
+    m.set_retention(-1, 4_260_000)
+    assert gauge() == float("inf"), "kept for ever"
+
+
 def test_status_renders_headline_figures():
     samples = {
         "delayq_messages_received_total": [({"level": "1"}, 10.0)],
