@@ -12,6 +12,7 @@ order. No Spark import: it runs in the dispatch task's Python worker.
 """
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from sinks.dispatch import Row
@@ -49,14 +50,20 @@ def is_direct(headers: list | None, values: frozenset[bytes]) -> bool:
 def intake_batch(msgs: list) -> pa.RecordBatch:
     """Consumed intake records in the layout the wheel's parse reads (streaming/wheel_query.py
     intake_stream): key, value, ipart, ioff, append_ms (the broker's LogAppendTime), headers."""
-    headers = [[{"key": k, "value": v} for k, v in (m.headers() or [])] for m in msgs]
+    each = [m.headers() or () for m in msgs]
+    flat = [header for headers in each for header in headers]
+    names, values = zip(*flat) if flat else ((), ())
+    ends = np.zeros(len(msgs) + 1, np.int32)   # built flat: no Python dict per header
+    np.cumsum([len(headers) for headers in each], out=ends[1:])
     return pa.RecordBatch.from_arrays([
         pa.array([m.key() for m in msgs], pa.binary()),
         pa.array([m.value() for m in msgs], pa.binary()),
         pa.array([m.partition() for m in msgs], pa.int32()),
         pa.array([m.offset() for m in msgs], pa.int64()),
         pa.array([m.timestamp()[1] for m in msgs], pa.int64()),
-        pa.array(headers, HEADERS),
+        pa.ListArray.from_arrays(pa.array(ends), pa.StructArray.from_arrays(
+            [pa.array(names, pa.string()), pa.array(values, pa.binary())],
+            fields=list(HEADERS.value_type)), type=HEADERS),
     ], names=["key", "value", "ipart", "ioff", "append_ms", "headers"])
 
 

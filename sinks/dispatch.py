@@ -105,11 +105,15 @@ def identity(uniq_key: str, due_ms: int) -> int:
 
 
 def ready_row(offset: int, key, value, headers: list | None) -> Row:
-    """A fired row from its ready record: a reference (UNIQ_KEY, DELIVER_MS, then the level and
-    the intake record it names: `body` False, its headers those two until its record is read
+    """A fired row from its ready record: a reference, its value as sinks/ready.py
+    reference_value writes it and no header (`body` False, no headers until its record is read
     back), or, as a version before 6 wrote them, a whole message (its own headers with UNIQ_KEY
     and DELIVER_MS, as delivered, then the restore headers the wheel appended)."""
-    headers = list(headers or [])
+    if not headers:
+        due, level, ipart, ioff, append_ms, uniq = value.split(b",", 5)
+        return Row(int(due), int(ipart), int(ioff), offset, None, None, None, None, [],
+                   int(level), int(append_ms), uniq.decode(), body=False)
+    headers = list(headers)
     extra = {}
     while headers and headers[-1][0] in READY_HEADERS:
         name, raw = headers.pop()
@@ -123,9 +127,6 @@ def ready_row(offset: int, key, value, headers: list | None) -> Row:
         if uniq is not None and due is not None:
             break
     ipart, ioff, append_ms = (int(x) for x in extra[READY_FROM].split(b"-"))
-    if READY_TOPIC not in extra:
-        return Row(due, ipart, ioff, offset, None, None, None, None, headers,
-                   int(extra[READY_LEVEL]), append_ms, uniq, body=False)
     qid = extra.get(READY_QID)
     return Row(due, ipart, ioff, offset, extra[READY_TOPIC].decode(),
                int(qid) if qid else None, key, value, headers, int(extra[READY_LEVEL]),
@@ -294,9 +295,11 @@ def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most
     for row, sent_ms, reason in acked:
         cost = _LEDGER_ROW_BYTES + sum(len(text.encode()) for text in (
             row.uniq_key, row.topic or "", reason or ""))
-        message = _message_bytes(row) + 8 * len(row.headers)   # and each header's offsets
-        whole = reason is not None and cost + message <= room
-        cost += message if whole else 0
+        whole = False
+        if reason is not None:
+            message = _message_bytes(row) + 8 * len(row.headers)   # and each header's offsets
+            whole = cost + message <= room
+            cost += message if whole else 0
         if chunk and (len(chunk) >= most_rows or size + cost > room):
             yield [r for r, _, _, _ in chunk], ledger_record(chunk)
             chunk, size = [], 0
@@ -343,8 +346,9 @@ def dead_letter_headers(row: Row, reason: str) -> list:
     without a topic is bad input (sinks/direct.py), its headers all there as they came; a
     reference without its record names the record it referenced."""
     if not row.body:
-        return row.headers + [(INTAKE_RECORD, f"{row.ipart}-{row.ioff}".encode()),
-                              (H.DLQ_REASON, reason.encode())]
+        return [(H.UNIQ_KEY, row.uniq_key.encode()), (H.DELIVER_MS, str(row.due_ms).encode()),
+                (INTAKE_RECORD, f"{row.ipart}-{row.ioff}".encode()),
+                (H.DLQ_REASON, reason.encode())]
     extra = [] if row.topic is None else [(H.REAL_TOPIC, row.topic.encode())]
     if row.partition is not None:
         extra.append((H.REAL_QID, str(row.partition).encode()))

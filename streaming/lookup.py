@@ -19,7 +19,7 @@ from sinks import store
 from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
 from sinks.direct import direct_rows
-from sinks.dispatch import ledger_rows, ready_row
+from sinks.dispatch import READY_STOP, ledger_rows, ready_row
 from sinks.store import HadoopPath
 from state import headers as H
 from state.envelope import default_uniq_key
@@ -150,12 +150,13 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
                     return _delivered({**r, "lateness_ms": r["sent_ms"] - r["due_ms"],
                                        "batch_id": "- (in the ledger topic)"})
                 return _dead({**r, "dead_ms": r["sent_ms"]})
-        wanted = (H.UNIQ_KEY, uniq_key.encode())
         for msg in _records(consumer, settings.ready_topic,
                             lambda tps: consumer.committed(tps, timeout=30), from_earliest=True):
             headers = msg.headers() or []
-            if wanted in headers:
-                row = ready_row(msg.offset(), msg.key(), msg.value(), headers)
+            if headers and headers[-1][0] == READY_STOP:
+                continue
+            row = ready_row(msg.offset(), msg.key(), msg.value(), headers)
+            if row.uniq_key == uniq_key:
                 if not row.body:   # a reference: its topic is in its intake record
                     row.topic = intake_topic_of(settings)(row.ipart, row.ioff)
                 return _pending_at(row, where=f"the ready topic, partition {msg.partition()}")

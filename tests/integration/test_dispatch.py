@@ -501,9 +501,8 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     refs.append(("m-far", 10_000, records[0][1]))                   # past the end
     ready = Producer({"bootstrap.servers": kafka_bootstrap})   # as the wheel writes them: no body
     for uniq, offset, append in refs:
-        ready.produce(config.ready_topic, partition=0, headers=[
-            (H.UNIQ_KEY, uniq.encode()), (H.DELIVER_MS, str(due).encode()),
-            (READY_LEVEL, b"1"), (READY_FROM, f"0-{offset}-{append}".encode())])
+        ready.produce(config.ready_topic, partition=0,
+                      value=f"{due},1,0,{offset},{append},{uniq}".encode())
     ready.flush(30)
 
     thread, result = in_thread(config)

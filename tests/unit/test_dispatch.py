@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError
 
 from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets, Row, Skew,
-                            ledger_chunks, ledger_rows, ready_row)
+                            dead_letter_headers, ledger_chunks, ledger_rows, ready_row)
 from state import headers as H
 from state.errors import DispatchError
 
@@ -27,6 +27,17 @@ def test_a_ready_record_gives_back_the_message_and_where_it_goes():
                                        (READY_TOPIC, b"t"), (READY_LEVEL, b"-1"),
                                        (READY_FROM, b"0-0-1")])
     assert no_qid.partition is None and no_qid.level == -1
+
+
+def test_a_reference_reads_back_from_its_value_and_its_dead_letter_names_its_record():
+    row = ready_row(7, None, b"1700000000500,4,3,42,1700000000000,order,1,x", [])
+    assert (row.due_ms, row.level, row.ipart, row.ioff, row.append_ms, row.offset) == \
+        (1700000000500, 4, 3, 42, 1700000000000, 7)
+    assert row.uniq_key == "order,1,x", "a UNIQ_KEY may hold commas: it comes last"
+    assert not row.body and row.topic is None and row.headers == []
+    assert dead_letter_headers(row, "intake_record_gone: x") == [
+        (H.UNIQ_KEY, b"order,1,x"), (H.DELIVER_MS, b"1700000000500"),
+        ("DELAYQ_INTAKE_RECORD", b"3-42"), (H.DLQ_REASON, b"intake_record_gone: x")]
 
 
 def test_the_commit_point_is_the_lowest_row_not_done_with_its_ledger_mark():
