@@ -47,10 +47,12 @@ def is_direct(headers: list | None, values: frozenset[bytes]) -> bool:
     return True
 
 
-def intake_batch(msgs: list) -> pa.RecordBatch:
+def intake_batch(msgs: list, each: list | None = None) -> pa.RecordBatch:
     """Consumed intake records in the layout the wheel's parse reads (streaming/wheel_query.py
-    intake_stream): key, value, ipart, ioff, append_ms (the broker's LogAppendTime), headers."""
-    each = [m.headers() or () for m in msgs]
+    intake_stream): key, value, ipart, ioff, append_ms (the broker's LogAppendTime), headers
+    (`each`: the records' headers, when read already; the client builds them at every call)."""
+    if each is None:
+        each = [m.headers() or () for m in msgs]
     flat = [header for headers in each for header in headers]
     names, values = zip(*flat) if flat else ((), ())
     ends = np.zeros(len(msgs) + 1, np.int32)   # built flat: no Python dict per header
@@ -74,12 +76,15 @@ def direct_rows(msgs: list, rules: Rules, direct_max_delay_ms: int, now_ms: int,
     DELIVER_MS) and the bad ones as (row, reason) to dead-letter (their headers as they came);
     and the (partition, offset) of every other record, which the wheel takes care of."""
     values = direct_values(rules, direct_max_delay_ms)
-    mine = [is_direct(m.headers(), values) for m in msgs]
+    each = [m.headers() or () for m in msgs]
+    mine = [is_direct(headers, values) for headers in each]
     others = [(m.partition(), m.offset()) for m, d in zip(msgs, mine) if not d]
     if len(others) == len(msgs):
         return [], [], others
-    parsed = parse_batch(intake_batch([m for m, d in zip(msgs, mine) if d]), rules, slot_ms=1000,
-                         spread=1, now_ms=now_ms, direct_max_delay_ms=direct_max_delay_ms)
+    batch = intake_batch([m for m, d in zip(msgs, mine) if d],
+                         [headers for headers, d in zip(each, mine) if d])
+    parsed = parse_batch(batch, rules, slot_ms=1000, spread=1, now_ms=now_ms,
+                         direct_max_delay_ms=direct_max_delay_ms)
     cols = parsed.to_pydict()
     rows, dead = [], []
     for i, (kind, due, uniq) in enumerate(zip(cols["kind"], cols["due_ms"], cols["uniq_key"])):

@@ -473,8 +473,9 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     """The wheel fires references, and the task reads each one's record back from the intake,
     in runs and across gaps, and sends it whole (its key, value and own headers, then UNIQ_KEY
     and DELIVER_MS) at its due time, never early. A record the intake's retention deleted, an
-    offset past the partition's end and a record that is not the one referenced (another
-    UNIQ_KEY, another append time) are dead-lettered with their reason, and the rest still go."""
+    offset past the partition's end, a partition the intake does not have (recreated with fewer)
+    and a record that is not the one referenced (another UNIQ_KEY, another append time) are
+    dead-lettered with their reason, and the rest still go."""
     from confluent_kafka.admin import AdminClient
 
     from streaming.wheel_query import rules_of
@@ -499,10 +500,12 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     refs[wanted.index(105)] = ("m-other", *records[105])          # another UNIQ_KEY there
     refs[wanted.index(112)] = ("m112", records[112][0], records[112][1] + 1)   # appended else
     refs.append(("m-far", 10_000, records[0][1]))                   # past the end
+    refs = [(uniq, 0, offset, append) for uniq, offset, append in refs]
+    refs.append(("m-nowhere", 3, 0, records[0][1]))   # a partition the intake does not have
     ready = Producer({"bootstrap.servers": kafka_bootstrap})   # as the wheel writes them: no body
-    for uniq, offset, append in refs:
+    for uniq, part, offset, append in refs:
         ready.produce(config.ready_topic, partition=0,
-                      value=f"{due},1,0,{offset},{append},{uniq}".encode())
+                      value=f"{due},1,{part},{offset},{append},{uniq}".encode())
     ready.flush(30)
 
     thread, result = in_thread(config)
@@ -520,9 +523,11 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
                                    (H.DELIVER_MS, str(due).encode())]
     reasons = {header_map(r)[H.UNIQ_KEY].decode(): header_map(r)[H.DLQ_REASON].decode()
                for r in dead}
-    assert sorted(reasons) == sorted(["m0", "m7", "m-other", "m112", "m-far"])
-    assert all(reasons[k].startswith("intake_record_gone: ") for k in ("m0", "m7", "m-far"))
+    assert sorted(reasons) == sorted(["m0", "m7", "m-other", "m112", "m-far", "m-nowhere"])
+    assert all(reasons[k].startswith("intake_record_gone: ")
+               for k in ("m0", "m7", "m-far", "m-nowhere"))
     assert "deleted (the intake's retention)" in reasons["m0"]
+    assert "is in no partition" in reasons["m-nowhere"]
     assert all(reasons[k].startswith("intake_record_replaced: ") for k in ("m-other", "m112"))
     assert header_map(dead[0])["DELAYQ_INTAKE_RECORD"]
-    assert result and result[0]["dead"] == 5
+    assert result and result[0]["dead"] == 6
