@@ -66,6 +66,7 @@ class Bodies:
         self.reading: dict[int, int] = {}   # assigned partitions → the offset read next
         self._back: dict[int, int] = {}   # read partitions with a new reference behind them
         self._ended: dict[int, float] = {}   # partitions at their end with references beyond
+        self._count = 0   # the intake's partitions, as its metadata last said
         self._order: list[tuple] = []   # (due, ipart, ioff) of each want, lazily pruned
         self.restored: list[Row] = []
         self.dead: list[tuple[Row, str]] = []
@@ -148,11 +149,24 @@ class Bodies:
         add = []
         for p in self.wants:
             first = self._next(p) if p not in self.reading else None
-            if first is not None:
+            if first is not None and not self._exists(p):
+                self._passed(p, 2**63 - 1, "is in no partition (the intake was recreated with "
+                                           "fewer)")
+            elif first is not None:
                 self.reading[p] = first
                 add.append(TopicPartition(self.topic, p, first))
         if add:
             self.consumer.incremental_assign(add)
+
+    def _exists(self, p: int) -> bool:
+        """Whether the intake has partition `p` (librdkafka waits for an assigned partition it
+        does not know, and says nothing); an answer that names no partitions is no answer."""
+        if p >= self._count:
+            topic = self.consumer.list_topics(self.topic, timeout=30).topics.get(self.topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                return True
+            self._count = len(topic.partitions)
+        return p < self._count
 
     def _seek(self, p: int, offset: int) -> None:
         """Read partition `p` from `offset` (librdkafka drops what it fetched from before)."""
