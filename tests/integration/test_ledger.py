@@ -99,3 +99,37 @@ def test_lookup_finds_a_message_its_dispatch_task_read_from_the_intake(
     assert where.status == "pending" and where.detail["level"] == 3
     assert where.detail["topic"] == real and "dispatch task" in where.detail["where"]
     assert lookup.in_topics(settings, "never-sent") is None
+
+
+def test_lookup_finds_a_reference_fired_into_the_ready_topic_and_names_its_topic(
+        job_settings, new_topic, kafka_bootstrap):
+    """A message fired and not yet sent is a reference on the ready topic (its value as
+    sinks/ready.py reference_value writes it, no body): `delayq ledger` finds it there by its
+    UNIQ_KEY, past the run's stop record, and reads its REAL_TOPIC from its intake record."""
+    from confluent_kafka import Producer
+
+    from sinks.dispatch import READY_STOP
+
+    settings = job_settings(dispatch_direct_max_delay_ms=-1)
+    real = new_topic(**LOG_APPEND)
+    intake = new_topic(name=settings.intake_topic, **LOG_APPEND)
+    new_topic(name=settings.ready_topic)
+    new_topic(name=settings.ledger_topic, **LOG_APPEND)
+    raw = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    meta = raw.send(intake, b"body", headers=[("REAL_TOPIC", real.encode()), ("DELAY", b"3"),
+                                              ("UNIQ_KEY", b"order,7")], partition=0).get(30)
+    raw.close()
+    ready = Producer({"bootstrap.servers": kafka_bootstrap})
+    ready.produce(settings.ready_topic, value=b"run-1", partition=0,
+                  headers=[(READY_STOP, b"1")])
+    due = meta.timestamp + 3000
+    ready.produce(settings.ready_topic, partition=0,
+                  value=f"{due},3,0,{meta.offset},{meta.timestamp},order,7".encode())
+    ready.flush(30)
+
+    where = lookup.in_topics(settings, "order,7")
+    assert where is not None and where.status == "pending"
+    assert where.detail["level"] == 3 and where.detail["topic"] == real
+    assert where.detail["intake"] == f"0-{meta.offset}"
+    assert "the ready topic, partition 0" in where.detail["where"]
+    assert lookup.in_topics(settings, "order,8") is None
