@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 # The task's Python collects cycles after this many allocations (CPython's default: 700). A task
 # holds hundreds of thousands of rows, each a few objects, and allocates several per message:
-# at the default, collecting took about a third of its CPU (one task reading back and sending
-# 200,000 references: 73 µs a message against 41, the sends after the due time 4.8 s against
-# 2.7 s). Its rows form no cycles; what it frees, reference counting frees.
+# at the default, collecting took about a third of its CPU (streaming/tools/bench_readback.py,
+# 200,000 references: 73 µs a message against 41, the last sent 4.8 s after the due time
+# against 2.7 s). Its rows form no cycles; what it frees, reference counting frees.
 GC_THRESHOLD = (50_000, 20, 100)
 
 
