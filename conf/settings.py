@@ -87,6 +87,8 @@ class Settings(BaseSettings):
     fire_lead_ms: NonNegativeInt
     ready_partitions: NonNegativeInt
     dispatch_commit_interval_ms: PositiveInt
+    delivery: Literal["at_least_once", "exactly_once"]
+    dispatch_transaction_ms: PositiveInt
     dispatch_max_held: PositiveInt
     dispatch_gather_ms: PositiveInt
     dispatch_topic_wait_ms: PositiveInt

@@ -75,6 +75,9 @@ class DispatchConfig:
     # The read-back of references' bodies (sinks/bodies.py): a gap of more wanted records than
     # this is skipped by positioning the partition again rather than read through.
     fetch_gap: int = 500
+    # delivery = "exactly_once": the prefix of each task's transactional.id (sinks/dispatch_txn.py;
+    # the task adds its ready partition); empty: at least once, no transactions.
+    transactional_id: str = ""
 
 
 class Row:

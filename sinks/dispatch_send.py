@@ -1,15 +1,18 @@
 """A dispatch task's sends and their acknowledgements (its loop is sinks/dispatch_task.py): a
 row to its real topic, stamped with the broker's clock and never before its due time; a refusal
-classified by the client's error code, retried when transient and dead-lettered when not; what
-was acknowledged queued for its ledger row. No Spark import."""
+classified by the client's error code, retried when transient and dead-lettered when not (in a
+transaction, sinks/dispatch_txn.py, the transaction is lost instead); what was acknowledged
+sent on in ledger records; the probe that measures the clock. No Spark import."""
 from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 from confluent_kafka import KafkaException
 
-from sinks.dispatch import TOO_LARGE, Row, dead_letter_headers, refusal
+from sinks.dispatch import (PROBE, TOO_LARGE, Row, dead_letter_headers, ledger_chunks,
+                            refusal)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,9 @@ class Sending:
         if err is None:
             self.sent += 1
             self._acked(row, sent_ms, None)
+            return
+        if self.txn and msg is not None:   # queued and refused: the transaction is lost
+            self._refused_in_transaction(row, err)
             return
         reason = refusal(err, row)
         if err.code() in TOO_LARGE and (row.source, row.offset) not in self._alone:
@@ -68,6 +74,9 @@ class Sending:
             self._later(lambda: self._dead_letter(row, reason), 0.05)
 
     def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
+        if err is not None and self.txn:
+            self._refused_in_transaction(None, err)
+            return
         if err is not None:   # the commit point stays below the row until it is taken
             if (row.source, row.offset) not in self._refused:   # said once, not at every retry
                 self._refused.add((row.source, row.offset))
@@ -84,3 +93,71 @@ class Sending:
         if not self._unledgered:
             self._unledgered_since = time.monotonic()
         self._unledgered.append((row, sent_ms, reason))
+
+    # ---- the ledger: a record of rows per send cycle, and the clock's probe ------------------
+    def _ledger(self, force: bool = False) -> None:
+        """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows
+        and `ledger_bytes` bytes (sinks/dispatch.py ledger_chunks), once `gather_s` has passed
+        since the first of them or `ledger_batch` are waiting; their rows are done once the
+        ledger has them."""
+        batch = self.config.ledger_batch
+        if not self._unledgered or not force and len(self._unledgered) < batch \
+                and time.monotonic() - self._unledgered_since < self.config.gather_s:
+            return
+        acked, self._unledgered = self._unledgered, []
+        for rows, record in ledger_chunks(acked, batch, self.config.ledger_bytes):
+            send = self._ledger_send(record, rows)
+            if not send():
+                self._later(send, 0.05)
+
+    def _ledger_send(self, record: bytes, rows: list[Row]) -> Callable[[], bool]:
+        """The send of one ledger record; a failed delivery sends this same record again."""
+        def send() -> bool:
+            try:
+                self.producer.produce(
+                    self.ledger.topic, value=record, partition=self.partition,
+                    headers=self._sender,
+                    on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
+            except BufferError:
+                return False
+            except KafkaException as e:   # refused before it was queued
+                self._ledgered(e.args[0], None, rows, send)
+            return True
+        return send
+
+    def _ledgered(self, err, msg, rows: list[Row], send) -> None:
+        if err is not None and self.txn and msg is not None:
+            self._refused_in_transaction(None, err)
+            return
+        if err is not None:   # its rows stay below the commit point until the ledger has them
+            if send is None:   # a probe
+                return
+            if send not in self._refused:   # said once, not at every retry
+                self._refused.add(send)
+                log.warning("dispatch %d: the ledger topic %s refused a record of %d rows (%s); "
+                            "retrying until it takes it", self.partition, self.ledger.topic,
+                            len(rows), err)
+            self._later(send)
+            return
+        self._refused.discard(send)
+        self.ledger_end = max(self.ledger_end, msg.offset() + 1)
+        self.skew.observe(*msg.timestamp())
+        self._last_ack = time.monotonic()
+        for row in rows:
+            self.offsets[row.source].done(row.offset)
+            self.held[row.level] -= 1
+
+    def _probe(self, wait: bool = False) -> None:
+        """A record on the ledger partition whose acknowledgement measures the clock (Skew), which
+        the ledger query ignores; at the start, nothing is sent until then. Lost: not sent again."""
+        self._last_ack = time.monotonic()
+        try:
+            self.producer.produce(self.ledger.topic, value=b"", headers=[(PROBE, b"1")],
+                                  partition=self.partition,
+                                  on_delivery=lambda err, msg: self._ledgered(err, msg, [], None))
+        except BufferError:   # the next one goes at its interval
+            pass
+        deadline = time.monotonic() + 60
+        while wait and not self.skew.measured and time.monotonic() < deadline:
+            self.producer.poll(0.05)
+            self._release()

@@ -104,6 +104,9 @@ def in_ledger(consumer, config: DispatchConfig, ledger, mark: int | None) -> tup
             for key, due in zip(rows.column("uniq_key").to_pylist(),
                                 rows.column("due_ms").to_pylist()):
                 done.add(identity(key, due))
+        # Past what read_committed skips, too (an aborted transaction's records and markers).
+        [now] = consumer.position([TopicPartition(ledger.topic, ledger.partition)])
+        position = max(position, now.offset)
     consumer.unassign()
     return done, high
 

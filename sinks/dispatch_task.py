@@ -19,10 +19,11 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from sinks.bodies import Bodies
 from sinks.direct import direct_rows
 from sinks.dispatch_send import Sending
-from sinks.dispatch import (PROBE, READY_STOP, SENDER, DispatchConfig, Offsets, Row, Skew,
-                            identity, ledger_chunks, ready_row, sender)
+from sinks.dispatch import (READY_STOP, SENDER, DispatchConfig, Offsets, Row, Skew, identity,
+                            ready_row, sender)
 from sinks.dispatch_start import (added_partitions, committed, in_ledger, owned_partitions,
                                   retrying, transient)
+from sinks.dispatch_txn import Aborted, Refusals, Transactions
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +41,43 @@ def run_partition(config: DispatchConfig, partition: int,
     yield what it did ({"partition", "sent", "dead", "skipped"}). Raises on a failure that a
     new task must take over (the supervisor starts it again from the committed offset)."""
     gc.set_threshold(*GC_THRESHOLD)   # the worker runs this task alone, for its whole life
-    task = _Task(config, partition, clock)
-    try:
-        task.run()
-    finally:
-        task.close()
-    yield {"partition": partition, "sent": task.sent, "dead": task.dead, "skipped": task.skipped}
+    refusals, done = Refusals(), Counter()
+    while True:   # again from the last commit after an aborted transaction (sinks/dispatch_txn.py)
+        task = _Task(config, partition, clock, refusals)
+        try:
+            task.run()
+            break
+        except Aborted as e:
+            log.warning("dispatch %d: its transaction was aborted (%s); reading again from its "
+                        "last commit", partition, e)
+            task.producer.abort_transaction(60)
+            task.sent, task.dead = task.at_commit   # what the aborted one sent does not count
+        finally:
+            task.close()
+            done.update(sent=task.sent, dead=task.dead, skipped=task.skipped)
+        time.sleep(config.retry_backoff_s)
+    yield {"partition": partition, "sent": done["sent"], "dead": done["dead"],
+           "skipped": done["skipped"]}
 
 
-class _Task(Sending):
+class _Task(Sending, Transactions):
     """One run of a dispatch task over its ready partition (see `run_partition`)."""
 
-    def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float]):
+    def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float],
+                 refusals: Refusals):
         self.config, self.partition, self.clock = config, partition, clock
         self.ready = TopicPartition(config.ready_topic, partition)
         self.ledger = TopicPartition(config.ledger_topic, partition)
         self.consumer = Consumer({**config.consumer, "enable.auto.commit": False,
                                   "auto.offset.reset": "error"})
-        self.producer = Producer(config.producer)
+        self.txn = bool(config.transactional_id)
+        self.producer = Producer({**config.producer, "transactional.id":
+                                  f"{config.transactional_id}.{partition}"} if self.txn
+                                 else config.producer)
+        # The transactions' (sinks/dispatch_txn.py): refusals, the open one's first failure, and
+        # what the last commit committed (offsets, the ledger's end).
+        self.refusals, self.doomed, self._committed = refusals, None, None
+        self.at_commit = (0, 0)   # `sent` and `dead` at the last commit
         self.bodies = Bodies(config.consumer, config.intake_topic, config.rules, config.fetch_gap)
         self.skew = Skew(config.ledger_topic, config.clock_tolerance_ms, clock=clock)
         self.heap: list[tuple] = []     # (*Row.order(), push number, row) of each held row
@@ -83,6 +103,8 @@ class _Task(Sending):
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
         consumer, config = self.consumer, self.config
+        if self.txn:   # first: what an earlier run left open is aborted before anything is read
+            retrying(self._begin)
         self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
         starts, mark = retrying(lambda: committed(consumer, config, [self.ready, *self.intake]))
         done, self.ledger_end = retrying(lambda: in_ledger(consumer, config, self.ledger, mark))
@@ -266,75 +288,20 @@ class _Task(Sending):
             return
         heap, pop, produce, delivered = self.heap, heapq.heappop, self._produce, self._delivered
         broker_ms, first = self.skew.broker_ms, self.bodies.first_wanted()
+        refusals = self.refusals
         while heap and heap[0][0] <= broker_ms() and (first is None or heap[0][:3] < first):
             row = pop(heap)[-1]
+            if refusals.reasons or refusals.alone:   # refused in an aborted transaction
+                where = (row.source, row.offset)
+                if where in refusals.reasons:
+                    self._dead_letter(row, refusals.reasons[where])
+                    continue
+                if where in refusals.alone:
+                    self._send_alone(row)
+                    continue
             if not produce(row.topic, row.partition, row, row.headers, delivered):
                 self._hold(row)   # the producer's queue is full: later
                 return
-
-    def _ledger(self, force: bool = False) -> None:
-        """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows
-        and `ledger_bytes` bytes (sinks/dispatch.py ledger_chunks), once `gather_s` has passed
-        since the first of them or `ledger_batch` are waiting; their rows are done once the
-        ledger has them."""
-        batch = self.config.ledger_batch
-        if not self._unledgered or not force and len(self._unledgered) < batch \
-                and time.monotonic() - self._unledgered_since < self.config.gather_s:
-            return
-        acked, self._unledgered = self._unledgered, []
-        for rows, record in ledger_chunks(acked, batch, self.config.ledger_bytes):
-            send = self._ledger_send(record, rows)
-            if not send():
-                self._later(send, 0.05)
-
-    def _ledger_send(self, record: bytes, rows: list[Row]) -> Callable[[], bool]:
-        """The send of one ledger record; a failed delivery sends this same record again."""
-        def send() -> bool:
-            try:
-                self.producer.produce(
-                    self.ledger.topic, value=record, partition=self.partition,
-                    headers=self._sender,
-                    on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
-            except BufferError:
-                return False
-            except KafkaException as e:   # refused before it was queued
-                self._ledgered(e.args[0], None, rows, send)
-            return True
-        return send
-
-    def _ledgered(self, err, msg, rows: list[Row], send) -> None:
-        if err is not None:   # its rows stay below the commit point until the ledger has them
-            if send is None:   # a probe
-                return
-            if send not in self._refused:   # said once, not at every retry
-                self._refused.add(send)
-                log.warning("dispatch %d: the ledger topic %s refused a record of %d rows (%s); "
-                            "retrying until it takes it", self.partition, self.ledger.topic,
-                            len(rows), err)
-            self._later(send)
-            return
-        self._refused.discard(send)
-        self.ledger_end = max(self.ledger_end, msg.offset() + 1)
-        self.skew.observe(*msg.timestamp())
-        self._last_ack = time.monotonic()
-        for row in rows:
-            self.offsets[row.source].done(row.offset)
-            self.held[row.level] -= 1
-
-    def _probe(self, wait: bool = False) -> None:
-        """A record on the ledger partition whose acknowledgement measures the clock (Skew), which
-        the ledger query ignores; at the start, nothing is sent until then. Lost: not sent again."""
-        self._last_ack = time.monotonic()
-        try:
-            self.producer.produce(self.ledger.topic, value=b"", headers=[(PROBE, b"1")],
-                                  partition=self.partition,
-                                  on_delivery=lambda err, msg: self._ledgered(err, msg, [], None))
-        except BufferError:   # the next one goes at its interval
-            pass
-        deadline = time.monotonic() + 60
-        while wait and not self.skew.measured and time.monotonic() < deadline:
-            self.producer.poll(0.05)
-            self._release()
 
     def _later(self, send: Callable[[], bool | None], delay_s: float | None = None) -> None:
         """Call `send` again after a back-off (the retry's, or `delay_s`); a send that returns
@@ -353,7 +320,26 @@ class _Task(Sending):
                 self._later(send, 0.05)
 
     def _commit(self) -> None:
-        """Commit the commit point; a transient failure waits for the next commit."""
+        """Commit the commit point; a transient failure waits for the next commit. In a
+        transaction, everything sent and acknowledged has its ledger row in it first."""
+        if self.txn:
+            self._settle()
+            commits = self._commit_points()
+            moved = ([tp.offset for tp in commits], self.ledger_end)
+            if moved != self._committed:   # an idle task opens no empty transactions
+                self._commit_transaction(commits)
+                self._committed = moved
+            return
+        try:
+            self.consumer.commit(offsets=self._commit_points(), asynchronous=False)
+        except KafkaException as e:
+            if not transient(e):
+                raise
+            log.warning("dispatch %d: commit failed (%s); the next one retries it",
+                        self.partition, e)
+
+    def _commit_points(self) -> list:
+        """Each source's commit point, with the metadata the driver's gauges read."""
         commits = []
         for source, offsets in self.offsets.items():
             point, mark = offsets.commit_point(self.ledger_end)
@@ -364,10 +350,4 @@ class _Task(Sending):
                     meta["clock_ms"] = round(self.skew.offset_ms())
             topic, part = (self.ready.topic, self.partition) if source is None else source
             commits.append(TopicPartition(topic, part, point, metadata=json.dumps(meta)))
-        try:
-            self.consumer.commit(offsets=commits, asynchronous=False)
-        except KafkaException as e:
-            if not transient(e):
-                raise
-            log.warning("dispatch %d: commit failed (%s); the next one retries it",
-                        self.partition, e)
+        return commits

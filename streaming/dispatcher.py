@@ -39,12 +39,14 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                 "isolation.level": "read_committed"}
     # librdkafka fills a record batch up to batch.size (1,000,000 bytes): no larger than the
     # ledger topic takes, or a batch of ledger records it refuses would be refused again whole.
+    exactly = settings.delivery == "exactly_once"
     producer = {**dispatch_producer_config(settings, max_request_bytes),
                 "batch.size": min(1_000_000, ledger_max_bytes)}
     return DispatchConfig(consumer=consumer, producer=producer,
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
                           dlq_topic=settings.dlq_topic, run_id=run_id,
-                          commit_interval_s=settings.dispatch_commit_interval_ms / 1000,
+                          commit_interval_s=(settings.dispatch_transaction_ms if exactly
+                                             else settings.dispatch_commit_interval_ms) / 1000,
                           max_held=settings.dispatch_max_held,
                           gather_s=settings.dispatch_gather_ms / 1000,
                           retry_backoff_s=settings.dispatch_retry_backoff_ms / 1000,
@@ -58,7 +60,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           intake_topic=settings.intake_topic, rules=rules_of(settings),
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start,
-                          fetch_gap=settings.dispatch_fetch_gap)
+                          fetch_gap=settings.dispatch_fetch_gap,
+                          transactional_id=consumer["group.id"] if exactly else "")
 
 
 def failure_reason(exc: Exception) -> str:

@@ -62,9 +62,11 @@ def assert_eventually(check: Callable[[], T], timeout_s: float = 60.0, interval_
 
 
 def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0,
-                idle_s: float = 0.0, done: Callable[[list], bool] | None = None) -> list:
+                idle_s: float = 0.0, done: Callable[[list], bool] | None = None,
+                committed: bool = False) -> list:
     """Read `topic` from the beginning until `expected` records arrived (or `done(records)`
-    holds), then `idle_s` more seconds to catch extras, or the deadline passes."""
+    holds), then `idle_s` more seconds to catch extras, or the deadline passes; `committed`:
+    as a read_committed consumer (else read_uncommitted: aborted transactions' records too)."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(
@@ -73,6 +75,7 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         consumer_timeout_ms=500,
+        isolation_level="read_committed" if committed else "read_uncommitted",
     )
     records: list = []
     deadline = time.monotonic() + timeout_s

@@ -108,7 +108,7 @@ def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
     task = _Task.__new__(_Task)
     task.config = SimpleNamespace(ledger_batch=2, ledger_bytes=1_000_000, gather_s=0.0,
                                   retry_backoff_s=0.0, clock_tolerance_ms=60_000)
-    task.skew, task._refused = Skew("ledger", 60_000), set()
+    task.skew, task._refused, task.txn = Skew("ledger", 60_000), set(), False
     task.partition, task.ledger, task._sender = 0, SimpleNamespace(topic="ledger"), []
     task.producer, task.retry, task.ledger_end, task._last_ack = Producer(), [], 0, 0.0
     task.offsets, task.held = {None: Offsets(0)}, {1: 4}
