@@ -1,6 +1,7 @@
 """The job is killed (SIGKILL, driver and JVM) at random moments under steady load and
 restarted from its checkpoint: every message is delivered, none early, duplicates only with
-the same UNIQ_KEY, and the ledger holds every delivered message exactly once."""
+the same UNIQ_KEY (none for a read_committed reader with delivery = "exactly_once"), and the
+ledger holds every delivered message exactly once."""
 from __future__ import annotations
 
 import random
@@ -18,12 +19,16 @@ from tests.support import assert_eventually
 KILLS = 2
 
 
-@pytest.mark.parametrize("where", ["local", "hdfs"])
+@pytest.mark.parametrize("where", ["local", "hdfs", "exactly_once"])
 def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, capsys, where,
                                                             request):
     """The wheel, the dispatch tasks and the ledger query killed together, with the checkpoints
-    and tables in a local folder or on a real HDFS (`store`)."""
+    and tables in a local folder or on a real HDFS (`store`), or in a local folder with the
+    dispatch tasks' transactions."""
     options = {"ledger_interval": "2s"}
+    exactly = where == "exactly_once"
+    if exactly:
+        options["delivery"] = "exactly_once"
     if where == "hdfs":
         options["store"] = f"{request.getfixturevalue('hdfs_uri')}/kill-{uuid.uuid4().hex[:8]}"
     job, settings = job_process(**options)
@@ -36,7 +41,7 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     load = SteadyLoad(settings, real)
     load.start()
     rng = random.Random(7)
-    for _ in range(KILLS if where == "local" else 1):   # the store's path once is enough
+    for _ in range(KILLS if where != "hdfs" else 1):   # the store's path once is enough
         time.sleep(rng.uniform(4, 10))
         job.kill()
         time.sleep(rng.uniform(0, 3))
@@ -45,7 +50,8 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     load.stop()
     sent = load.sent
 
-    outcome = check_all_delivered(settings, real, sent)
+    outcome = check_all_delivered(settings, real, sent, committed=exactly)
+    assert outcome.duplicates == 0 or not exactly, f"{outcome.duplicates} read twice"
     # The ledger is written after Kafka in each batch: let the last batch finish first.
     ledger_keys = lambda: {r["uniq_key"] for r in spark.read.format("delta")
                            .load(str(settings.ledger_path)).select("uniq_key").collect()}
@@ -60,5 +66,5 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     assert set(per_key) == set(sent), f"ledger misses {len(set(sent) - set(per_key))}"
     assert all(n == 1 for n in per_key.values()), "ledger rows must be exactly once"
     with capsys.disabled():
-        print(f"\nkill test ({where}): {KILLS if where == 'local' else 1} kill(s), {len(sent)} messages, lost 0, early 0, "
+        print(f"\nkill test ({where}): {KILLS if where != 'hdfs' else 1} kill(s), {len(sent)} messages, lost 0, early 0, "
               f"duplicates in Kafka {outcome.duplicates}, ledger rows {len(per_key)} (exactly once)")
