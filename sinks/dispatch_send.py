@@ -24,15 +24,22 @@ class Sending:
     def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
         """`row` to the producer, stamped with the broker's clock here, never before its due."""
         sent_ms = self._now_ms()
+        report = lambda err, msg: callback(err, msg, row, sent_ms)
+        if self.txn:   # taken as queued: a refusal aborts the transaction, its ledger row too
+            report = lambda err, msg: err is not None and callback(err, msg, row, sent_ms)
         try:   # partition -1: librdkafka's partitioner places it
             self.producer.produce(topic, row.value, row.key, -1 if partition is None else partition,
-                                  on_delivery=lambda err, msg: callback(err, msg, row, sent_ms),
-                                  headers=headers, timestamp=max(sent_ms, row.due_ms))
+                                  on_delivery=report, headers=headers,
+                                  timestamp=max(sent_ms, row.due_ms))
         except BufferError:
             self.producer.poll(0.05)
             return False
         except KafkaException as e:   # refused before it was queued (no such partition)
             callback(e.args[0], None, row, sent_ms)
+            return True
+        if self.txn:
+            self.in_transaction = True
+            callback(None, None, row, sent_ms)
         return True
 
     # ---- acknowledgements (called from producer.poll) ---------------------------------------
@@ -122,6 +129,8 @@ class Sending:
                 return False
             except KafkaException as e:   # refused before it was queued
                 self._ledgered(e.args[0], None, rows, send)
+                return True
+            self.in_transaction = True
             return True
         return send
 
@@ -155,6 +164,7 @@ class Sending:
             self.producer.produce(self.ledger.topic, value=b"", headers=[(PROBE, b"1")],
                                   partition=self.partition,
                                   on_delivery=lambda err, msg: self._ledgered(err, msg, [], None))
+            self.in_transaction = True
         except BufferError:   # the next one goes at its interval
             pass
         deadline = time.monotonic() + 60

@@ -74,10 +74,13 @@ class _Task(Sending, Transactions):
         self.producer = Producer({**config.producer, "transactional.id":
                                   f"{config.transactional_id}.{partition}"} if self.txn
                                  else config.producer)
-        # The transactions' (sinks/dispatch_txn.py): refusals, the open one's first failure, and
-        # what the last commit committed (offsets, the ledger's end).
-        self.refusals, self.doomed, self._committed = refusals, None, None
+        # The transactions' (sinks/dispatch_txn.py): refusals, the open one's first failure,
+        # whether it holds a record, and the offsets the last one committed.
+        self.refusals, self.doomed, self.in_transaction, self._committed = refusals, None, False, None
         self.at_commit = (0, 0)   # `sent` and `dead` at the last commit
+        # Topics known to exist, and those found missing: (first seen, last looked up).
+        self._topics: set[str] = set()
+        self._missing: dict[str, tuple[float, float]] = {}
         self.bodies = Bodies(config.consumer, config.intake_topic, config.rules, config.fetch_gap)
         self.skew = Skew(config.ledger_topic, config.clock_tolerance_ms, clock=clock)
         self.heap: list[tuple] = []     # (*Row.order(), push number, row) of each held row
@@ -299,6 +302,8 @@ class _Task(Sending, Transactions):
                 if where in refusals.alone:
                     self._send_alone(row)
                     continue
+            if self.txn and not self._topic_ready(row):
+                continue
             if not produce(row.topic, row.partition, row, row.headers, delivered):
                 self._hold(row)   # the producer's queue is full: later
                 return
@@ -323,12 +328,7 @@ class _Task(Sending, Transactions):
         """Commit the commit point; a transient failure waits for the next commit. In a
         transaction, everything sent and acknowledged has its ledger row in it first."""
         if self.txn:
-            self._settle()
-            commits = self._commit_points()
-            moved = ([tp.offset for tp in commits], self.ledger_end)
-            if moved != self._committed:   # an idle task opens no empty transactions
-                self._commit_transaction(commits)
-                self._committed = moved
+            self._commit_transaction()
             return
         try:
             self.consumer.commit(offsets=self._commit_points(), asynchronous=False)

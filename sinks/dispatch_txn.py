@@ -11,13 +11,19 @@ sent is invisible to a read_committed reader, and sent again.
 A refusal aborts the whole transaction (librdkafka's rule): the task starts again from its last
 commit in the same worker, and the refused row, read again, is dead-lettered with its reason
 instead, or sent alone first when the broker refused its record batch as too large (the
-at-least-once path does the same without an abort: sinks/dispatch_send.py). No Spark import.
+at-least-once path does the same without an abort: sinks/dispatch_send.py). So a row to a topic
+that does not exist is not sent at all: its topic is looked up first, and the row waits aside
+for the topic as long as the producer would (`topic.metadata.propagation.max.ms`), then is
+dead-lettered; sent, it would hold the transaction's commit that long and then abort it. A
+partition out of range, or a record larger than the producer takes, is refused before it is
+queued, and dead-lettered without an abort. No Spark import.
 """
 from __future__ import annotations
 
 import logging
+import time
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from sinks.dispatch import TOO_LARGE, Row, refusal
 
@@ -37,8 +43,33 @@ class Refusals:
         self.alone: set[tuple] = set()        # sent in a record batch of its own
 
 
+# A topic found missing is looked up again at most this often.
+_LOOK_AGAIN_S = 0.5
+
+
 class Transactions:
     """The transaction part of sinks/dispatch_task.py's _Task, which it is mixed into."""
+
+    def _topic_ready(self, row: Row) -> bool:
+        """Whether `row`'s topic exists, as the producer's metadata says; if not, the row is
+        put aside to be tried again, or dead-lettered once the producer's wait has passed."""
+        topic = row.topic
+        if topic in self._topics:
+            return True
+        first, looked = self._missing.get(topic, (time.monotonic(), 0.0))
+        if time.monotonic() - looked >= _LOOK_AGAIN_S:
+            found = self.producer.list_topics(topic, timeout=10).topics.get(topic)
+            if found is not None and found.error is None and found.partitions:
+                self._topics.add(topic)
+                self._missing.pop(topic, None)
+                return True
+            self._missing[topic] = first, time.monotonic()
+        wait_s = self.config.producer.get("topic.metadata.propagation.max.ms", 30_000) / 1000
+        if time.monotonic() - first >= wait_s:
+            self._dead_letter(row, refusal(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), row))
+        else:
+            self._later(lambda: self._hold(row), _LOOK_AGAIN_S)
+        return False
 
     def _begin(self) -> None:
         """Fence every earlier producer of this transactional.id (aborting what it left open)
@@ -60,30 +91,48 @@ class Transactions:
         if why is not None:
             self.refusals.reasons[where] = why
 
-    def _commit_transaction(self, commits: list) -> None:
-        """Commit what was sent since the last commit with the input offsets `commits`, and
-        open the next transaction."""
+    def _commit_transaction(self) -> None:
+        """Commit what was queued since the last commit, the ledger rows of all of it and the
+        input offsets, and open the next transaction. A row counts as sent when it is queued, and
+        its ledger row goes with it: the commit waits for the acknowledgements of both (or
+        aborts on a refusal). An offset moves only past rows whose ledger rows were acknowledged
+        before, so it may trail by a transaction: the rows between are read again after a crash
+        and skipped, as the ledger has them."""
+        self._ledger(force=True)
+        for _ in range(100):   # records the full queue put back, queued before the commit
+            if not self.retry:
+                break
+            self.producer.poll(0.05)
+            self._release(force=True)
+            self._ledger(force=True)
+        else:
+            self.doomed = self.doomed or "the producer's queue stayed full"
         if self.doomed:
             raise Aborted(self.doomed)
-        try:
-            self.producer.send_offsets_to_transaction(
-                commits, self.consumer.consumer_group_metadata(), 60)
-            self.producer.commit_transaction(60)
-        except KafkaException as e:
-            if e.args and e.args[0].txn_requires_abort():
-                raise Aborted(str(e.args[0])) from e
-            raise   # fatal (fenced) or not done in time: the task restarts
+        commits = self._commit_points()
+        offsets = [tp.offset for tp in commits]
+        if not self.in_transaction and offsets == self._committed:
+            return   # an idle task commits no empty transactions
+        self._until_done(lambda: self.producer.send_offsets_to_transaction(
+            commits, self.consumer.consumer_group_metadata(), 30))
+        self._until_done(lambda: self.producer.commit_transaction(30))
+        self.in_transaction, self._committed = False, offsets
         self.at_commit = (self.sent, self.dead)
         self.producer.begin_transaction()
 
-    def _settle(self) -> None:
-        """Every send of the transaction acknowledged and its ledger row sent and acknowledged,
-        so that no row it delivered lies above the commit point without its ledger row."""
+    def _until_done(self, call) -> None:
+        """A transaction call, called again while it fails for a reason that passes (the broker
+        away: librdkafka resumes where it was); an abortable failure aborts, a fatal one (the task
+        fenced) is raised."""
         while True:
-            self._release(force=True)
-            self.producer.flush(60)
-            if self.doomed:
-                raise Aborted(self.doomed)
-            if not self._unledgered and not self.retry:
-                return
-            self._ledger(force=True)
+            try:
+                return call()
+            except KafkaException as e:
+                err = e.args[0] if e.args else None
+                if err is not None and err.txn_requires_abort():
+                    raise Aborted(str(err)) from e
+                if err is None or not err.retriable():
+                    raise
+                log.warning("dispatch %d: committing its transaction: %s; retrying",
+                            self.partition, err)
+

@@ -63,10 +63,11 @@ def assert_eventually(check: Callable[[], T], timeout_s: float = 60.0, interval_
 
 def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60.0,
                 idle_s: float = 0.0, done: Callable[[list], bool] | None = None,
-                committed: bool = False) -> list:
+                committed: bool = True) -> list:
     """Read `topic` from the beginning until `expected` records arrived (or `done(records)`
-    holds), then `idle_s` more seconds to catch extras, or the deadline passes; `committed`:
-    as a read_committed consumer (else read_uncommitted: aborted transactions' records too)."""
+    holds), then `idle_s` more seconds to catch extras, or the deadline passes; as a
+    read_committed consumer, as a user's would (`committed` False: read_uncommitted, aborted
+    transactions' records too)."""
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(

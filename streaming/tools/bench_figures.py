@@ -21,10 +21,11 @@ def percentile(values: np.ndarray, q: float) -> int | None:
 
 
 def join(append: np.ndarray, due: np.ndarray, seq: np.ndarray, ts: np.ndarray,
-         level: np.ndarray | None = None) -> dict:
+         level: np.ndarray | None = None, seen: np.ndarray | None = None) -> dict:
     """Figures of one scenario from what was sent (per sequence number: append and due time,
     and the level, -1 for a timer) and what was read (sequence number and broker timestamp of
-    each delivery)."""
+    each delivery, and when the read_committed reader saw it: `visible_*`, which counts the
+    wait for a dispatch transaction's commit that the broker's timestamp does not)."""
     n = len(due)
     ok = (seq >= 0) & (seq < n)
     seq, ts = seq[ok], ts[ok]
@@ -33,6 +34,10 @@ def join(append: np.ndarray, due: np.ndarray, seq: np.ndarray, ts: np.ndarray,
     first = np.unique(seq, return_index=True)[1]   # the first delivery of each message
     fseq, fts = seq[first], ts[first]
     late = fts - due[fseq]
+    visible = {}
+    if seen is not None and len(seen) == len(ok):
+        shown = seen[ok][order][first] - due[fseq]
+        visible = {f"visible_{k.split('_', 1)[1]}": v for k, v in lateness(shown).items()}
     delivered = len(fseq)
     span_s = (fts.max() - fts.min()) / 1000 if delivered > 1 else 0.0
     return {
@@ -40,7 +45,7 @@ def join(append: np.ndarray, due: np.ndarray, seq: np.ndarray, ts: np.ndarray,
         "duplicates": int(len(seq) - delivered),
         # Early is judged on every copy, duplicates included.
         "early": int(np.sum(ts < due[seq])),
-        **lateness(late),
+        **lateness(late), **visible,
         "out_msg_s": round((delivered - 1) / span_s, 1) if span_s else None,
         **by_level(late, None if level is None else level[fseq]),
         "_series": (due[fseq], late),

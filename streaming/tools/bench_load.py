@@ -85,7 +85,8 @@ class Load:
         told.with_suffix(".partial").replace(told)
         self.reader.wait()
         read = np.load(self.out + "-read.npz")
-        return join(sent["append"], sent["due"], read["seq"], read["ts"], sent["level"])
+        return join(sent["append"], sent["due"], read["seq"], read["ts"], sent["level"],
+                    read["seen"] if "seen" in read.files else None)
 
 
 class MemoryPeaks(threading.Thread):

@@ -134,7 +134,7 @@ def consume(args) -> None:
                          "fetch.min.bytes": 1, "fetch.wait.max.ms": 50})
     meta = consumer.list_topics(args.topic, timeout=30).topics[args.topic]
     consumer.assign([TopicPartition(args.topic, p, 0) for p in meta.partitions])
-    seqs, stamps = [], []
+    seqs, stamps, seen_ms = [], [], []
     expected_file = Path(args.out + ".expected")
     stop_file = Path(args.out + ".stop")
     expected = None
@@ -142,7 +142,8 @@ def consume(args) -> None:
     idle_since = time.time()
     deadline = time.time() + args.timeout
     while time.time() < deadline and not stop_file.exists():
-        batch = consumer.consume(num_messages=10_000, timeout=0.2)
+        batch = consumer.consume(num_messages=10_000, timeout=0.01)   # `seen` within 10 ms
+        now_ms = int(time.time() * 1000)   # when this reader (read_committed) saw them
         for msg in batch:
             if msg.error() is not None:
                 continue
@@ -151,6 +152,7 @@ def consume(args) -> None:
                 continue   # another load's message on a shared topic
             seqs.append(seq)
             stamps.append(msg.timestamp()[1])
+            seen_ms.append(now_ms)
             seen.add(seq)
         if batch:
             idle_since = time.time()
@@ -164,7 +166,8 @@ def consume(args) -> None:
         if len(seen) >= expected or quiet > args.idle:
             break
     consumer.close()
-    np.savez(args.out, seq=np.array(seqs, dtype=np.int64), ts=np.array(stamps, dtype=np.int64))
+    np.savez(args.out, seq=np.array(seqs, dtype=np.int64), ts=np.array(stamps, dtype=np.int64),
+             seen=np.array(seen_ms, dtype=np.int64))
     Path(args.out + ".done").write_text(json.dumps({"records": len(seqs), "distinct": len(seen)}))
 
 

@@ -176,11 +176,11 @@ class Outcome:
 
 def check_all_delivered(settings, real: str, sent: dict[str, int], timeout_s: float = 180,
                         unacknowledged: set[str] = frozenset(),
-                        committed: bool = False) -> Outcome:
+                        committed: bool = True) -> Outcome:
     """Every sent UNIQ_KEY delivered to `real` with its due time, none early; duplicates only
     with the same UNIQ_KEY (any other key fails, except a send whose acknowledgement was lost:
-    it may arrive, never before the due time it carries). Returns what arrived (`committed`:
-    what a read_committed consumer reads)."""
+    it may arrive, never before the due time it carries). Returns what arrived, for a
+    read_committed consumer unless `committed` is False."""
     from tests.support import consume_all, header_map
 
     every_key = lambda got: {header_map(r)["UNIQ_KEY"].decode() for r in got} >= set(sent)

@@ -33,9 +33,11 @@ def dispatch(new_topic, kafka_bootstrap):
     and write(rows) putting fired rows on the ready partition as the wheel writes them."""
     ready, ledger = new_topic(), new_topic(**LOG_APPEND)
     real, dlq = new_topic(**LOG_APPEND), new_topic(**LOG_APPEND)
-    # The settings' dispatch configuration, on the fresh topics, reading no intake.
+    # The settings' dispatch configuration, on the fresh topics, reading no intake, delivering
+    # at least once (tests/integration/test_exactly_once.py adds the transactions).
     config = replace(
-        dispatch_config(load_settings(), "run-1", 1_048_576, 1, {}, 1_048_588),
+        dispatch_config(load_settings(delivery="at_least_once"), "run-1", 1_048_576, 1, {},
+                        1_048_588),
         consumer={"bootstrap.servers": kafka_bootstrap, "group.id": f"dispatch-{uuid.uuid4().hex}"},
         producer={"bootstrap.servers": kafka_bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "topic.metadata.propagation.max.ms": 2000,

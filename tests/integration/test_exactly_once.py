@@ -60,7 +60,7 @@ def test_a_task_killed_in_and_between_transactions_delivers_each_message_once_to
     prompt = [{"uniq": f"p{i}", "due": now} for i in range(300)]
     write(held + prompt)
     first = in_process(replace(config, commit_interval_s=600))   # commits nothing
-    consume_all(kafka_bootstrap, config.real, expected=300, timeout_s=60)
+    consume_all(kafka_bootstrap, config.real, expected=300, timeout_s=60, committed=False)
     assert consume_all(kafka_bootstrap, config.real, expected=1, timeout_s=2, committed=True) == []
     first.kill()
     first.join(30)
@@ -77,36 +77,45 @@ def test_a_task_killed_in_and_between_transactions_delivers_each_message_once_to
     assert keys(delivered) == sorted(r["uniq"] for r in held + prompt), "once each, none lost"
     assert all(int(header_map(r)["DELIVER_MS"]) <= r.timestamp for r in delivered), "none early"
     assert result == [{"partition": 0, "sent": 10, "dead": 0, "skipped": 300}]
-    everything = consume_all(kafka_bootstrap, config.real, expected=610, timeout_s=30, idle_s=2)
+    everything = consume_all(kafka_bootstrap, config.real, expected=610, timeout_s=30, idle_s=2,
+                             committed=False)
     assert keys(everything) == sorted([r["uniq"] for r in held + prompt] +
                                       [r["uniq"] for r in prompt])
     assert ledger_keys(kafka_bootstrap, config.ledger_topic, 310) == keys(delivered)
 
 
 def test_a_refused_row_aborts_its_transaction_and_is_dead_lettered_when_read_again(
-        exactly, kafka_bootstrap):
-    """A row to a topic that does not exist is refused once the producer stops waiting for it:
-    the transaction with it is aborted, the task reads again from its last commit, dead-letters
-    that row with its reason and sends its neighbours once; a REAL_QID beyond the topic's
-    partitions is refused before it is sent, and dead-lettered without an abort."""
+        exactly, kafka_bootstrap, new_topic):
+    """A record batch the real topic refuses as too large aborts the transaction: the task
+    reads again from its last commit, sends each of that batch's rows alone, and the one that
+    is too large itself aborts once more and is dead-lettered when read again; its neighbours
+    arrive once. A topic that does not exist and a REAL_QID beyond the topic's partitions are
+    found before anything is sent: dead-lettered without an abort."""
     config, write = exactly
+    small = new_topic(max_message_bytes="2000", message_timestamp_type="LogAppendTime")
     now = int(time.time() * 1000)
     write([{"uniq": "missing", "due": now, "topic": "no-such-topic-delayq"},
            {"uniq": "beyond", "due": now, "qid": 7},
+           {"uniq": "small-before", "due": now, "topic": small, "key": b"k", "value": b"ok"},
+           {"uniq": "large", "due": now, "topic": small, "key": b"k", "value": b"x" * 5000},
+           {"uniq": "small-after", "due": now, "topic": small, "key": b"k", "value": b"ok"},
            *[{"uniq": f"ok{i}", "due": now} for i in range(5)]])
     thread, result = in_thread(config)
     delivered = committed(kafka_bootstrap, config.real, expected=5)
-    dead = committed(kafka_bootstrap, config.dlq_topic, expected=2)
+    beside = committed(kafka_bootstrap, small, expected=2)
+    dead = committed(kafka_bootstrap, config.dlq_topic, expected=3)
     stop(config, kafka_bootstrap)
     thread.join(60)
     assert keys(delivered) == [f"ok{i}" for i in range(5)]
+    assert keys(beside) == ["small-after", "small-before"]
     reasons = {header_map(r)["UNIQ_KEY"].decode(): header_map(r)["DLQ_REASON"].decode()
                for r in dead}
-    assert len(dead) == 2 and reasons["missing"].startswith("unknown_topic: ")
+    assert len(dead) == 3 and reasons["missing"].startswith("unknown_topic: ")
     assert reasons["beyond"].startswith("partition_out_of_range: ")
-    assert ledger_keys(kafka_bootstrap, config.ledger_topic, 7) == sorted(
-        ["missing", "beyond", *(f"ok{i}" for i in range(5))])
-    assert result == [{"partition": 0, "sent": 5, "dead": 2, "skipped": 0}]
+    assert reasons["large"].startswith("too_large: ")
+    assert ledger_keys(kafka_bootstrap, config.ledger_topic, 10) == sorted(
+        ["missing", "beyond", "large", "small-before", "small-after", *(f"ok{i}" for i in range(5))])
+    assert result == [{"partition": 0, "sent": 7, "dead": 3, "skipped": 0}]
 
 
 def test_a_paused_task_is_fenced_by_its_replacement_and_nothing_is_seen_twice(
@@ -120,7 +129,7 @@ def test_a_paused_task_is_fenced_by_its_replacement_and_nothing_is_seen_twice(
     first_rows = [{"uniq": f"a{i}", "due": now} for i in range(200)]
     write(first_rows)
     zombie = in_process(replace(config, commit_interval_s=600))
-    consume_all(kafka_bootstrap, config.real, expected=200, timeout_s=60)
+    consume_all(kafka_bootstrap, config.real, expected=200, timeout_s=60, committed=False)
     os.kill(zombie.pid, signal.SIGSTOP)
     thread, result = in_thread(config)
     committed(kafka_bootstrap, config.real, expected=200, idle_s=0)
