@@ -76,8 +76,10 @@ class DispatchConfig:
     # this is skipped by positioning the partition again rather than read through.
     fetch_gap: int = 500
     # delivery = "exactly_once": the prefix of each task's transactional.id (sinks/dispatch_txn.py;
-    # the task adds its ready partition); empty: at least once, no transactions.
+    # the task adds its ready partition), a transaction every `commit_interval_s` and the offsets
+    # every `offsets_interval_s`; empty: at least once, no transactions.
     transactional_id: str = ""
+    offsets_interval_s: float = 1.0
 
 
 class Row:

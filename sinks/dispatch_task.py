@@ -75,8 +75,9 @@ class _Task(Sending, Transactions):
                                   f"{config.transactional_id}.{partition}"} if self.txn
                                  else config.producer)
         # The transactions' (sinks/dispatch_txn.py): refusals, the open one's first failure,
-        # whether it holds a record, and the offsets the last one committed.
-        self.refusals, self.doomed, self.in_transaction, self._committed = refusals, None, False, None
+        # whether it holds a record.
+        self.refusals, self.doomed, self.in_transaction = refusals, None, False
+        self._offsets_at = time.monotonic()   # when the offsets were last committed
         self.at_commit = (0, 0)   # `sent` and `dead` at the last commit
         # Topics known to exist, and those found missing: (first seen, last looked up).
         self._topics: set[str] = set()
@@ -152,7 +153,7 @@ class _Task(Sending, Transactions):
             self.producer.flush(30)
             self._ledger(force=True)
             self._release(force=True)
-        self._commit()
+        self._commit(final=True)
 
     def _consume(self, wait_s: float, done: set[int] | None) -> None:
         """The ready partition's records and the intake's the task reads itself (gathered, and
@@ -324,14 +325,18 @@ class _Task(Sending, Transactions):
             if send() is False:
                 self._later(send, 0.05)
 
-    def _commit(self) -> None:
-        """Commit the commit point; a transient failure waits for the next commit. In a
-        transaction, everything sent and acknowledged has its ledger row in it first."""
+    def _commit(self, final: bool = False) -> None:
+        """Commit the commit point; a transient failure waits for the next commit. With
+        exactly_once, the transaction first, and the offsets every `offsets_interval_s` and at
+        the end (a crash reads the rows between again, and the ledger skips them)."""
+        commits = self._commit_points()   # first: below what the transaction's commit delivers
         if self.txn:
             self._commit_transaction()
-            return
+            if not final and time.monotonic() - self._offsets_at < self.config.offsets_interval_s:
+                return
+            self._offsets_at = time.monotonic()
         try:
-            self.consumer.commit(offsets=self._commit_points(), asynchronous=False)
+            self.consumer.commit(offsets=commits, asynchronous=False)
         except KafkaException as e:
             if not transient(e):
                 raise

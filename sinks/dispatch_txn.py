@@ -2,11 +2,15 @@
 Kafka's consume-transform-produce. The task's producer has a transactional.id of its own, the
 same in every run (`<prefix>.<ready partition>`), so a task started again fences the one before
 it, and a task lost but still alive (a long pause) can write nothing more. One transaction holds
-what the task sent in an interval, to the real topics and the dead-letter topic, the ledger rows
-of all of it, and its input offsets: a read_committed consumer sees a message once its
-transaction commits, and never twice. After a crash the new task reads again from the committed
-offsets and skips what the ledger holds (sinks/dispatch_start.py); what the aborted transaction
-sent is invisible to a read_committed reader, and sent again.
+what the task sent in an interval, to the real topics and the dead-letter topic, and the ledger
+rows of all of it: a read_committed consumer sees a message once its transaction commits, and
+never twice. The task then commits its input offsets as before, below every row not yet in a
+committed transaction's ledger rows. After a crash the new task reads again from there and skips
+what the ledger holds (sinks/dispatch_start.py): exactly what committed transactions delivered;
+what an aborted one sent is invisible to a read_committed reader, and sent again. (The offsets
+are not part of the transaction: librdkafka 2.16's send_offsets_to_transaction waited forever
+once the broker had restarted, past its own timeout, and the task with it; issues #5456, #5511.
+An offset a fenced task still commits lies below what it delivered, which the ledger covers.)
 
 A refusal aborts the whole transaction (librdkafka's rule): the task starts again from its last
 commit in the same worker, and the refused row, read again, is dead-lettered with its reason
@@ -92,12 +96,10 @@ class Transactions:
             self.refusals.reasons[where] = why
 
     def _commit_transaction(self) -> None:
-        """Commit what was queued since the last commit, the ledger rows of all of it and the
-        input offsets, and open the next transaction. A row counts as sent when it is queued, and
-        its ledger row goes with it: the commit waits for the acknowledgements of both (or
-        aborts on a refusal). An offset moves only past rows whose ledger rows were acknowledged
-        before, so it may trail by a transaction: the rows between are read again after a crash
-        and skipped, as the ledger has them."""
+        """Commit what was queued since the last commit and the ledger rows of all of it, and
+        open the next transaction. A row counts as sent when it is queued, and its ledger row
+        goes with it: the commit waits for the acknowledgements of both, or aborts on a
+        refusal."""
         self._ledger(force=True)
         for _ in range(100):   # records the full queue put back, queued before the commit
             if not self.retry:
@@ -109,14 +111,10 @@ class Transactions:
             self.doomed = self.doomed or "the producer's queue stayed full"
         if self.doomed:
             raise Aborted(self.doomed)
-        commits = self._commit_points()
-        offsets = [tp.offset for tp in commits]
-        if not self.in_transaction and offsets == self._committed:
+        if not self.in_transaction:
             return   # an idle task commits no empty transactions
-        self._until_done(lambda: self.producer.send_offsets_to_transaction(
-            commits, self.consumer.consumer_group_metadata(), 30))
         self._until_done(lambda: self.producer.commit_transaction(30))
-        self.in_transaction, self._committed = False, offsets
+        self.in_transaction = False
         self.at_commit = (self.sent, self.dead)
         self.producer.begin_transaction()
 

@@ -61,7 +61,8 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start,
                           fetch_gap=settings.dispatch_fetch_gap,
-                          transactional_id=consumer["group.id"] if exactly else "")
+                          transactional_id=consumer["group.id"] if exactly else "",
+                          offsets_interval_s=settings.dispatch_commit_interval_ms / 1000)
 
 
 def failure_reason(exc: Exception) -> str:
