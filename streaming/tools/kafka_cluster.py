@@ -30,6 +30,9 @@ def specs(home: Path, jars: Path, ports: list[int], controller_ports: list[int],
                   "share.coordinator.state.topic.replication.factor": "3",
                   "share.coordinator.state.topic.min.isr": "2",
                   "default.replication.factor": "3",
+                  # A node killed is taken as gone after 3 s (Kafka's default: 9 s), so that
+                  # its partitions' leadership moves within a test.
+                  "broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500",
                   "controller.quorum.bootstrap.servers": voters}
     return [broker.BrokerSpec(home=home / f"node-{i + 1}", jars=jars, port=ports[i],
                               controller_port=controller_ports[i], heap=heap,

@@ -41,7 +41,7 @@ def leader(bootstrap: str, topic: str, partition: int) -> int:
     return admin.list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
 
 
-def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicated):
+def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicated, capsys):
     nodes, bootstrap = replicated
     tag = uuid.uuid4().hex[:8]
     names = {k: f"replicated-{k}-{tag}" for k in ("ready", "ledger", "real", "dlq")}
@@ -72,12 +72,18 @@ def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicate
     producer.close()
     thread, result = in_thread(config)
     by_id = {int(spec.extra["node.id"]): spec for spec in nodes}
+    killed = []
     for topic, partition in ((names["real"], 0), (names["ready"], 0), (names["ledger"], 0)):
         time.sleep(4)
-        spec = by_id[leader(bootstrap, topic, partition)]
-        kafka_cluster.kill(spec)
-        time.sleep(4)
-        kafka_cluster.restart(spec)
+        node = leader(bootstrap, topic, partition)
+        kafka_cluster.kill(by_id[node])
+        killed.append(f"{topic.split('-')[1]} leader {node}")
+        deadline = time.monotonic() + 30
+        while leader(bootstrap, topic, partition) == node and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert leader(bootstrap, topic, partition) != node, "the leadership moved"
+        time.sleep(2)
+        kafka_cluster.restart(by_id[node])
     records = consume_all(bootstrap, names["real"], expected=ROWS, timeout_s=180, idle_s=3)
     stop(config, bootstrap)
     thread.join(120)
@@ -91,3 +97,8 @@ def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicate
     rows = [row for r in ledger if r.value for row in ledger_rows(r.value).to_pylist()]
     assert sorted(row["uniq_key"] for row in rows) == sorted(due), "one ledger row each"
     assert result and result[0]["sent"] + result[0]["skipped"] >= ROWS
+    late = max(r.timestamp - due[header_map(r)["UNIQ_KEY"].decode()] for r in records)
+    with capsys.disabled():
+        print(f"\nreplicated cluster: killed {', '.join(killed)}; {ROWS} messages, lost 0, "
+              f"early 0, read twice 0 (read_committed), ledger rows {len(rows)}; "
+              f"lateness max {late} ms")
