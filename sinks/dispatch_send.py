@@ -52,11 +52,11 @@ class Sending:
             self._refused_in_transaction(row, err)
             return
         reason = refusal(err, row)
-        if err.code() in TOO_LARGE and (row.source, row.offset) not in self._alone:
+        if err.code() in TOO_LARGE and (row.source, row.offset) not in self.refusals.alone:
             # The broker refuses a whole record batch too large for the topic: a row may only
             # have shared one with a larger one. Sent again alone, it is refused only when it
             # is too large itself (Kafka's Java producer splits such a batch the same way).
-            self._alone.add((row.source, row.offset))
+            self.refusals.alone.add((row.source, row.offset))
             self._later(lambda: self._send_alone(row), 0.0)
             return
         if reason is None:

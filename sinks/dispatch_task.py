@@ -102,7 +102,6 @@ class _Task(Sending, Transactions):
         self._sender = [(SENDER, sender())]
         self.held: Counter[int] = Counter()   # rows read and not yet in the ledger, by level
         self._refused: set = set()   # a dead letter's (source, offset), a ledger send: said once
-        self._alone: set[tuple] = set()   # (source, offset): sent again alone after "too large"
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
@@ -329,12 +328,17 @@ class _Task(Sending, Transactions):
         """Commit the commit point; a transient failure waits for the next commit. With
         exactly_once, the transaction first, and the offsets every `offsets_interval_s` and at
         the end (a crash reads the rows between again, and the ledger skips them)."""
-        commits = self._commit_points()   # first: below what the transaction's commit delivers
         if self.txn:
+            due = final or time.monotonic() - self._offsets_at >= self.config.offsets_interval_s
+            # Taken first, so below what the transaction's commit delivers; only when due (the
+            # commit point is a minimum over every held row).
+            commits = self._commit_points() if due else []
             self._commit_transaction()
-            if not final and time.monotonic() - self._offsets_at < self.config.offsets_interval_s:
+            if not due:
                 return
             self._offsets_at = time.monotonic()
+        else:
+            commits = self._commit_points()
         try:
             self.consumer.commit(offsets=commits, asynchronous=False)
         except KafkaException as e:

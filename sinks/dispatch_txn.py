@@ -39,8 +39,9 @@ class Aborted(Exception):
 
 
 class Refusals:
-    """What the broker refused in aborted transactions, by (Row.source, Row.offset): kept
-    across the task's restarts in its worker, so the row is handled otherwise when read again."""
+    """What the broker refused, by (Row.source, Row.offset): kept across the task's restarts
+    in its worker, so the row is handled otherwise when read again (at least once, `alone` is
+    what is being sent again alone at once)."""
 
     def __init__(self):
         self.reasons: dict[tuple, str] = {}   # dead-lettered with this reason

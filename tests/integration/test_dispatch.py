@@ -217,9 +217,24 @@ def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing
     assert result == [{"partition": 0, "sent": 0, "dead": 0, "skipped": 0}]
 
 
+def transactional(config: DispatchConfig) -> DispatchConfig:
+    """`config` delivering exactly once (sinks/dispatch_txn.py), a transaction every 0.2 s."""
+    exact = replace(config, transactional_id=f"dispatch-{uuid.uuid4().hex}", commit_interval_s=0.2)
+    exact.real = config.real
+    return exact
+
+
+@pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
 def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on(
-        dispatch, kafka_bootstrap, new_topic):
+        dispatch, kafka_bootstrap, new_topic, delivery):
+    """With exactly_once, the refused record batch aborts the transaction: the task reads again
+    from its last commit, sends each of that batch's rows alone, and the one too large itself
+    aborts once more and is dead-lettered when read again; a missing topic and a REAL_QID beyond
+    the partitions are found before the send. Either way each row arrives or is dead-lettered
+    once (read_committed)."""
     config, write = dispatch
+    if delivery == "exactly_once":
+        config = transactional(config)
     small = new_topic(max_message_bytes="2000", **LOG_APPEND)
     now = int(time.time() * 1000)
     write([{"uniq": "missing", "due": now, "topic": "no-such-topic-delayq"},
@@ -231,14 +246,16 @@ def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on
            {"uniq": "small-after", "due": now, "topic": small, "key": b"k", "value": b"ok"},
            *[{"uniq": f"ok{i}", "due": now} for i in range(5)]])
     thread, result = in_thread(config)
-    delivered = consume_all(kafka_bootstrap, config.real, expected=5, timeout_s=60)
+    delivered = consume_all(kafka_bootstrap, config.real, expected=5, timeout_s=60, idle_s=1)
     beside = consume_all(kafka_bootstrap, small, expected=2, timeout_s=60, idle_s=1)
     assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in beside) == ["small-after",
                                                                            "small-before"]
-    dead = consume_all(kafka_bootstrap, config.dlq_topic, expected=3, timeout_s=60)
+    dead = consume_all(kafka_bootstrap, config.dlq_topic, expected=3, timeout_s=60, idle_s=1)
     stop(config, kafka_bootstrap)
     thread.join(60)
-    assert len(delivered) == 5
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in delivered) == \
+        [f"ok{i}" for i in range(5)]
+    assert len(dead) == 3
     reasons = {header_map(r)["UNIQ_KEY"].decode(): header_map(r)["DLQ_REASON"].decode()
                for r in dead}
     assert reasons["missing"].startswith("unknown_topic: ") and "does not exist" in reasons["missing"]
@@ -246,8 +263,9 @@ def test_rows_the_real_topic_refuses_are_dead_lettered_and_the_partition_goes_on
         and "out of range" in reasons["beyond"]
     assert reasons["large"].startswith("too_large: ") and "too large" in reasons["large"]
     assert all(header_map(r)["REAL_TOPIC"] for r in dead)
-    statuses = {row["uniq_key"]: row["status"]
-                for row in ledger_of(kafka_bootstrap, config.ledger_topic, 10)}
+    ledger = ledger_of(kafka_bootstrap, config.ledger_topic, 10)
+    assert len(ledger) == 10, "one ledger row each"
+    statuses = {row["uniq_key"]: row["status"] for row in ledger}
     assert statuses == {"missing": "dead", "beyond": "dead", "large": "dead",
                         "small-before": "delivered", "small-after": "delivered",
                         **{f"ok{i}": "delivered" for i in range(5)}}

@@ -1,28 +1,26 @@
-"""delivery = "exactly_once" (sinks/dispatch_txn.py): a dispatch task's sends, ledger rows and
-input offsets in one transaction, on the real broker; what a read_committed reader sees after a
-kill, a refusal and a task that was paused while another took its place."""
+"""delivery = "exactly_once" (sinks/dispatch_txn.py): a dispatch task's sends and ledger rows in
+one transaction, on the real broker; what a read_committed reader sees after a kill and a task
+that was paused while another took its place (a refusal: tests/integration/test_dispatch.py)."""
 from __future__ import annotations
 
 import multiprocessing
 import os
 import signal
 import time
-import uuid
 from dataclasses import replace
 
 import pytest
 
 from sinks.dispatch import ledger_rows
-from tests.integration.test_dispatch import _run, dispatch, in_thread, stop  # noqa: F401
+from tests.integration.test_dispatch import (_run, dispatch, in_thread, stop,  # noqa: F401
+                                              transactional)
 from tests.support import consume_all, header_map
 
 
 @pytest.fixture
 def exactly(dispatch):  # noqa: F811
     config, write = dispatch
-    exact = replace(config, transactional_id=f"dispatch-{uuid.uuid4().hex}", commit_interval_s=0.2)
-    exact.real = config.real
-    return exact, write
+    return transactional(config), write
 
 
 def keys(records) -> list[str]:
@@ -82,40 +80,6 @@ def test_a_task_killed_in_and_between_transactions_delivers_each_message_once_to
     assert keys(everything) == sorted([r["uniq"] for r in held + prompt] +
                                       [r["uniq"] for r in prompt])
     assert ledger_keys(kafka_bootstrap, config.ledger_topic, 310) == keys(delivered)
-
-
-def test_a_refused_row_aborts_its_transaction_and_is_dead_lettered_when_read_again(
-        exactly, kafka_bootstrap, new_topic):
-    """A record batch the real topic refuses as too large aborts the transaction: the task
-    reads again from its last commit, sends each of that batch's rows alone, and the one that
-    is too large itself aborts once more and is dead-lettered when read again; its neighbours
-    arrive once. A topic that does not exist and a REAL_QID beyond the topic's partitions are
-    found before anything is sent: dead-lettered without an abort."""
-    config, write = exactly
-    small = new_topic(max_message_bytes="2000", message_timestamp_type="LogAppendTime")
-    now = int(time.time() * 1000)
-    write([{"uniq": "missing", "due": now, "topic": "no-such-topic-delayq"},
-           {"uniq": "beyond", "due": now, "qid": 7},
-           {"uniq": "small-before", "due": now, "topic": small, "key": b"k", "value": b"ok"},
-           {"uniq": "large", "due": now, "topic": small, "key": b"k", "value": b"x" * 5000},
-           {"uniq": "small-after", "due": now, "topic": small, "key": b"k", "value": b"ok"},
-           *[{"uniq": f"ok{i}", "due": now} for i in range(5)]])
-    thread, result = in_thread(config)
-    delivered = committed(kafka_bootstrap, config.real, expected=5)
-    beside = committed(kafka_bootstrap, small, expected=2)
-    dead = committed(kafka_bootstrap, config.dlq_topic, expected=3)
-    stop(config, kafka_bootstrap)
-    thread.join(60)
-    assert keys(delivered) == [f"ok{i}" for i in range(5)]
-    assert keys(beside) == ["small-after", "small-before"]
-    reasons = {header_map(r)["UNIQ_KEY"].decode(): header_map(r)["DLQ_REASON"].decode()
-               for r in dead}
-    assert len(dead) == 3 and reasons["missing"].startswith("unknown_topic: ")
-    assert reasons["beyond"].startswith("partition_out_of_range: ")
-    assert reasons["large"].startswith("too_large: ")
-    assert ledger_keys(kafka_bootstrap, config.ledger_topic, 10) == sorted(
-        ["missing", "beyond", "large", "small-before", "small-after", *(f"ok{i}" for i in range(5))])
-    assert result == [{"partition": 0, "sent": 7, "dead": 3, "skipped": 0}]
 
 
 def test_a_paused_task_is_fenced_by_its_replacement_and_nothing_is_seen_twice(
