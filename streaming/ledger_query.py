@@ -28,9 +28,12 @@ _GROUP = ("status", "level", "reason", "direct")
 
 
 def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
-    """The ledger topic's records that hold rows (a probe is empty)."""
+    """The ledger topic's records that hold rows (a probe is empty), as committed: a dispatch
+    task's transaction that aborted (a crash, a refusal) sent ledger rows of messages no
+    read_committed consumer sees, which a later transaction sends again."""
     raw = (spark.readStream.format("kafka").options(**spark_options(settings))
            .option("subscribe", settings.ledger_topic).option("startingOffsets", "earliest")
+           .option("kafka.isolation.level", "read_committed")
            .option("failOnDataLoss", "true").load())
     return raw.filter(F.length("value") > 0).select("value")
 

@@ -133,3 +133,31 @@ def test_lookup_finds_a_reference_fired_into_the_ready_topic_and_names_its_topic
     assert where.detail["intake"] == f"0-{meta.offset}"
     assert "the ready topic, partition 0" in where.detail["where"]
     assert lookup.in_topics(settings, "order,8") is None
+
+
+def test_the_ledger_query_reads_only_what_committed_transactions_sent(
+        job_settings, new_topic, kafka_bootstrap, spark, work_dir):
+    """A dispatch task's transaction that aborted (its task killed, fenced by the next) left its
+    ledger rows in the ledger topic: the ledger query reads past them, as a read_committed
+    consumer of the real topics never saw their messages."""
+    from confluent_kafka import Producer
+
+    from streaming.ledger_query import ledger_stream
+
+    settings = job_settings()
+    new_topic(name=settings.ledger_topic, **LOG_APPEND)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap,
+                         "transactional.id": f"t-{settings.ledger_topic}"})
+    producer.init_transactions(30)
+    for value, commit in ((b"aborted", False), (b"committed", True)):
+        producer.begin_transaction()
+        producer.produce(settings.ledger_topic, value=value, partition=0)
+        producer.flush(30)   # in the log before the abort, as a killed task's records are
+        producer.commit_transaction(30) if commit else producer.abort_transaction(30)
+    table = f"ledger_{settings.ledger_topic}".replace("-", "_").replace(".", "_")
+    query = (ledger_stream(spark, settings).writeStream.format("memory").queryName(table)
+             .option("checkpointLocation", str(work_dir / "ledger-read"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    got = [bytes(r.value) for r in spark.table(table).collect()]
+    assert got == [b"committed"]
