@@ -99,8 +99,6 @@ class Settings(BaseSettings):
     dispatch_ledger_batch: PositiveInt
     dispatch_probe_interval_ms: PositiveInt
     dispatch_intake_refresh_ms: PositiveInt
-    dispatch_replay_window: Duration
-    dispatch_replay_keep: Duration
     dispatch_direct_max_delay_ms: int
     dispatch_fetch_gap: NonNegativeInt
     fire_lead_per_message_us: NonNegativeInt
@@ -167,8 +165,6 @@ class Settings(BaseSettings):
     downtime_tolerance_ms = _ms("downtime_tolerance")
     late_tolerance_ms = _ms("late_tolerance")
     ledger_interval_ms = _ms("ledger_interval")
-    dispatch_replay_window_ms = _ms("dispatch_replay_window")
-    dispatch_replay_keep_ms = _ms("dispatch_replay_keep")
     dispatch_failure_window_ms = _ms("dispatch_failure_window")
     produce_timeout_s = _seconds("produce_timeout")
     connect_timeout_s = _seconds("connect_timeout")

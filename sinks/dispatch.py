@@ -6,11 +6,12 @@ ready partition's offset only below the lowest row not yet done (its send and it
 acknowledged). No Spark import: the loop runs in a plain Python worker.
 
 A restart reads the partition again from the committed offset and skips a row whose message the
-ledger topic already holds: the commit's metadata names the ledger offset from which the task's
-last deliveries can be found, and the scan reaches `replay_window_s` further back, so neither
-the rows a crashed task sent after its last commit nor a wheel batch fired again after a crash
-go out twice. What is sent twice is what was delivered but not yet in the ledger when the task
-died.
+ledger topic already holds: the commit's metadata names the ledger offset from which the ledger
+rows of every row above the commit point lie (`Offsets`), and the start reads the ledger from
+there (sinks/dispatch_start.py in_ledger). A wheel batch fired again after a crash writes its
+references again: each carries its batch's id, and a copy of one already read is skipped
+(`Refired`). At least once, what is sent twice is what was delivered but not yet in the ledger
+when the task died; exactly once, nothing (sinks/dispatch_txn.py).
 """
 from __future__ import annotations
 
@@ -58,8 +59,6 @@ class DispatchConfig:
     gather_s: float                   # intake records parsed, ledger rows sent, this often
     retry_backoff_s: float            # a transient send failure is retried this much later
     probe_interval_s: float           # an idle task measures its clock against the broker's
-    replay_window_s: float            # what a restart skips reaches this far before its commit
-    replay_keep_s: float              # ... and is kept this long after the task's start
     ledger_batch: int                 # ledger rows per ledger record, intake records per parse
     ledger_bytes: int                 # a ledger record's bytes at most (`ledger_chunks`)
     clock_tolerance_ms: int           # a clock off the broker's by half of this is logged
@@ -103,10 +102,37 @@ class Row:
         return (self.due_ms, self.ipart, self.ioff, self.offset)
 
 
-def identity(uniq_key: str, due_ms: int) -> int:
+def identity(uniq_key: str, due_ms: int) -> tuple[str, int]:
     """A delivered message as the restart's skip knows it: its UNIQ_KEY and due time (a
     producer's resend of a message is due at another time and is sent again)."""
-    return hash((uniq_key, due_ms))
+    return uniq_key, due_ms
+
+
+class Refired:
+    """Copies of a wheel batch fired again. Spark's Kafka sink is at least once: a wheel batch
+    run again after a crash, or a task of it retried, writes its references to the ready
+    partition again, after its first ones and before any of the next batch's. Each reference
+    carries its batch's id as its key (sinks/ready.py); the identities of the newest batch's
+    references are kept, and one seen before in that batch is a copy. The commit's metadata
+    names that batch and its first ready offset, from where a restart reads to know them again.
+    """
+
+    def __init__(self, batch: int | None = None, start: int | None = None):
+        self.batch, self.start = batch, start   # the newest batch, its first offset here
+        self._seen: set[tuple[str, int]] = set()
+
+    def copy(self, key: bytes | None, offset: int, row: "Row") -> bool:
+        """Whether the reference `row` at `offset` (its record's `key`) is a copy."""
+        if key is None:   # a whole message as a version before 6 wrote it, or a test's
+            return False
+        batch = int(key)
+        if batch != self.batch:   # the next batch (or a new checkpoint's, numbered again)
+            self.batch, self.start, self._seen = batch, offset, set()
+        known = identity(row.uniq_key, row.due_ms)
+        if known in self._seen:
+            return True
+        self._seen.add(known)
+        return False
 
 
 def ready_row(offset: int, key, value, headers: list | None) -> Row:

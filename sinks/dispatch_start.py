@@ -1,6 +1,6 @@
 """Where a dispatch task (sinks/dispatch_task.py) starts: the partitions it reads, their
-committed offsets, and the messages its ledger partition already holds, which a restart skips
-(sinks/dispatch.py says why). Plain Kafka calls on the task's consumer, with `retrying` for a
+committed offsets and metadata, and the messages its ledger partition already holds, which a
+restart skips (sinks/dispatch.py says why). Plain Kafka calls on the task's consumer, with `retrying` for a
 cluster still starting.
 """
 from __future__ import annotations
@@ -61,11 +61,12 @@ def added_partitions(consumer, config: DispatchConfig, task: int, known: dict) -
     return committed(consumer, config, new)[0] if new else {}
 
 
-def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int | None]:
+def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int | None, list]:
     """Where each of `parts` starts (its committed offset; else the ready partition's
-    beginning, an intake partition's `intake_start` or beginning), by Row.source, and the
-    earliest ledger mark of their commits (None: none committed)."""
-    starts, marks = {}, []
+    beginning, an intake partition's `intake_start` or beginning), by Row.source; the earliest
+    ledger mark of their commits (None: none committed); and the newest wheel batch the ready
+    partition's commit names, with its first offset there (sinks/dispatch.py Refired), or []."""
+    starts, marks, batch = {}, [], []
     for tp in consumer.committed(parts, timeout=60):
         source = None if tp.topic == config.ready_topic else (tp.topic, tp.partition)
         if tp.offset >= 0:
@@ -73,22 +74,23 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
             meta = json.loads(tp.metadata) if tp.metadata else {}
             if meta.get("ledger") is not None:
                 marks.append(meta["ledger"])
+            if source is None:
+                batch = meta.get("batch") or []
             continue
         low, _ = consumer.get_watermark_offsets(tp, timeout=60)
         starts[source] = low if source is None else max(
             low, config.intake_start.get(tp.partition, low))
-    return starts, min(marks) if marks else None
+    return starts, min(marks) if marks else None, batch
 
 
-def in_ledger(consumer, config: DispatchConfig, ledger, mark: int | None) -> tuple[set[int], int]:
-    """The messages (`identity`) the task's ledger partition `ledger` holds from
-    `replay_window_s` before the last commit's ledger mark (from its beginning when nothing was
-    committed yet) to its end, which covers what a restart must skip (sinks/dispatch.py); and
-    the partition's end."""
+def in_ledger(consumer, ledger, mark: int | None) -> tuple[set[tuple[str, int]], int]:
+    """The messages (`identity`) the task's ledger partition `ledger` holds from the last
+    commit's ledger mark (from its beginning when nothing was committed yet) to its end: what
+    was delivered of the rows above the commit point, which a restart skips; and the
+    partition's end."""
     low, high = consumer.get_watermark_offsets(ledger, timeout=60)
-    position = low if mark is None else _before(consumer, config, ledger,
-                                                max(low, min(mark, high) - 1), low)
-    done: set[int] = set()
+    position = low if mark is None else max(low, min(mark, high))
+    done: set[tuple[str, int]] = set()
     if position >= high:
         return done, high
     consumer.assign([TopicPartition(ledger.topic, ledger.partition, position)])
@@ -110,15 +112,3 @@ def in_ledger(consumer, config: DispatchConfig, ledger, mark: int | None) -> tup
     consumer.unassign()
     return done, high
 
-
-def _before(consumer, config: DispatchConfig, ledger, offset: int, low: int) -> int:
-    """The ledger offset `replay_window_s` before the record at `offset`."""
-    consumer.assign([TopicPartition(ledger.topic, ledger.partition, offset)])
-    msgs = consumer.consume(1, timeout=10.0)
-    consumer.unassign()
-    if not msgs or msgs[0].error():
-        return low
-    stamp = msgs[0].timestamp()[1] - int(config.replay_window_s * 1000)
-    [found] = consumer.offsets_for_times(
-        [TopicPartition(ledger.topic, ledger.partition, stamp)], timeout=30)
-    return found.offset if found.offset >= 0 else offset

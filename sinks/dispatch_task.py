@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from sinks.bodies import Bodies
 from sinks.direct import direct_rows
 from sinks.dispatch_send import Sending
-from sinks.dispatch import (READY_STOP, SENDER, DispatchConfig, Offsets, Row, Skew, identity,
-                            ready_row, sender)
+from sinks.dispatch import (READY_STOP, SENDER, DispatchConfig, Offsets, Refired, Row, Skew,
+                            identity, ready_row, sender)
 from sinks.dispatch_start import (added_partitions, committed, in_ledger, owned_partitions,
                                   retrying, transient)
 from sinks.dispatch_txn import Aborted, Refusals, Transactions
@@ -93,7 +93,8 @@ class _Task(Sending, Transactions):
         self.offsets: dict = {None: Offsets(0)}   # Row.source → its rows read and not done
         self.intake: list = []   # the intake's TopicPartitions this task reads (sinks/direct.py)
         self._last_ack = 0.0
-        self._old_end = 0   # the ready partition's end at the start
+        self.refired = Refired()
+        self._known_below = 0   # ready rows below this were done before the start (`Refired`)
         # Acknowledged, ledger row not yet sent: (row, sent_ms, dead letter's reason or None).
         self._unledgered: list[tuple[Row, int, str | None]] = []
         self._unledgered_since = 0.0   # when the first of them was acknowledged (monotonic)
@@ -109,19 +110,19 @@ class _Task(Sending, Transactions):
         if self.txn:   # first: what an earlier run left open is aborted before anything is read
             retrying(self._begin)
         self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
-        starts, mark = retrying(lambda: committed(consumer, config, [self.ready, *self.intake]))
-        done, self.ledger_end = retrying(lambda: in_ledger(consumer, config, self.ledger, mark))
-        # The rows already in the ready partition at the start: read again from the commit
-        # point, they are remembered too, for a wheel batch fired again after a crash writes
-        # copies of them after this end.
-        self._old_end = retrying(lambda: consumer.get_watermark_offsets(self.ready, timeout=60))[1]
+        starts, mark, batch = retrying(lambda: committed(consumer, config,
+                                                         [self.ready, *self.intake]))
+        # What was delivered after the last commit: kept for the task's life, it is small (a
+        # commit interval's deliveries) and a copy of one read later is a copy still.
+        done, self.ledger_end = retrying(lambda: in_ledger(consumer, self.ledger, mark))
         self.offsets = {source: Offsets(start) for source, start in starts.items()}
+        self._known_below = starts[None]
+        if batch:   # the newest wheel batch's rows below the commit point are read to know them
+            self.refired = Refired(*batch)
         self._probe(wait=True)
         self._assign()
-        last_commit = began = looked = time.monotonic()
+        last_commit = looked = time.monotonic()
         while not self.stopping:
-            if done is not None and time.monotonic() - began > config.replay_keep_s:
-                done = None
             self._release()
             # The loop waits for records in the consumer that has work: the read-back's while
             # references wait for their bodies (the ready partition's records are taken as they
@@ -154,7 +155,7 @@ class _Task(Sending, Transactions):
             self._release(force=True)
         self._commit(final=True)
 
-    def _consume(self, wait_s: float, done: set[int] | None) -> None:
+    def _consume(self, wait_s: float, done: set[tuple[str, int]]) -> None:
         """The ready partition's records and the intake's the task reads itself (gathered, and
         parsed together every `gather_s`), waiting up to `wait_s` for the first."""
         for msg in self.consumer.consume(5000, timeout=wait_s):
@@ -204,10 +205,14 @@ class _Task(Sending, Transactions):
             self.paused = False
 
     def _assign(self) -> None:
-        """Read the ready partition and the intake partitions from their positions."""
-        self.consumer.assign([TopicPartition(tp.topic, tp.partition, self.offsets[source].position)
-                              for tp, source in [(self.ready, None), *(
-                                  (tp, (tp.topic, tp.partition)) for tp in self.intake)]])
+        """Read the ready partition (from the newest wheel batch's first row, if below) and the
+        intake partitions from their positions."""
+        ready = self.offsets[None].position
+        if self.refired.start is not None:
+            ready = min(ready, self.refired.start)
+        self.consumer.assign([TopicPartition(self.ready.topic, self.partition, ready), *(
+            TopicPartition(tp.topic, tp.partition, self.offsets[(tp.topic, tp.partition)].position)
+            for tp in self.intake)])
 
     def _look_for_partitions(self) -> None:
         """Partitions added to the intake since the start, read from their beginning (so are
@@ -226,7 +231,7 @@ class _Task(Sending, Transactions):
         if self.paused:   # a task holding its most keeps every partition paused (`_pace`)
             self.consumer.pause(added)
 
-    def _take_intake(self, msgs: list, done: set[int] | None) -> None:
+    def _take_intake(self, msgs: list, done: set[tuple[str, int]]) -> None:
         """Intake records: the direct ones are held like fired rows (or skipped, when the
         ledger holds them already), every other is the wheel's."""
         # correctDeliverTimestamp (state/timing.py) on the broker's clock as read here.
@@ -236,7 +241,7 @@ class _Task(Sending, Transactions):
             self.offsets[(self.config.intake_topic, part)].skip(offset)
         for row, reason in [*((row, None) for row in rows), *dead]:
             offsets = self.offsets[row.source]
-            if done is not None and identity(row.uniq_key, row.due_ms) in done:
+            if done and identity(row.uniq_key, row.due_ms) in done:
                 offsets.skip(row.offset)
                 self.skipped += 1
                 continue
@@ -247,24 +252,24 @@ class _Task(Sending, Transactions):
             else:   # bad input: its dead letter now, with the wheel's reason
                 self._dead_letter(row, reason)
 
-    def _take(self, msg, done: set[int] | None) -> None:
-        """One ready record: the run's stop, a message the ledger holds already (skipped), or
-        a row to hold until due."""
+    def _take(self, msg, done: set[tuple[str, int]]) -> None:
+        """One ready record: the run's stop, a row done before the start (only known, for
+        `Refired`), a message the ledger holds already or a wheel batch's copy (skipped), or a
+        row to hold until due."""
         offset, headers = msg.offset(), msg.headers() or []
         if headers and headers[-1][0] == READY_STOP:
             self.offsets[None].skip(offset)
-            if (msg.value() or b"").decode() == self.config.run_id:
+            if offset >= self._known_below and (msg.value() or b"").decode() == self.config.run_id:
                 self.stopping = True
             return
         row = ready_row(offset, msg.key(), msg.value(), headers)
-        if done is not None:
-            known = identity(row.uniq_key, row.due_ms)
-            if known in done:
-                self.offsets[None].skip(offset)
-                self.skipped += 1
-                return
-            if offset < self._old_end:
-                done.add(known)
+        copy = not headers and self.refired.copy(msg.key(), offset, row)
+        if offset < self._known_below:
+            return
+        if copy or (done and identity(row.uniq_key, row.due_ms) in done):
+            self.offsets[None].skip(offset)
+            self.skipped += 1
+            return
         self.offsets[None].read(offset, self.ledger_end)
         self.held[row.level] += 1
         if row.body:
@@ -355,6 +360,8 @@ class _Task(Sending, Transactions):
             meta = {"ledger": mark}
             if source is None:   # the task's held rows and clock, for the driver's gauges
                 meta["held"] = {str(k): n for k, n in self.held.items() if n}
+                if self.refired.batch is not None:
+                    meta["batch"] = [self.refired.batch, self.refired.start]
                 if self.skew.measured:
                     meta["clock_ms"] = round(self.skew.offset_ms())
             topic, part = (self.ready.topic, self.partition) if source is None else source

@@ -1,8 +1,8 @@
 """The wheel's Kafka sink: every fired reference goes to the ready topic (`<intake>.READY`),
 for the dispatch tasks (sinks/dispatch.py) to read its body back from the intake and send it at
 its due time; dead letters go to the dead-letter topic with their record read back. A batch
-replayed after a crash is written again (Spark's Kafka sink is at least once); the dispatch
-tasks skip the deliveries the ledger already holds.
+replayed after a crash is written again (Spark's Kafka sink is at least once): each reference's
+key is its batch's id, by which the dispatch tasks know a copy (sinks/dispatch.py Refired).
 
 A reference's ready partition is its intake partition's, modulo the ready partitions: the
 dispatch task of ready partition p reads back from the intake partitions q with q mod (ready
@@ -64,19 +64,19 @@ class ReadySink:
                  max_request_bytes: int = 1_048_576):
         self._sent = [F.lit(ready_topic).alias("topic"),
                       F.pmod("ipart", F.lit(partitions)).cast("int").alias("partition"),
-                      F.lit(None).cast("binary").alias("key"),
                       reference_value().alias("value")]
         self._counts = observed_counts()
         self._partitions = partitions
         self._options = {"kafka.max.request.size": str(max_request_bytes), **options}
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> None:
-        """Fired references to the ready topic, in the batch's one Spark job, every row counted
-        into `summary` on the way (`observed_counts`)."""
+        """Fired references to the ready topic, keyed by the batch's id, in the batch's one
+        Spark job, every row counted into `summary` on the way (`observed_counts`)."""
+        key = F.encode(F.lit(str(summary.batch_id)), "UTF-8").alias("key")
         seen = Observation()
         (batch.observe(seen, *self._counts).filter(F.col("kind") == "deliver")
          .repartition(self._partitions, F.pmod("ipart", F.lit(self._partitions)))
-         .sortWithinPartitions("due_ms", "ipart", "ioff").select(*self._sent)
+         .sortWithinPartitions("due_ms", "ipart", "ioff").select(*self._sent, key)
          .write.mode("append").format("kafka").options(**self._options).save())
         add_counts(seen.get, summary)
 

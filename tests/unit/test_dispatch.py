@@ -1,12 +1,13 @@
 """The dispatch task's pure parts (sinks/dispatch.py): reading a fired row back from its ready
-record, the commit point, the host clock's offset to the broker's, the ledger records' size and
+record, the commit point, a wheel batch's copies, the host clock's offset to the broker's, the ledger records' size and
 their retry (against a stand-in producer)."""
 from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError
 
-from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets, Row, Skew,
+from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets, Refired,
+                            Row, Skew,
                             dead_letter_headers, ledger_chunks, ledger_rows, ready_row)
 from state import headers as H
 from state.errors import DispatchError
@@ -53,6 +54,23 @@ def test_the_commit_point_is_the_lowest_row_not_done_with_its_ledger_mark():
     assert offsets.commit_point(ledger_end=9) == (13, 7)
     offsets.done(13)
     assert offsets.commit_point(ledger_end=9) == (14, 9), "all done: the position, the end"
+
+
+def test_a_wheel_batch_s_copies_are_known_by_its_id_and_nothing_else_is_skipped():
+    ref = lambda uniq, due=5: ready_row(0, None, f"{due},1,0,0,1,{uniq}".encode(), [])
+    refired = Refired()
+    assert [refired.copy(b"7", off, ref(u)) for off, u in enumerate("abc", 100)] == [False] * 3
+    assert (refired.batch, refired.start) == (7, 100), "the batch and its first offset"
+    assert refired.copy(b"7", 103, ref("b")) and refired.copy(b"7", 104, ref("a")), \
+        "the same batch written again: copies"
+    assert not refired.copy(b"7", 105, ref("b", due=6)), "another due time: a resend, sent"
+    assert not refired.copy(None, 106, ref("a")), "no batch id (an older version's row): sent"
+    assert not refired.copy(b"8", 107, ref("a")), "the next batch may hold the same message"
+    assert (refired.batch, refired.start) == (8, 107)
+    assert not refired.copy(b"0", 108, ref("a")), "a new checkpoint numbers its batches again"
+    again = Refired(8, 107)   # a restart, from the commit's metadata
+    assert not again.copy(b"8", 107, ref("a")) and again.copy(b"8", 110, ref("a"))
+    assert (again.batch, again.start) == (8, 107)
 
 
 def test_the_clock_offset_is_the_smallest_bound_of_a_window_either_way():
