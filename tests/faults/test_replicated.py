@@ -1,8 +1,10 @@
-"""A dispatch task (delivery = "exactly_once") on a replicated Kafka cluster, three KRaft nodes
-on loopback (streaming/tools/kafka_cluster.py), its topics replicated three times with
-min.insync.replicas 2: the leaders of the real topic's partition, of the task's ready partition
-and of its ledger partition, each SIGKILLed in turn under load and restarted. A read_committed
-reader sees every message once, none early, and the ledger holds one row per delivery."""
+"""delivery = "exactly_once" on a replicated Kafka cluster, three KRaft nodes on loopback
+(streaming/tools/kafka_cluster.py), topics replicated three times with min.insync.replicas 2.
+A dispatch task: the leaders of the real topic's partition, of its ready partition and of its
+ledger partition, each SIGKILLed in turn under load and restarted. The whole job: the intake's
+leader SIGKILLed and kept down longer than the delays, then the job SIGKILLed and started
+again. A read_committed reader sees every message once, none early, and the ledger holds one
+row per delivery."""
 from __future__ import annotations
 
 import time
@@ -16,9 +18,11 @@ from kafka import KafkaProducer
 from conf import load_settings
 from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, ledger_rows
 from state import headers as H
+from streaming.admin import admin_client, create_topic
 from streaming.dispatcher import dispatch_config
 from streaming.tools import kafka_cluster
 from streaming.tools.process import free_ports
+from tests.faults.conftest import SteadyLoad, check_all_delivered
 from tests.integration.test_dispatch import in_thread, stop
 from tests.support import consume_all, header_map
 
@@ -102,3 +106,44 @@ def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicate
         print(f"\nreplicated cluster: killed {', '.join(killed)}; {ROWS} messages, lost 0, "
               f"early 0, read twice 0 (read_committed), ledger rows {len(rows)}; "
               f"lateness max {late} ms")
+
+
+def test_the_job_loses_nothing_and_sends_nothing_twice_as_the_intake_leader_and_the_job_die(
+        replicated, job_process, capsys):
+    """The job on the cluster under a steady load of levels 0-3 (1-3 s): the intake partition
+    0's leader SIGKILLed and kept down 8 s, longer than every delay, then restarted; then the
+    job SIGKILLed and started again."""
+    nodes, bootstrap = replicated
+    job, settings = job_process(bootstrap_servers=bootstrap)
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
+    admin.close()
+    job.start()
+    load = SteadyLoad(settings, real)
+    load.start()
+    by_id = {int(spec.extra["node.id"]): spec for spec in nodes}
+    time.sleep(5)
+    node = leader(bootstrap, settings.intake_topic, 0)
+    kafka_cluster.kill(by_id[node])
+    time.sleep(8)
+    kafka_cluster.restart(by_id[node])
+    time.sleep(3)
+    job.kill()
+    job.start()
+    time.sleep(5)
+    load.stop()
+    outcome = check_all_delivered(settings, real, load.sent, unacknowledged=load.unacknowledged)
+    assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
+    every = set(load.sent)
+    ledger = consume_all(bootstrap, settings.ledger_topic, expected=10**9, timeout_s=60, idle_s=3,
+                         done=lambda got: {row["uniq_key"] for r in got if r.value
+                                           for row in ledger_rows(r.value).to_pylist()} >= every)
+    keys = [row["uniq_key"] for r in ledger if r.value for row in ledger_rows(r.value).to_pylist()
+            if row["uniq_key"] not in load.unacknowledged]
+    assert sorted(keys) == sorted(every), "one ledger row per delivery"
+    job.stop()
+    with capsys.disabled():
+        print(f"\nreplicated cluster, the job: intake leader {node} down 8 s, the job killed; "
+              f"{len(every)} messages, lost 0, early 0, read twice 0 (read_committed), "
+              f"ledger rows {len(keys)}; lateness max {max(outcome.lateness_ms)} ms")
