@@ -95,6 +95,7 @@ class Settings(BaseSettings):
     dispatch_max_failures: PositiveInt
     dispatch_failure_window: Duration
     dispatch_restart_backoff: Levels
+    dispatch_liveness_timeout: Duration
     dispatch_retry_backoff_ms: PositiveInt
     dispatch_ledger_batch: PositiveInt
     dispatch_probe_interval_ms: PositiveInt
@@ -166,6 +167,7 @@ class Settings(BaseSettings):
     late_tolerance_ms = _ms("late_tolerance")
     ledger_interval_ms = _ms("ledger_interval")
     dispatch_failure_window_ms = _ms("dispatch_failure_window")
+    dispatch_liveness_timeout_ms = _ms("dispatch_liveness_timeout")
     produce_timeout_s = _seconds("produce_timeout")
     connect_timeout_s = _seconds("connect_timeout")
     executor_slots_wait_s = _seconds("executor_slots_wait")

@@ -358,7 +358,9 @@ class _Task(Sending, Transactions):
         for source, offsets in self.offsets.items():
             point, mark = offsets.commit_point(self.ledger_end)
             meta = {"ledger": mark}
-            if source is None:   # the task's held rows and clock, for the driver's gauges
+            if source is None:   # the task's held rows and clock, for the driver's gauges,
+                # and a beat that changes at every commit (the driver's liveness check)
+                meta["beat"] = time.monotonic_ns() // 1_000_000
                 meta["held"] = {str(k): n for k, n in self.held.items() if n}
                 if self.refired.batch is not None:
                     meta["batch"] = [self.refired.batch, self.refired.start]

@@ -88,6 +88,9 @@ class Dispatcher:
         self._threads: list[threading.Thread] = []
         self._reader = None   # the commits' reader (a consumer never subscribed)
         self._on_commits = on_commits   # called with `reports()` once per commit interval
+        # The liveness check: each running task's last commit metadata and since when it is
+        # unchanged (monotonic), from its start at the latest.
+        self._beats: dict[int, tuple[str | None, float]] = {}
 
     def start(self) -> "Dispatcher":
         for partition in range(self.partitions):
@@ -95,19 +98,46 @@ class Dispatcher:
                                       name=f"delayq-dispatch-{partition}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        if self._on_commits is not None:
-            threading.Thread(target=self._report, name="delayq-dispatch-reports",
-                             daemon=True).start()
+        threading.Thread(target=self._report, name="delayq-dispatch-reports",
+                         daemon=True).start()
         return self
 
     def _report(self) -> None:
-        """The tasks' reports to `on_commits` after each commit interval, off the batches."""
+        """The tasks' reports to `on_commits` and the liveness check after each commit
+        interval, off the batches."""
         interval = self.settings.dispatch_commit_interval_ms / 1000
         while not self._stopping.wait(interval):
             try:
-                self._on_commits(*self.reports())
+                reports = self.reports()
             except Exception as exc:   # noqa: BLE001 (a gauge's update never stops delivery)
                 log.warning("could not read the dispatch tasks' commits: %s", exc)
+                now = time.monotonic()   # unseen, a task gets its full time again
+                self._beats = {p: (meta, now) for p, (meta, _) in self._beats.items()}
+                continue
+            if self._on_commits is not None:
+                try:
+                    self._on_commits(*reports)
+                except Exception as exc:   # noqa: BLE001 (likewise)
+                    log.warning("could not report the dispatch tasks' commits: %s", exc)
+
+    def _alive(self, partition: int, metadata: str | None) -> None:
+        """The liveness check of a running task: commits stopped for
+        `dispatch_liveness_timeout` (its worker paused, its executor cut off) cancel its job,
+        and its supervisor starts it again, fencing the one that stopped."""
+        if partition not in self._beats:
+            return   # between two runs of the task
+        now = time.monotonic()
+        last, since = self._beats[partition]
+        if metadata != last:
+            self._beats[partition] = metadata, now
+            return
+        timeout_s = self.settings.dispatch_liveness_timeout_ms / 1000
+        if now - since > timeout_s and not self._stopping.is_set():
+            log.warning("dispatch %d committed nothing for %.0f s (setting "
+                        "dispatch_liveness_timeout); cancelling it, a new task takes over",
+                        partition, now - since)
+            self._beats[partition] = metadata, now
+            self.spark.sparkContext.cancelJobGroup(self._group(partition))
 
     def reports(self) -> tuple[dict[int, int], dict[int, int]]:
         """What the tasks' last commits say (each commit's metadata carries its task's figures):
@@ -122,6 +152,7 @@ class Dispatcher:
         clocks: dict[int, int] = {}
         for got in self._reader.committed([TopicPartition(self.settings.ready_topic, p)
                                            for p in range(self.partitions)], timeout=10):
+            self._alive(got.partition, got.metadata)
             meta = json.loads(got.metadata) if got.metadata else {}
             for level, n in meta.get("held", {}).items():
                 held[int(level)] = held.get(int(level), 0) + n
@@ -145,6 +176,7 @@ class Dispatcher:
             context.setJobGroup(self._group(partition),
                                 f"delayq: dispatch of {self.settings.ready_topic} partition "
                                 f"{partition}", interruptOnCancel=True)
+            self._beats[partition] = None, time.monotonic()
             try:
                 [done] = (context.parallelize([partition], 1)
                           .mapPartitions(lambda parts: run_partition(config, next(iter(parts))))

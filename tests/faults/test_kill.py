@@ -1,7 +1,8 @@
 """The job is killed (SIGKILL, driver and JVM) at random moments under steady load and
 restarted from its checkpoint: every message is delivered, none early, none twice for a
 read_committed reader (delivery = "exactly_once", the default; with "at_least_once" duplicates
-only with the same UNIQ_KEY), and the ledger holds every delivered message exactly once."""
+only with the same UNIQ_KEY), and the ledger holds every delivered message exactly once. And a
+dispatch task's worker paused under load is replaced and fenced."""
 from __future__ import annotations
 
 import random
@@ -68,3 +69,66 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     with capsys.disabled():
         print(f"\nkill test ({where}): {KILLS if where != 'hdfs' else 1} kill(s), {len(sent)} messages, lost 0, early 0, "
               f"duplicates in Kafka {outcome.duplicates}, ledger rows {len(per_key)} (exactly once)")
+
+
+def test_a_paused_dispatch_worker_is_replaced_and_what_it_sends_after_is_fenced(
+        job_process, capsys):
+    """The Python worker of ready partition 0's dispatch task paused (SIGSTOP) under load, as a
+    long GC pause or a host cut off would: the driver sees its commits stop
+    (dispatch_liveness_timeout), cancels it and starts a new task, whose producer fences the
+    paused one; resumed (SIGCONT) if still there, it sends nothing a read_committed reader
+    sees. Every message once, none early."""
+    import os
+    import signal
+
+    from sinks.dispatch import SENDER
+    job, settings = job_process(dispatch_liveness_timeout="8s")
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
+    admin.close()
+    job.start()
+    load = SteadyLoad(settings, real)
+    load.start()
+
+    def senders() -> list[int]:   # the pids that sent ready partition 0's ledger records
+        from confluent_kafka import Consumer, TopicPartition
+
+        reader = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "senders",
+                           "isolation.level": "read_committed"})
+        part = TopicPartition(settings.ledger_topic, 0)
+        end = reader.get_watermark_offsets(part, timeout=10)[1]
+        reader.assign([TopicPartition(settings.ledger_topic, 0, 0)])
+        pids, at, deadline = [], 0, time.monotonic() + 10
+        while at < end - 1 and time.monotonic() < deadline:
+            for msg in reader.consume(500, timeout=0.5):
+                if not msg.error():
+                    at = msg.offset()
+                    if msg.value():
+                        pids.append(int(dict(msg.headers())[SENDER].decode().split(":")[1]))
+        reader.close()
+        return pids
+
+    paused = assert_eventually(lambda: (senders() or [None])[-1], timeout_s=60,
+                               message="a delivery from ready partition 0")
+    os.kill(paused, signal.SIGSTOP)
+    took = time.monotonic()
+    replaced = assert_eventually(lambda: set(senders()) - {paused}, timeout_s=90,
+                                 message="ready partition 0's task started again")
+    took = time.monotonic() - took
+    try:
+        os.kill(paused, signal.SIGCONT)
+        fate = "resumed"
+    except ProcessLookupError:
+        fate = "gone (Spark killed the cancelled task's worker)"
+    time.sleep(5)
+    load.stop()
+    assert job.proc.poll() is None, "the job went on"
+    outcome = check_all_delivered(settings, real, load.sent, unacknowledged=load.unacknowledged)
+    assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
+    assert "committed nothing for" in job.log.read_text()
+    job.stop()
+    with capsys.disabled():
+        print(f"\npaused dispatch worker {paused}: replaced by {sorted(replaced)} {took:.1f} s "
+              f"later, then {fate}; {len(load.sent)} messages, lost 0, early 0, read twice 0 "
+              f"(read_committed); lateness max {max(outcome.lateness_ms)} ms")
