@@ -8,7 +8,7 @@ acknowledged). No Spark import: the loop runs in a plain Python worker.
 A restart reads the partition again from the committed offset and skips a row whose message the
 ledger topic already holds: the commit's metadata names the ledger offset from which the ledger
 rows of every row above the commit point lie (`Offsets`), and the start reads the ledger from
-there (sinks/dispatch_start.py in_ledger). A wheel batch fired again after a crash writes its
+`replay_window_s` before there (sinks/dispatch_start.py in_ledger). A wheel batch fired again after a crash writes its
 references again: each carries its batch's id, and a copy of one already read is skipped
 (`Refired`). At least once, what is sent twice is what was delivered but not yet in the ledger
 when the task died; exactly once, nothing (sinks/dispatch_txn.py).
@@ -59,6 +59,7 @@ class DispatchConfig:
     gather_s: float                   # intake records parsed, ledger rows sent, this often
     retry_backoff_s: float            # a transient send failure is retried this much later
     probe_interval_s: float           # an idle task measures its clock against the broker's
+    replay_window_s: float            # a restart's ledger read starts this far before its mark
     ledger_batch: int                 # ledger rows per ledger record, intake records per parse
     ledger_bytes: int                 # a ledger record's bytes at most (`ledger_chunks`)
     clock_tolerance_ms: int           # a clock off the broker's by half of this is logged

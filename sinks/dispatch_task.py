@@ -112,9 +112,10 @@ class _Task(Sending, Transactions):
         self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
         starts, mark, batch = retrying(lambda: committed(consumer, config,
                                                          [self.ready, *self.intake]))
-        # What was delivered after the last commit: kept for the task's life, it is small (a
-        # commit interval's deliveries) and a copy of one read later is a copy still.
-        done, self.ledger_end = retrying(lambda: in_ledger(consumer, self.ledger, mark))
+        # What was delivered after the last commit (and `replay_window_s` before it): kept for
+        # the task's life (a minute of its deliveries); a copy of one read later is a copy still.
+        done, self.ledger_end = retrying(lambda: in_ledger(consumer, self.ledger, mark,
+                                                           config.replay_window_s))
         self.offsets = {source: Offsets(start) for source, start in starts.items()}
         self._known_below = starts[None]
         if batch:   # the newest wheel batch's rows below the commit point are read to know them
