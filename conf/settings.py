@@ -96,7 +96,6 @@ class Settings(BaseSettings):
     dispatch_failure_window: Duration
     dispatch_restart_backoff: Levels
     dispatch_liveness_timeout: Duration
-    dispatch_replay_window: Duration
     dispatch_retry_backoff_ms: PositiveInt
     dispatch_ledger_batch: PositiveInt
     dispatch_probe_interval_ms: PositiveInt
@@ -169,7 +168,6 @@ class Settings(BaseSettings):
     ledger_interval_ms = _ms("ledger_interval")
     dispatch_failure_window_ms = _ms("dispatch_failure_window")
     dispatch_liveness_timeout_ms = _ms("dispatch_liveness_timeout")
-    dispatch_replay_window_ms = _ms("dispatch_replay_window")
     produce_timeout_s = _seconds("produce_timeout")
     connect_timeout_s = _seconds("connect_timeout")
     executor_slots_wait_s = _seconds("executor_slots_wait")

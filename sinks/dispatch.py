@@ -8,7 +8,7 @@ acknowledged). No Spark import: the loop runs in a plain Python worker.
 A restart reads the partition again from the committed offset and skips a row whose message the
 ledger topic already holds: the commit's metadata names the ledger offset from which the ledger
 rows of every row above the commit point lie (`Offsets`), and the start reads the ledger from
-`replay_window_s` before there (sinks/dispatch_start.py in_ledger). A wheel batch fired again after a crash writes its
+there (sinks/dispatch_start.py in_ledger). A wheel batch fired again after a crash writes its
 references again: each carries its batch's id, and a copy of one already read is skipped
 (`Refired`). At least once, what is sent twice is what was delivered but not yet in the ledger
 when the task died; exactly once, nothing (sinks/dispatch_txn.py).
@@ -59,7 +59,6 @@ class DispatchConfig:
     gather_s: float                   # intake records parsed, ledger rows sent, this often
     retry_backoff_s: float            # a transient send failure is retried this much later
     probe_interval_s: float           # an idle task measures its clock against the broker's
-    replay_window_s: float            # a restart's ledger read starts this far before its mark
     ledger_batch: int                 # ledger rows per ledger record, intake records per parse
     ledger_bytes: int                 # a ledger record's bytes at most (`ledger_chunks`)
     clock_tolerance_ms: int           # a clock off the broker's by half of this is logged
@@ -168,11 +167,15 @@ def ready_row(offset: int, key, value, headers: list | None) -> Row:
 class Offsets:
     """One source's rows read and not yet done, and its commit point: the lowest of them with
     the ledger's end noted when it was read (the ledger rows of it and of every later row lie at
-    or past that offset), or, with none open, the next offset to read and the ledger's end now."""
+    or past that offset), or, with none open, the next offset to read and the ledger's end now.
+    After a restart, rows above the start that an earlier run delivered have their ledger rows
+    from the start's mark on, lower than that: until the commit point passes the last of them
+    (`earlier`), its mark stays at the start's (`floor`)."""
 
-    def __init__(self, position: int):
+    def __init__(self, position: int, floor: int = 0, earlier: int = -1):
         self.position = position
         self._open: dict[int, int] = {}
+        self._floor, self._earlier = floor, earlier
 
     def read(self, offset: int, ledger_end: int) -> None:
         self._open[offset] = ledger_end
@@ -185,10 +188,11 @@ class Offsets:
         self._open.pop(offset, None)
 
     def commit_point(self, ledger_end: int) -> tuple[int, int]:
-        if not self._open:
-            return self.position, ledger_end
-        low = min(self._open)
-        return low, self._open[low]
+        point, mark = (min(self._open), self._open[min(self._open)]) if self._open \
+            else (self.position, ledger_end)
+        if point <= self._earlier:
+            return point, min(mark, self._floor)
+        return point, mark
 
 
 class Skew:

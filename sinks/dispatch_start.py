@@ -83,19 +83,19 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
     return starts, min(marks) if marks else None, batch
 
 
-def in_ledger(consumer, ledger, mark: int | None,
-              window_s: float) -> tuple[set[tuple[str, int]], int]:
-    """The messages (`identity`) the task's ledger partition `ledger` holds from `window_s`
-    before the last commit's ledger mark (from its beginning when nothing was committed yet) to
-    its end: what was delivered of the rows above the commit point, which a restart skips; and
-    the partition's end. (From the mark alone, dead letters sent again after aborted
-    transactions were missed: tests/integration/test_bad_input.py; not yet found why.)"""
+def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
+              ) -> tuple[set[tuple[str, int]], dict, int]:
+    """The messages (`identity`) the task's ledger partition `ledger` holds from the last
+    commit's ledger mark (from its beginning when nothing was committed yet) to its end: what
+    was delivered of the rows above the commit point, which a restart skips; the last row each
+    source (Row.source) delivered there, whose offset the commits' marks wait for
+    (sinks/dispatch.py Offsets); and the partition's end."""
     low, high = consumer.get_watermark_offsets(ledger, timeout=60)
-    position = low if mark is None else _before(consumer, ledger, max(low, min(mark, high) - 1),
-                                                low, window_s)
+    position = low if mark is None else max(low, min(mark, high))
     done: set[tuple[str, int]] = set()
+    last: dict = {}
     if position >= high:
-        return done, high
+        return done, last, high
     consumer.assign([TopicPartition(ledger.topic, ledger.partition, position)])
     deadline = time.monotonic() + 120
     while position < high and time.monotonic() < deadline:
@@ -106,24 +106,14 @@ def in_ledger(consumer, ledger, mark: int | None,
             if not msg.value():   # a probe
                 continue
             rows = ledger_rows(msg.value())
-            for key, due in zip(rows.column("uniq_key").to_pylist(),
-                                rows.column("due_ms").to_pylist()):
+            for key, due, ready, ipart, ioff in zip(*(rows.column(name).to_pylist() for name in (
+                    "uniq_key", "due_ms", "ready_offset", "ipart", "ioff"))):
                 done.add(identity(key, due))
+                source, offset = (None, ready) if ready is not None else \
+                    ((intake_topic, ipart), ioff)
+                last[source] = max(last.get(source, -1), offset)
         # Past what read_committed skips, too (an aborted transaction's records and markers).
         [now] = consumer.position([TopicPartition(ledger.topic, ledger.partition)])
         position = max(position, now.offset)
     consumer.unassign()
-    return done, high
-
-
-def _before(consumer, ledger, offset: int, low: int, window_s: float) -> int:
-    """The ledger offset `window_s` before the record at `offset`."""
-    consumer.assign([TopicPartition(ledger.topic, ledger.partition, offset)])
-    msgs = consumer.consume(1, timeout=10.0)
-    consumer.unassign()
-    if not msgs or msgs[0].error():
-        return low
-    stamp = msgs[0].timestamp()[1] - int(window_s * 1000)
-    [found] = consumer.offsets_for_times(
-        [TopicPartition(ledger.topic, ledger.partition, stamp)], timeout=30)
-    return found.offset if found.offset >= 0 else offset
+    return done, last, high

@@ -112,11 +112,12 @@ class _Task(Sending, Transactions):
         self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
         starts, mark, batch = retrying(lambda: committed(consumer, config,
                                                          [self.ready, *self.intake]))
-        # What was delivered after the last commit (and `replay_window_s` before it): kept for
-        # the task's life (a minute of its deliveries); a copy of one read later is a copy still.
-        done, self.ledger_end = retrying(lambda: in_ledger(consumer, self.ledger, mark,
-                                                           config.replay_window_s))
-        self.offsets = {source: Offsets(start) for source, start in starts.items()}
+        # What was delivered after the last commit: kept for the task's life (a commit
+        # interval's deliveries); a copy of one read later is a copy still.
+        done, last, self.ledger_end = retrying(lambda: in_ledger(
+            consumer, self.ledger, mark, config.intake_topic))
+        self.offsets = {source: Offsets(start, mark or 0, last.get(source, -1))
+                        for source, start in starts.items()}
         self._known_below = starts[None]
         if batch:   # the newest wheel batch's rows below the commit point are read to know them
             self.refired = Refired(*batch)

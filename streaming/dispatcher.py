@@ -51,7 +51,6 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           gather_s=settings.dispatch_gather_ms / 1000,
                           retry_backoff_s=settings.dispatch_retry_backoff_ms / 1000,
                           probe_interval_s=settings.dispatch_probe_interval_ms / 1000,
-                          replay_window_s=settings.dispatch_replay_window_ms / 1000,
                           ledger_batch=settings.dispatch_ledger_batch,
                           ledger_bytes=min(ledger_max_bytes, max_request_bytes),
                           clock_tolerance_ms=settings.clock_tolerance_ms,

@@ -177,12 +177,14 @@ def test_a_real_topic_deleted_under_load_dead_letters_its_rows_and_the_partition
 
 def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing(
         dispatch, kafka_bootstrap):
-    """The first rows are held (due in 6 s): the commit point stays below every row after them
+    """The first rows are held (due in 12 s): the commit point stays below every row after them
     until they leave, so a task killed once the rest were delivered finds them all above its
-    commit; the ledger says they are done and the new task skips them."""
+    commit; the ledger says they are done and the new task skips them. Killed too before the
+    held rows leave, its commits keep the first task's ledger mark (the ledger rows of what it
+    skipped lie below its own start), and a third task skips them as well."""
     config, write = dispatch
     now = int(time.time() * 1000)
-    held = [{"uniq": f"h{i}", "due": now + 6000} for i in range(10)]
+    held = [{"uniq": f"h{i}", "due": now + 12_000} for i in range(10)]
     prompt = [{"uniq": f"p{i}", "due": now} for i in range(300)]
     write(held + prompt)
     task = multiprocessing.get_context("spawn").Process(target=_run, args=(config,))
@@ -196,12 +198,22 @@ def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing
     assert senders == {str(task.pid)}
     time.sleep(1.0)            # its commits (every 0.2 s) go on: still below the held rows
     # Each commit says how many rows the task holds, by level (the pending gauge's part).
-    reader = Consumer(config.consumer)
-    [got] = reader.committed([TopicPartition(config.ready_topic, 0)], timeout=10)
-    reader.close()
-    assert json.loads(got.metadata)["held"] == {"1": 10}
+    first = _committed(config)
+    assert first.offset == 0 and json.loads(first.metadata)["held"] == {"1": 10}
     task.kill()
     task.join(30)
+    again = multiprocessing.get_context("spawn").Process(target=_run, args=(config,))
+    again.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:   # its own commit, holding the held rows again
+        got = _committed(config)
+        meta = json.loads(got.metadata)
+        if meta["beat"] != json.loads(first.metadata)["beat"] and meta["held"] == {"1": 10}:
+            break
+        time.sleep(0.2)
+    again.kill()
+    again.join(30)
+    assert got.offset == 0 and meta["ledger"] == json.loads(first.metadata)["ledger"]
     thread, result = in_thread(config)
     records = consume_all(kafka_bootstrap, config.real, expected=310, timeout_s=60, idle_s=2)
     stop(config, kafka_bootstrap)
@@ -215,6 +227,13 @@ def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing
     stop(config, kafka_bootstrap)
     thread.join(60)
     assert result == [{"partition": 0, "sent": 0, "dead": 0, "skipped": 0}]
+
+
+def _committed(config: DispatchConfig) -> TopicPartition:
+    reader = Consumer(config.consumer)
+    [got] = reader.committed([TopicPartition(config.ready_topic, 0)], timeout=10)
+    reader.close()
+    return got
 
 
 def transactional(config: DispatchConfig) -> DispatchConfig:

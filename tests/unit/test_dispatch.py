@@ -56,6 +56,20 @@ def test_the_commit_point_is_the_lowest_row_not_done_with_its_ledger_mark():
     assert offsets.commit_point(ledger_end=9) == (14, 9), "all done: the position, the end"
 
 
+def test_after_a_restart_the_mark_waits_for_the_rows_an_earlier_run_delivered():
+    """Started at 10 with mark 5, rows up to 13 delivered by the run before (their ledger rows
+    from 5 on): while the commit point is at or below 13, the mark stays at 5."""
+    offsets = Offsets(10, floor=5, earlier=13)
+    assert offsets.commit_point(ledger_end=9) == (10, 5), "nothing read yet"
+    offsets.read(10, 9)
+    offsets.skip(11)
+    assert offsets.commit_point(ledger_end=12) == (10, 5), "row 10 read at 9: still 5"
+    offsets.done(10)
+    offsets.skip(12)
+    offsets.skip(13)
+    assert offsets.commit_point(ledger_end=12) == (14, 12), "past row 13: the ledger's end"
+
+
 def test_a_wheel_batch_s_copies_are_known_by_its_id_and_nothing_else_is_skipped():
     ref = lambda uniq, due=5: ready_row(0, None, f"{due},1,0,0,1,{uniq}".encode(), [])
     refired = Refired()
