@@ -78,6 +78,38 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def real_topic(settings, partitions: int = 2) -> str:
+    """A real topic for the job's deliveries, stamped with the broker's append time."""
+    from streaming.admin import admin_client, create_topic
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, partitions, {"message.timestamp.type": "LogAppendTime"})
+    admin.close()
+    return real
+
+
+def ledger_senders(settings, partition: int) -> list[int]:
+    """The pids that sent ledger partition `partition`'s records (ready partition `partition`'s
+    dispatch task: the SENDER header), oldest first, as a read_committed reader sees them."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from sinks.dispatch import SENDER
+    reader = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "senders",
+                       "isolation.level": "read_committed"})
+    end = reader.get_watermark_offsets(TopicPartition(settings.ledger_topic, partition),
+                                       timeout=10)[1]
+    reader.assign([TopicPartition(settings.ledger_topic, partition, 0)])
+    pids, at, deadline = [], 0, time.monotonic() + 10
+    while at < end - 1 and time.monotonic() < deadline:
+        for msg in reader.consume(500, timeout=0.5):
+            if not msg.error():
+                at = msg.offset()
+                if msg.value():
+                    pids.append(int(dict(msg.headers())[SENDER].decode().split(":")[1]))
+    reader.close()
+    return pids
+
+
 def jvm_threads(pids: list[int], names=("stream execution thread", '"main"')) -> str:
     """The stacks of the threads named `names` in each Java process of `pids` (jcmd)."""
     found = []

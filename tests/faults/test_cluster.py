@@ -1,13 +1,15 @@
 """The cluster path: a real Spark standalone cluster (one Master, two Workers, on loopback),
 the job submitted with `delayq submit` (code shipped as a zip, jars with --jars), the store on
 HDFS, a mixed load and timers delivered on time and completely, and one Worker killed (with its
-executor, like a lost host) while messages are pending: nothing lost, nothing early."""
+executor, like a lost host) while messages are pending: nothing lost, nothing early. And an
+executor paused whole under load: its dispatch task is replaced and fenced."""
 from __future__ import annotations
 
 import os
 import signal
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +89,53 @@ def test_on_a_cluster_every_delivery_leaves_from_an_executor_and_a_lost_worker_l
               f"duplicates {outcome.duplicates}, lateness max {max(outcome.lateness_ms)} ms; "
               f"deliveries per executor {per_executor}, from the driver 0")
 
+
+
+@pytest.mark.parametrize("local_cluster", [4], indirect=True)
+def test_on_a_cluster_a_paused_executor_s_dispatch_task_is_replaced_and_fenced(
+        local_cluster, job_process, capsys):
+    """The executor running ready partition 0's dispatch task paused whole (SIGSTOP to its JVM
+    and Python workers: a long GC pause, a host cut off) under load: the driver sees the task's
+    commits stop (dispatch_liveness_timeout), cancels it and starts it again on the other
+    executor, whose producer fences the paused one. Resumed (SIGCONT), the paused one sends
+    nothing a read_committed reader sees: every message once, none early, none lost."""
+    from tests.faults.conftest import descendants, ledger_senders, real_topic
+
+    spec = local_cluster
+    job, settings = job_process(
+        command=["submit", "--master", spec.master_url, "--total-executor-cores", "8"],
+        spark_master=spec.master_url, spark_executor_memory="768m",
+        dispatch_liveness_timeout="8s")
+    real = real_topic(settings)
+    job.start(timeout_s=300)
+    load = SteadyLoad(settings, real, levels=(0, 1, 2, 3), interval_s=0.05)
+    load.start()
+    worker = assert_eventually(lambda: (ledger_senders(settings, 0) or [None])[-1],
+                               timeout_s=60, message="a delivery from ready partition 0")
+    executor = worker
+    while Path(f"/proc/{executor}/exe").resolve().name != "java":   # its executor's JVM
+        executor = int(Path(f"/proc/{executor}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    frozen = [executor, *descendants(executor)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    took = time.monotonic()
+    replaced = assert_eventually(lambda: set(ledger_senders(settings, 0)) - set(frozen),
+                                 timeout_s=120, message="ready partition 0's task started again")
+    took = time.monotonic() - took
+    for pid in frozen:
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(10)
+    load.stop()
+    assert job.proc.poll() is None, f"the job died:\n{why_it_died(job.log.read_text())}"
+    outcome = check_all_delivered(settings, real, load.sent, timeout_s=240)
+    assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
+    assert "committed nothing for" in job.log.read_text()
+    order = ledger_senders(settings, 0)
+    after = order[next(i for i, pid in enumerate(order) if pid in replaced):]
+    assert not set(after) & set(frozen), "the paused task committed after its replacement"
+    job.stop()
+    with capsys.disabled():
+        print(f"\non a standalone cluster: the executor of ready partition 0's dispatch task "
+              f"(JVM {executor}, worker {worker}) paused, replaced by {sorted(replaced)} "
+              f"{took:.1f} s later, resumed; {len(load.sent)} messages, lost 0, early 0, read "
+              f"twice 0 (read_committed); lateness max {max(outcome.lateness_ms)} ms")

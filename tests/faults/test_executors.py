@@ -8,23 +8,14 @@ from pyspark.sql import functions as F
 
 from sinks.delta import table_exists
 from streaming import lookup
-from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
-from tests.faults.conftest import SteadyLoad, check_all_delivered
+from tests.faults.conftest import SteadyLoad, check_all_delivered, real_topic
 from streaming.status import fetch
 from tests.support import assert_eventually, free_ports
 
 # The held timer sits in the ready topic for the fire lead before it is due: 40 s leaves the
 # checks below time in a busy full run (with 12 s, one ran out of it at -4 s).
 EXECUTORS = dict(ledger_interval="2s", fire_lead_ms=40_000)
-
-
-def real_topic(settings, partitions: int = 2) -> str:
-    admin = admin_client(settings)
-    real = f"real-{settings.intake_topic}"
-    create_topic(admin, real, partitions, {"message.timestamp.type": "LogAppendTime"})
-    admin.close()
-    return real
 
 
 def ledger_counts(spark, settings) -> dict[str, int]:

@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 
 from sinks import store
 from streaming.admin import admin_client, create_topic
-from tests.faults.conftest import SteadyLoad, check_all_delivered
+from tests.faults.conftest import SteadyLoad, check_all_delivered, ledger_senders, real_topic
 from tests.support import assert_eventually
 
 KILLS = 2
@@ -81,33 +81,13 @@ def test_a_paused_dispatch_worker_is_replaced_and_what_it_sends_after_is_fenced(
     import os
     import signal
 
-    from sinks.dispatch import SENDER
     job, settings = job_process(dispatch_liveness_timeout="8s")
-    admin = admin_client(settings)
-    real = f"real-{settings.intake_topic}"
-    create_topic(admin, real, 2, {"message.timestamp.type": "LogAppendTime"})
-    admin.close()
+    real = real_topic(settings)
     job.start()
     load = SteadyLoad(settings, real)
     load.start()
 
-    def senders() -> list[int]:   # the pids that sent ready partition 0's ledger records
-        from confluent_kafka import Consumer, TopicPartition
-
-        reader = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "senders",
-                           "isolation.level": "read_committed"})
-        part = TopicPartition(settings.ledger_topic, 0)
-        end = reader.get_watermark_offsets(part, timeout=10)[1]
-        reader.assign([TopicPartition(settings.ledger_topic, 0, 0)])
-        pids, at, deadline = [], 0, time.monotonic() + 10
-        while at < end - 1 and time.monotonic() < deadline:
-            for msg in reader.consume(500, timeout=0.5):
-                if not msg.error():
-                    at = msg.offset()
-                    if msg.value():
-                        pids.append(int(dict(msg.headers())[SENDER].decode().split(":")[1]))
-        reader.close()
-        return pids
+    senders = lambda: ledger_senders(settings, 0)
 
     paused = assert_eventually(lambda: (senders() or [None])[-1], timeout_s=60,
                                message="a delivery from ready partition 0")
