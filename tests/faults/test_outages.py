@@ -1,5 +1,6 @@
 """Outages around the job: the broker stopped and started under load, and the job stopped for
-longer than its messages' delays. Nothing is lost, nothing is early."""
+longer than its messages' delays. Nothing is lost, nothing is early, nothing is read twice
+(read_committed)."""
 from __future__ import annotations
 
 import time
@@ -55,6 +56,7 @@ def test_broker_stopped_and_started_under_load_loses_nothing(own_broker, job_pro
     except AssertionError as e:   # what the job did meanwhile, for the one who reads the failure
         raise AssertionError(f"{e}\n\nthe job's log, its end:\n"
                              f"{job.log.read_text(errors='replace')[-8000:]}") from None
+    assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
     job.stop()
     with capsys.disabled():
         print(f"\nbroker restart: broker down {down_s:.1f} s, {len(load.sent)} messages, lost 0, "
