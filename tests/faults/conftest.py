@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,26 +89,58 @@ def real_topic(settings, partitions: int = 2) -> str:
     return real
 
 
-def ledger_senders(settings, partition: int) -> list[int]:
-    """The pids that sent ledger partition `partition`'s records (ready partition `partition`'s
-    dispatch task: the SENDER header), oldest first, as a read_committed reader sees them."""
+def ledger_records(settings, partition: int) -> list[tuple[int, list[str]]]:
+    """Ledger partition `partition`'s records (ready partition `partition`'s dispatch task's), as
+    a read_committed reader sees them, oldest first: the pid that sent each (its SENDER header)
+    and the UNIQ_KEYs of its rows."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from sinks.dispatch import SENDER
+    from sinks.dispatch import SENDER, ledger_rows
     reader = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "senders",
                        "isolation.level": "read_committed"})
-    end = reader.get_watermark_offsets(TopicPartition(settings.ledger_topic, partition),
-                                       timeout=10)[1]
+    part = TopicPartition(settings.ledger_topic, partition)
+    end = reader.get_watermark_offsets(part, timeout=10)[1]
     reader.assign([TopicPartition(settings.ledger_topic, partition, 0)])
-    pids, at, deadline = [], 0, time.monotonic() + 10
-    while at < end - 1 and time.monotonic() < deadline:
+    records, at, deadline = [], 0, time.monotonic() + 30
+    while at < end and time.monotonic() < deadline:
         for msg in reader.consume(500, timeout=0.5):
-            if not msg.error():
-                at = msg.offset()
-                if msg.value():
-                    pids.append(int(dict(msg.headers())[SENDER].decode().split(":")[1]))
+            if not msg.error() and msg.value():   # not a probe
+                records.append((int(dict(msg.headers())[SENDER].decode().split(":")[1]),
+                                ledger_rows(msg.value()).column("uniq_key").to_pylist()))
+        at = reader.position([part])[0].offset   # past aborted records and markers too
     reader.close()
-    return pids
+    return records
+
+
+def ledger_senders(settings, partition: int) -> list[int]:
+    """The pids that sent ledger partition `partition`'s records, oldest first."""
+    return [pid for pid, _ in ledger_records(settings, partition)]
+
+
+def check_ledgered_once(settings, load: "SteadyLoad", timeout_s: float = 60) -> None:
+    """One ledger row on the ledger topic (read_committed) for each message `load` sent (and
+    for each of its unacknowledged sends that was delivered), none for anything else."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = ledger_keys(settings)
+        if set(rows) >= set(load.sent) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert set(rows) - load.unacknowledged == set(load.sent), \
+        f"{len(set(load.sent) - set(rows))} without a ledger row"
+    twice = {key: n for key, n in rows.items() if n > 1}
+    assert not twice, f"{len(twice)} with more than one ledger row, e.g. {list(twice)[:3]}"
+
+
+def ledger_keys(settings) -> Counter:
+    """How many ledger rows each UNIQ_KEY has on the ledger topic (read_committed)."""
+    from confluent_kafka import Consumer
+    reader = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "senders"})
+    parts = len(reader.list_topics(settings.ledger_topic, timeout=30)
+                .topics[settings.ledger_topic].partitions)
+    reader.close()
+    return Counter(key for p in range(parts) for _, keys in ledger_records(settings, p)
+                   for key in keys)
 
 
 def jvm_threads(pids: list[int], names=("stream execution thread", '"main"')) -> str:

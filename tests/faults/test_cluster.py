@@ -99,7 +99,8 @@ def test_on_a_cluster_a_paused_executor_s_dispatch_task_is_replaced_and_fenced(
     commits stop (dispatch_liveness_timeout), cancels it and starts it again on the other
     executor, whose producer fences the paused one. Resumed (SIGCONT), the paused one sends
     nothing a read_committed reader sees: every message once, none early, none lost."""
-    from tests.faults.conftest import descendants, ledger_senders, real_topic
+    from tests.faults.conftest import (check_ledgered_once, descendants, ledger_senders,
+                                       real_topic)
 
     spec = local_cluster
     job, settings = job_process(
@@ -133,6 +134,7 @@ def test_on_a_cluster_a_paused_executor_s_dispatch_task_is_replaced_and_fenced(
     order = ledger_senders(settings, 0)
     after = order[next(i for i, pid in enumerate(order) if pid in replaced):]
     assert not set(after) & set(frozen), "the paused task committed after its replacement"
+    check_ledgered_once(settings, load)
     job.stop()
     with capsys.disabled():
         print(f"\non a standalone cluster: the executor of ready partition 0's dispatch task "

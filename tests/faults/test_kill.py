@@ -14,7 +14,8 @@ from pyspark.sql import functions as F
 
 from sinks import store
 from streaming.admin import admin_client, create_topic
-from tests.faults.conftest import SteadyLoad, check_all_delivered, ledger_senders, real_topic
+from tests.faults.conftest import (SteadyLoad, check_all_delivered, check_ledgered_once,
+                                   ledger_senders, real_topic)
 from tests.support import assert_eventually
 
 KILLS = 2
@@ -107,6 +108,7 @@ def test_a_paused_dispatch_worker_is_replaced_and_what_it_sends_after_is_fenced(
     outcome = check_all_delivered(settings, real, load.sent, unacknowledged=load.unacknowledged)
     assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
     assert "committed nothing for" in job.log.read_text()
+    check_ledgered_once(settings, load)
     job.stop()
     with capsys.disabled():
         print(f"\npaused dispatch worker {paused}: replaced by {sorted(replaced)} {took:.1f} s "

@@ -12,7 +12,7 @@ from streaming.tools import broker
 from streaming.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
-from tests.faults.conftest import SteadyLoad, check_all_delivered
+from tests.faults.conftest import SteadyLoad, check_all_delivered, check_ledgered_once
 from tests.support import assert_eventually, free_ports, header_map
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
@@ -57,6 +57,7 @@ def test_broker_stopped_and_started_under_load_loses_nothing(own_broker, job_pro
         raise AssertionError(f"{e}\n\nthe job's log, its end:\n"
                              f"{job.log.read_text(errors='replace')[-8000:]}") from None
     assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
+    check_ledgered_once(settings, load)
     job.stop()
     with capsys.disabled():
         print(f"\nbroker restart: broker down {down_s:.1f} s, {len(load.sent)} messages, lost 0, "
