@@ -86,7 +86,9 @@ class _Task(Sending, Transactions):
         self.skew = Skew(config.ledger_topic, config.clock_tolerance_ms, clock=clock)
         self.heap: list[tuple] = []     # (*Row.order(), push number, row) of each held row
         self._pushes = itertools.count()   # equal orders never compare their rows
-        self.retry: list[tuple[float, Callable[[], bool | None]]] = []   # (monotonic time, send)
+        # Sends to try again later, (monotonic time, send): librdkafka retries what it queued,
+        # not a record its full queue refused, a topic not yet known, or a dead letter refused.
+        self.retry: list[tuple[float, Callable[[], bool | None]]] = []
         self.ledger_end = 0
         self.sent = self.dead = self.skipped = 0
         self.stopping = self.paused = False
