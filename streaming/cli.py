@@ -29,7 +29,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with running_job(settings, allow_fresh_checkpoint=args.allow_fresh_checkpoint,
                      allow_config_change=args.allow_config_change) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
-              f"checkpoint {job.checkpoint}, metrics http://{settings.metrics_host}:"
+              f"delivery {settings.delivery}, checkpoint {job.checkpoint}, metrics http://{settings.metrics_host}:"
               f"{settings.metrics_port}/metrics, "
               f"Spark UI {job.spark.sparkContext.uiWebUrl or 'off'}. Ctrl-C stops.",
               flush=True)
