@@ -188,11 +188,9 @@ class Offsets:
         self._open.pop(offset, None)
 
     def commit_point(self, ledger_end: int) -> tuple[int, int]:
-        point, mark = (min(self._open), self._open[min(self._open)]) if self._open \
-            else (self.position, ledger_end)
-        if point <= self._earlier:
-            return point, min(mark, self._floor)
-        return point, mark
+        point = min(self._open, default=self.position)
+        mark = self._open.get(point, ledger_end)
+        return point, min(mark, self._floor) if point <= self._earlier else mark
 
 
 class Skew:

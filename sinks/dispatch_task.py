@@ -114,8 +114,8 @@ class _Task(Sending, Transactions):
         self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
         starts, mark, batch = retrying(lambda: committed(consumer, config,
                                                          [self.ready, *self.intake]))
-        # What was delivered after the last commit: kept for the task's life (a commit
-        # interval's deliveries); a copy of one read later is a copy still.
+        # What the ledger holds from the last commit's mark on: kept for the task's life (a
+        # few commit intervals' deliveries); a copy of one read later is a copy still.
         done, last, self.ledger_end = retrying(lambda: in_ledger(
             consumer, self.ledger, mark, config.intake_topic))
         self.offsets = {source: Offsets(start, mark or 0, last.get(source, -1))

@@ -135,13 +135,12 @@ def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient,
                  {"max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)})
     if not create_topic(admin, settings.ledger_topic, settings.ready_partitions, LOG_APPEND_TIME):
         ensure_log_append_time(admin, settings.ledger_topic)
-    parts = topic_partitions(admin, [settings.ready_topic, settings.ledger_topic])
+    # Just created, a topic may be unknown to the broker that answers for a moment (seen on a
+    # 3-broker cluster: "LEDGER None"): asked again until connect_timeout.
     deadline = time.monotonic() + settings.connect_timeout_s
-    while None in parts.values() and time.monotonic() < deadline:
-        # Just created: a broker other than the controller may not know it yet (seen on a
-        # 3-broker cluster: "LEDGER None").
+    while None in (parts := topic_partitions(admin, [settings.ready_topic, settings.ledger_topic])
+                   ).values() and time.monotonic() < deadline:
         time.sleep(0.2)
-        parts = topic_partitions(admin, [settings.ready_topic, settings.ledger_topic])
     ready, ledger = parts[settings.ready_topic], parts[settings.ledger_topic]
     if ready != ledger:
         raise JobError(f"topic {settings.ready_topic} has {ready} partitions and "

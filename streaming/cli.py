@@ -29,8 +29,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     with running_job(settings, allow_fresh_checkpoint=args.allow_fresh_checkpoint,
                      allow_config_change=args.allow_config_change) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
-              f"delivery {settings.delivery}, checkpoint {job.checkpoint}, metrics http://{settings.metrics_host}:"
-              f"{settings.metrics_port}/metrics, "
+              f"delivery {settings.delivery}, checkpoint {job.checkpoint}, "
+              f"metrics http://{settings.metrics_host}:{settings.metrics_port}/metrics, "
               f"Spark UI {job.spark.sparkContext.uiWebUrl or 'off'}. Ctrl-C stops.",
               flush=True)
         steps = ", ".join(f"{k} {v} s" for k, v in job.startup_s.items())
