@@ -62,11 +62,11 @@ if [ ! -f .lib/localfs/delayq-localfs.jar ] || [ -n "$(find "$localfs/pom.xml" "
   cp .lib/build/localfs/delayq-localfs.jar .lib/localfs/delayq-localfs.jar
 fi
 # Class data sharing for the Spark driver JVM: its classes mapped from one archive instead of
-# loaded from the jars at every start (streaming/cds.py; about 3 s off each start). Once per
+# loaded from the jars at every start (streaming/spark/cds.py; about 3 s off each start). Once per
 # Java and jar set; a JVM without a matching archive starts as before.
 if ! .venv/bin/python -c 'import sys
 from conf import load_settings
-from streaming.cds import archive_path
+from streaming.spark.cds import archive_path
 sys.exit(0 if archive_path(load_settings()).is_file() else 1)' 2>/dev/null; then
   echo "setup: building the Spark JVM class data archive into .lib/cds (about a minute)"
   .venv/bin/python -m streaming.tools.cds_train >.lib/cds-build.log 2>&1 || {

@@ -1,5 +1,5 @@
 """The batch summary every sink of the wheel query (sinks/ready.py, sinks/cold.py,
-sinks/ledger.py) and the metrics share. A sink may be called again with the same batch id
+sinks/dead_letters.py) and the metrics share. A sink may be called again with the same batch id
 after a crash (Spark replays a batch whose commit it did not record); each sink documents what
 it guarantees then.
 """

@@ -64,7 +64,7 @@ def sent_schema(batch_schema: StructType) -> StructType:
 
 
 class Counts(AccumulatorParam):
-    """A list accumulator: the values tasks add (lists) concatenated (streaming/ledger_query.py
+    """A list accumulator: the values tasks add (lists) concatenated (streaming/ledger/query.py
     counts its rows with it)."""
 
     def zero(self, value):

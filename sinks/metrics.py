@@ -8,8 +8,9 @@ import json
 import threading
 import time
 from datetime import datetime
+from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -105,7 +106,7 @@ class Metrics:
                     self._in_wheel[level] + self._in_dispatch.get(level, 0))
 
     def set_dispatch(self, held_by_level: dict[int, int], clock_ms: dict[int, int]) -> None:
-        """What the dispatch tasks' last commits report (streaming/dispatcher.py reports): the
+        """What the dispatch tasks' last commits report (streaming/dispatch/supervisor.py reports): the
         messages they hold, by level, and each one's clock offset to the broker's."""
         with self._pending_lock:
             shown = set(self._in_dispatch) | {str(level) for level in held_by_level}
@@ -168,3 +169,18 @@ def _offsets(value, topic: str) -> dict[int, int]:
         except ValueError:
             return {}
     return {int(p): int(o) for p, o in ((value or {}).get(topic) or {}).items()}
+
+
+def build_metrics() -> Metrics:
+    """The metrics of this driver, labelled with delayq's and Spark's versions."""
+    try:
+        own = version("delayq")
+    except PackageNotFoundError:
+        own = "0+unknown"
+    return Metrics(CollectorRegistry(), version=own, spark_version=version("pyspark"))
+
+
+def serve(settings, metrics: Metrics):
+    """The Prometheus endpoint on settings.metrics_host:port; returns (server, thread)."""
+    return start_http_server(settings.metrics_port, addr=settings.metrics_host,
+                             registry=metrics.registry)

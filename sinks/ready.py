@@ -1,12 +1,12 @@
 """The wheel's Kafka sink: every fired reference goes to the ready topic (`<intake>.READY`),
-for the dispatch tasks (sinks/dispatch.py) to read its body back from the intake and send it at
+for the dispatch tasks (streaming/dispatch/rules.py) to read its body back from the intake and send it at
 its due time; dead letters go to the dead-letter topic with their record read back. A batch
 replayed after a crash is written again (Spark's Kafka sink is at least once): each reference's
-key is its batch's id, by which the dispatch tasks know a copy (sinks/dispatch.py Refired).
+key is its batch's id, by which the dispatch tasks know a copy (streaming/dispatch/rules.py Refired).
 
 A reference's ready partition is its intake partition's, modulo the ready partitions: the
 dispatch task of ready partition p reads back from the intake partitions q with q mod (ready
-partitions) = p, the ones it reads for the short levels too (sinks/direct.py), so each intake
+partitions) = p, the ones it reads for the short levels too (streaming/dispatch/direct.py), so each intake
 partition has one sender and its reads stay in offset order. A batch writes each ready
 partition from one task, in due order (then intake position): a dispatch task sends overdue rows
 as it reads them (a restart's backlog), so they must come in due order too.
@@ -25,7 +25,7 @@ _COUNTED_KINDS = ("deliver", "cold", "cancelled", "cancel_unknown")
 
 
 def reference_value() -> F.Column:
-    """A fired reference as the dispatch reads it (sinks/dispatch.py ready_row): one record
+    """A fired reference as the dispatch reads it (streaming/dispatch/rules.py ready_row): one record
     value, "<due ms>,<level>,<intake partition>,<intake offset>,<append ms>,<UNIQ_KEY>", with no
     key and no header (one split to read; four headers cost the task a third of its read)."""
     return F.encode(F.concat_ws(",", *(F.col(name).cast("string") for name in (

@@ -15,7 +15,7 @@ from pathlib import Path
 
 def jvm(spark_or_context):
     """The Spark driver's JVM, for what PySpark has no public API for: Hadoop's file systems
-    (`HadoopPath`) and the query thread's wait at a stop (streaming/wheel_query.py)."""
+    (`HadoopPath`) and the query thread's wait at a stop (streaming/wheel/query.py)."""
     context = getattr(spark_or_context, "sparkContext", spark_or_context)
     return context._jvm
 

@@ -1,6 +1,6 @@
 """Column layouts shared by the parse stage, the wheel and the sinks (Arrow types, no Spark).
 
-`streaming/schema.py` turns these into Spark schemas, so the two can never drift apart.
+`streaming/wheel/schema.py` turns these into Spark schemas, so the two can never drift apart.
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ ENVELOPE = pa.schema([
 ])
 
 # The wheel's input: an ENVELOPE without the message's body. The wheel query hands its parse
-# only each record's position, append time and control headers (streaming/wheel_query.py), so
+# only each record's position, append time and control headers (streaming/wheel/query.py), so
 # no key, value or user header reaches the wheel's Python; the dispatch tasks read the bodies
-# back from the intake when the message is due (sinks/bodies.py).
+# back from the intake when the message is due (streaming/dispatch/bodies.py).
 BODY = ("key", "value", "hkeys", "hvals")
 INDEX_ENVELOPE = pa.schema([field for field in ENVELOPE if field.name not in BODY])
 
@@ -47,7 +47,7 @@ INDEX_ENVELOPE = pa.schema([field for field in ENVELOPE if field.name not in BOD
 # one JSON object. Not as array columns: PySpark 4.2.0's worker lowercases the state schema's
 # JSON it receives (`Conf.get` lowercases every value unless told not to), and an array's
 # "elementType" key no longer parses. No binary column either: Spark's pickler copies binary
-# byte by byte. Spark SQL reads the JSON with from_json (streaming/wheel_query.py wheel_state).
+# byte by byte. Spark SQL reads the JSON with from_json (streaming/wheel/query.py wheel_state).
 REFERENCE = pa.schema([ENVELOPE.field(name) for name in (
     "ipart", "ioff", "append_ms", "due_ms", "uniq_key")])
 STATE = pa.schema([("count", pa.int32()), ("earliest_ms", pa.int64()), ("refs", pa.string())])

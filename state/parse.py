@@ -3,7 +3,7 @@
 Arrow in, Arrow out (Spark's mapInArrow): the headers are read once as flat name and value
 lists, and the user headers are cut out of them with array operations. Only the per-record rules
 (`state.envelope`) run per row. The wheel's parse gets no body (no key, no value, only the
-control headers: streaming/wheel_query.py) and returns INDEX_ENVELOPE; the dispatch tasks' parse
+control headers: streaming/wheel/query.py) and returns INDEX_ENVELOPE; the dispatch tasks' parse
 of records they read themselves passes key and value through untouched and returns ENVELOPE.
 """
 from __future__ import annotations
@@ -219,7 +219,7 @@ def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, rules: Rules,
                  direct_max_delay_ms: int, spread: int) -> None:
     """Kind.DIRECT for every good level message (not a timer, not rolled from the cold tier)
     whose level's delay is at most `direct_max_delay_ms`, immediate ones included: the dispatch
-    tasks hold these themselves (sinks/direct.py), due as the parse set them."""
+    tasks hold these themselves (streaming/dispatch/direct.py), due as the parse set them."""
     kind = cols["kind"]
     candidate = np.isin(kind, (Kind.NOW.value, Kind.DELAY.value)) & ~cols["rolled"].astype(bool)
     level = np.full(len(kind), -1, dtype=np.int64)

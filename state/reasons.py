@@ -8,9 +8,9 @@ LABELS = frozenset({
     "missing_real_topic", "illegal_topic", "topic_not_allowed", "no_value", "not_utf8",
     "not_an_integer", "negative", "not_a_partition", "empty_header", "duplicate_header",
     "several_delay_headers", "beyond_max_delay", "timer_in_past",
-    # a send the real topic refused (sinks/dispatch.py, by librdkafka's error code)
+    # a send the real topic refused (streaming/dispatch/rules.py, by librdkafka's error code)
     "unknown_topic", "partition_out_of_range", "too_large", "not_authorized", "invalid_record",
-    # a reference whose intake record is gone or is not the one referenced (sinks/bodies.py)
+    # a reference whose intake record is gone or is not the one referenced (streaming/dispatch/bodies.py)
     "intake_record_gone", "intake_record_replaced",
 })
 

@@ -1,8 +1,8 @@
-"""The streaming job: the wheel query (streaming/wheel_query.py) fires each message into the
-ready topic, the dispatch tasks send it when due (streaming/dispatcher.py), and the ledger query
-records it (streaming/ledger_query.py). DelayJob starts, watches and stops the three.
+"""The streaming job: the wheel query (streaming/wheel/query.py) fires each message into the
+ready topic, the dispatch tasks send it when due (streaming/dispatch/supervisor.py), and the ledger query
+records it (streaming/ledger/query.py). DelayJob starts, watches and stops the three.
 
-    spark-submit --jars "$(ls .lib/spark/*.jar | paste -sd,)" streaming/cli.py run
+    spark-submit --jars "$(ls .lib/spark/*.jar | paste -sd,)" streaming/cli/main.py run
 
 (`delayq run` does the same in-process; `delayq submit` targets a cluster.)
 """
@@ -20,21 +20,21 @@ from sinks import store
 from sinks.base import BatchSummary
 from sinks.cold import ColdTier
 from sinks.kafka import producer_options, sent_schema
-from sinks.ledger import DeadLetterTable
+from sinks.dead_letters import DeadLetterTable
 from sinks.metrics import Metrics
 from sinks.ready import ReadySink
 from state.errors import JobError
-from streaming import admin as kadmin
-from streaming import checkpoint as ckpt
-from streaming import sizing
-from streaming.dispatcher import Dispatcher
-from streaming.heartbeat import Heartbeat
-from streaming.kafka_config import spark_options
-from streaming.ledger_query import start_ledger_query
-from streaming.listener import OffsetMirror, ProgressJsonListener, ProgressMetrics
-from streaming.offsets import committed_offsets, last_committed_batch
-from streaming.schema import WITH_BODY_SPARK
-from streaming.wheel_query import BatchWriter, pending_by_level, wheel_stream
+from streaming.kafka import admin as kadmin
+from streaming.wheel import checkpoint as ckpt
+from streaming.wheel import sizing
+from streaming.dispatch.supervisor import Dispatcher
+from streaming.wheel.heartbeat import Heartbeat
+from streaming.kafka.config import spark_options
+from streaming.ledger.query import start_ledger_query
+from streaming.spark.listener import OffsetMirror, ProgressJsonListener, ProgressMetrics
+from streaming.wheel.offsets import committed_offsets, last_committed_batch
+from streaming.wheel.schema import WITH_BODY_SPARK
+from streaming.wheel.query import BatchWriter, pending_by_level, wheel_stream
 
 log = logging.getLogger(__name__)
 # How long the stop waits for the query's thread to park in the writer before interrupting it.
@@ -59,7 +59,7 @@ class DelayJob:
                        if settings.ledger else [])
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}   # the first batch's steps
-        self._direct_was_on = False   # see streaming/checkpoint.py direct_was_on
+        self._direct_was_on = False   # see streaming/wheel/checkpoint.py direct_was_on
         # What start() starts and stop() stops (the ledger query: ledger topic → Delta).
         self.query = self.ledger_query = self._admin = self._mirror_admin = None
         self._listener = self._heartbeat = self._seeder = None
@@ -128,7 +128,7 @@ class DelayJob:
         return self.query
 
     def _check_checkpoint(self) -> tuple[int, int]:
-        """The checkpoint's guards (streaming/checkpoint.py) and its stamp. Returns (started_ms,
+        """The checkpoint's guards (streaming/wheel/checkpoint.py) and its stamp. Returns (started_ms,
         now_ms): before started_ms level messages pass through for good (a fresh checkpoint:
         this run's start); now_ms stands in for a new query's first watermark."""
         verdict = ckpt.check(self.settings, self.checkpoint,
@@ -180,7 +180,7 @@ class DelayJob:
 
     def _size_partitions(self) -> None:
         """Partitions set to 0: the checkpoint's own, or sized for the slots the job was
-        given (streaming/sizing.py), before the checkpoint's check compares them."""
+        given (streaming/wheel/sizing.py), before the checkpoint's check compares them."""
         context = self.spark.sparkContext
         slots = sizing.task_slots(dict(context.getConf().getAll()), context.defaultParallelism)
         self.settings = sizing.resolve(self.settings, store.path(self.checkpoint), slots)
@@ -212,7 +212,7 @@ class DelayJob:
 
     def lost_kept_rows(self) -> bool:
         """Whether the wheel query failed because a batch's kept rows were lost with an
-        executor (streaming/wheel_query.py `kept`): that batch runs again after a restart."""
+        executor (streaming/wheel/query.py `kept`): that batch runs again after a restart."""
         return self._writer is not None and self._writer.lost_kept_rows
 
     def restart(self) -> None:

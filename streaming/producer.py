@@ -20,7 +20,7 @@ from conf.settings import Settings
 from state import headers as H
 from state.envelope import TIMER_LEVEL
 from state.levels import clamp_level
-from streaming.kafka_config import python_client_config
+from streaming.kafka.config import python_client_config
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Run the service in this process: the embedded broker when no Kafka is configured, a Spark
-session, and the delivery job, until Ctrl-C or SIGTERM."""
+"""Run the service in this process: a Spark session and the delivery job with its Prometheus
+endpoint, until Ctrl-C or SIGTERM (the embedded broker, when no Kafka is configured, is started
+around it by the caller: streaming/tools/broker.py `embedded`)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,29 +14,11 @@ from typing import Iterator
 
 from conf.settings import Settings
 from state.errors import JobError
-from streaming import admin as kadmin
-from streaming.tools import broker
+from streaming.kafka import admin as kadmin
 from streaming.job import DelayJob
-from streaming.session import STOPPING, build_session
+from streaming.spark.session import STOPPING, build_session
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def embedded_broker(settings: Settings) -> Iterator[None]:
-    """Start the local broker when the settings name no Kafka; stop it after only if we
-    started it."""
-    if not settings.embedded:
-        yield
-        return
-    spec = broker.spec_from_settings(settings)
-    was_running = broker.read_pid(spec) is not None
-    broker.start(spec)
-    try:
-        yield
-    finally:
-        if not was_running:
-            broker.stop(spec)
 
 
 def process_age_s() -> float | None:
@@ -56,39 +39,38 @@ STOP_REPORT_S = 75
 
 @contextlib.contextmanager
 def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
-    """The job with its Prometheus endpoint, on the embedded broker when none is configured."""
-    from streaming.exporter import build_metrics, serve
+    """The job with its Prometheus endpoint."""
+    from sinks.metrics import build_metrics, serve
 
-    with embedded_broker(settings):
-        metrics = build_metrics()
-        server, _ = serve(settings, metrics)
-        before = process_age_s()     # Python start-up, imports, settings, the exporter
-        t0 = time.monotonic()
-        STOPPING.clear()
-        # A broker that does not answer is said in one line before Spark takes its seconds.
-        kadmin.admin_client(settings).close()
-        spark = build_session(settings)
-        session_s = round(time.monotonic() - t0, 1)
-        job = DelayJob(settings, spark, metrics=metrics, **job_args)
+    metrics = build_metrics()
+    server, _ = serve(settings, metrics)
+    before = process_age_s()     # Python start-up, imports, settings, the exporter
+    t0 = time.monotonic()
+    STOPPING.clear()
+    # A broker that does not answer is said in one line before Spark takes its seconds.
+    kadmin.admin_client(settings).close()
+    spark = build_session(settings)
+    session_s = round(time.monotonic() - t0, 1)
+    job = DelayJob(settings, spark, metrics=metrics, **job_args)
+    try:
+        job.start()
+        job.startup_s = {**({"process": round(before, 1)} if before is not None else {}),
+                         "spark_session": session_s, **job.startup_s}
+        yield job
+    finally:
+        # A stop takes at most the batch's grace and the query thread's wait (30 s each,
+        # DelayJob.stop) and Spark's own stop; one that takes longer prints the stack of
+        # every Python thread, to say where it is stuck before something kills it.
+        faulthandler.dump_traceback_later(STOP_REPORT_S)
+        STOPPING.set()
         try:
-            job.start()
-            job.startup_s = {**({"process": round(before, 1)} if before is not None else {}),
-                             "spark_session": session_s, **job.startup_s}
-            yield job
+            job.stop()
         finally:
-            # A stop takes at most the batch's grace and the query thread's wait (30 s each,
-            # DelayJob.stop) and Spark's own stop; one that takes longer prints the stack of
-            # every Python thread, to say where it is stuck before something kills it.
-            faulthandler.dump_traceback_later(STOP_REPORT_S)
-            STOPPING.set()
             try:
-                job.stop()
+                spark.stop()
             finally:
-                try:
-                    spark.stop()
-                finally:
-                    server.shutdown()
-                    faulthandler.cancel_dump_traceback_later()
+                server.shutdown()
+                faulthandler.cancel_dump_traceback_later()
 
 
 def stop_on_sigterm(stop: threading.Event) -> None:

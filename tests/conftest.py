@@ -123,7 +123,7 @@ def test_settings(work_dir, kafka_bootstrap):
 
 @pytest.fixture(scope="session")
 def spark(test_settings):
-    from streaming.session import build_session
+    from streaming.spark.session import build_session
 
     session = build_session(test_settings, {"spark.sql.streaming.minBatchesToRetain": "20"})
     yield session

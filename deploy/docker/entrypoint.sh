@@ -4,17 +4,17 @@
 # given (default: `delayq run`).
 set -euo pipefail
 
-# delayq's local file system first: fs.file.impl names it (streaming/session.py).
+# delayq's local file system first: fs.file.impl names it (streaming/spark/session.py).
 jars_classpath() { echo "${DELAYQ_JARS_DIR}/localfs/*:${SPARK_HOME}/jars/*:${DELAYQ_JARS_DIR}/spark/*"; }
 
 case "${1:-}" in
   driver)
     shift
     # The operator already decided where the driver runs: here, in client mode. Kubernetes
-    # stops the pod with SIGTERM (tini hands it on): streaming.supervise passes it to the
+    # stops the pod with SIGTERM (tini hands it on): streaming.spark.supervise passes it to the
     # Python driver, whose clean stop lets the batch under way finish; spark-submit's JVM
     # would stop the query mid-batch.
-    exec "${PYSPARK_DRIVER_PYTHON:-python3}" -m streaming.supervise \
+    exec "${PYSPARK_DRIVER_PYTHON:-python3}" -m streaming.spark.supervise \
       "${SPARK_HOME}/bin/spark-submit" \
       --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS:-0.0.0.0}" \
       --conf "spark.executorEnv.SPARK_DRIVER_POD_IP=${SPARK_DRIVER_BIND_ADDRESS:-0.0.0.0}" \

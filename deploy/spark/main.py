@@ -11,6 +11,6 @@ ROOT = Path(__file__).resolve().parents[2]
 if (ROOT / "conf" / "defaults.toml").is_file():
     sys.path.insert(0, str(ROOT))
 
-import streaming.cli  # noqa: E402
+import streaming.cli.main  # noqa: E402
 
-sys.exit(streaming.cli.main(["run", *sys.argv[1:]]))
+sys.exit(streaming.cli.main.main(["run", *sys.argv[1:]]))

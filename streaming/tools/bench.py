@@ -130,7 +130,7 @@ class Bench:
     def __init__(self, settings: Settings, session: Callable, plan: Plan, work: Path,
                  overrides: dict | None = None, log=lambda line: print(line, flush=True)):
         """`session()` builds the Spark session of the scenarios run in this process."""
-        from streaming.admin import admin_client
+        from streaming.kafka.admin import admin_client
 
         self.settings, self.plan, self.work = settings, plan, work
         self._session, self._spark = session, None
@@ -164,7 +164,7 @@ class Bench:
     def drain(self) -> dict:
         real = fresh_topic(self.admin, "bench-drain")
         load = Load(self.settings, self.work, real, "drain")
-        from streaming.admin import ensure_topics
+        from streaming.kafka.admin import ensure_topics
 
         ensure_topics(self.settings, self.admin)
         load.start_reader(timeout_s=900)
@@ -332,7 +332,7 @@ def main(overrides: dict, plan: Plan, out: Path | None, plot: Path | None,
     from conf import load_settings
     from streaming.tools import broker
     from streaming.tools.process import free_ports
-    from streaming.session import build_session
+    from streaming.spark.session import build_session
 
     base = load_settings(**overrides)
     base.data_path.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The bench's `cluster` scenario: `delayq submit` on a local Spark
 standalone cluster of two Workers, a constant load at the plan's rate over its levels, and
 where the deliveries left from: the ledger topic's records name the process that sent their
-rows (sinks/dispatch.py SENDER), whose working folder is an executor's. Then the plan's burst
+rows (streaming/dispatch/rules.py SENDER), whose working folder is an executor's. Then the plan's burst
 of timers due together: the driver's memory peak in it against the constant load's, where the
 driver is a process of its own (in `local[*]` it is also the executor that holds the burst).
 """
@@ -22,8 +22,8 @@ def deliveries_by_sender(settings, ledger_topic: str, timeout_s: float = 10.0) -
     """Delivered rows on the ledger topic per sending process ("host:pid:folder")."""
     from kafka import KafkaConsumer
 
-    from sinks.dispatch import SENDER, ledger_rows
-    from streaming.kafka_config import python_client_config
+    from streaming.dispatch.rules import SENDER, ledger_rows
+    from streaming.kafka.config import python_client_config
 
     consumer = KafkaConsumer(ledger_topic, auto_offset_reset="earliest", enable_auto_commit=False,
                              consumer_timeout_ms=int(timeout_s * 1000),
@@ -73,7 +73,7 @@ def _burst(bench, intake: str) -> dict:
 
 def run(bench) -> dict:
     from streaming.tools.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
-    from streaming.arguments import STARTED
+    from streaming.cli.arguments import STARTED
     from streaming.tools.process import free_ports
 
     settings, plan, work = bench.settings, bench.plan, bench.work
@@ -90,7 +90,7 @@ def run(bench) -> dict:
     try:
         with open(log, "ab") as out:
             job = subprocess.Popen(
-                [sys.executable, "-m", "streaming.cli", "submit", "--master", spec.master_url,
+                [sys.executable, "-m", "streaming.cli.main", "submit", "--master", spec.master_url,
                  "--total-executor-cores", str(WORKERS * SLOTS)],
                 env=env, cwd=Path(__file__).resolve().parents[2], stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from conf.settings import Settings
 from streaming.tools.bench_figures import join
-from streaming.kafka_config import librdkafka_config
+from streaming.kafka.config import librdkafka_config
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -108,7 +108,7 @@ class MemoryPeaks(threading.Thread):
              ("CoarseGrainedExecutorBackend", "executor_jvms"),
              ("org.apache.spark.deploy.", "cluster_daemons"),
              ("deploy/spark/main.py", "cluster_driver_python"),
-             ("streaming.cli run", "job_driver_python"), ("pyspark", "python_workers"),
+             ("streaming.cli.main run", "job_driver_python"), ("pyspark", "python_workers"),
              ("kafka.Kafka", "broker"), ("streaming.tools.loadgen produce", "load_generator"),
              ("streaming.tools.loadgen consume", "reader"))
     # What the peaks are reported as, in the order `sample` measures them.
@@ -248,7 +248,7 @@ def stop_child(job, wait_s: float = 90) -> None:
 
 
 def fresh_topic(admin, prefix: str, partitions: int = 2) -> str:
-    from streaming.admin import create_topic
+    from streaming.kafka.admin import create_topic
 
     name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     create_topic(admin, name, partitions, {"message.timestamp.type": "LogAppendTime"})

@@ -18,7 +18,7 @@ def raw_query(bench, intake: str, real: str, name: str):
     from pyspark.sql import functions as F
 
     from sinks.kafka import producer_options
-    from streaming.kafka_config import spark_options
+    from streaming.kafka.config import spark_options
 
     options = spark_options(bench.settings)
     reader = (bench.spark.readStream.format("kafka").options(**options)

@@ -20,9 +20,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from conf import load_settings
-from sinks.dispatch_task import run_partition
-from streaming.dispatcher import dispatch_config
-from streaming.wheel_query import rules_of
+from streaming.dispatch.task import run_partition
+from streaming.dispatch.supervisor import dispatch_config
+from streaming.wheel.query import rules_of
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from streaming.tools.bench_figures import outage_figures, stamps_of
 from streaming.tools.bench_load import PROJECT, Load, child_env, fresh_topic, stop_child, wait_for_line
-from streaming.arguments import STARTED
+from streaming.cli.arguments import STARTED
 
 def run(bench) -> dict:
     """A `delayq run` child killed with SIGKILL while level-2 messages are pending, and
@@ -82,7 +82,7 @@ def _launcher(bench, intake: str):
     def run():
         # A session of its own, so the kill takes the whole job, its Spark JVM and Python
         # workers with it, as a lost pod or machine would.
-        return subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
+        return subprocess.Popen([sys.executable, "-m", "streaming.cli.main", "run"], env=env,
                                 cwd=PROJECT, stdout=logfile, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return run

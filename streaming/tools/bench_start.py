@@ -20,7 +20,7 @@ FIRST_LOAD_S = 60.0
 
 def run(bench) -> dict:
     from streaming.tools.bench_load import Load, child_env, fresh_topic, stop_child, wait_for_line
-    from streaming.arguments import STARTED
+    from streaming.cli.arguments import STARTED
     from streaming.tools.process import free_ports
 
     settings, plan, work = bench.settings, bench.plan, bench.work
@@ -34,7 +34,7 @@ def run(bench) -> dict:
     job = None
     try:
         with open(log, "ab") as out:
-            job = subprocess.Popen([sys.executable, "-m", "streaming.cli", "run"], env=env,
+            job = subprocess.Popen([sys.executable, "-m", "streaming.cli.main", "run"], env=env,
                                    cwd=Path(__file__).resolve().parents[2], stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_line(job, log, STARTED, timeout_s=300)

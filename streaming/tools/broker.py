@@ -10,13 +10,15 @@ import os
 import subprocess
 import time
 import uuid
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from conf.settings import CONF_DIR
 from state.errors import BrokerError
 from streaming.tools import process
-from streaming.tools.process import port_open  # noqa: F401  (callers use broker.port_open)
+from streaming.kafka.admin import port_open
 
 # A cold JVM on 2 busy cores takes 5-15 s to open its listener; 90 s leaves room for CI.
 READY_TIMEOUT_S = 90.0
@@ -269,3 +271,20 @@ def tail(spec: BrokerSpec, lines: int = 20) -> str:
         if path.exists():
             chunks.extend(path.read_text(errors="replace").splitlines()[-lines:])
     return "\n".join(chunks[-lines:])
+
+
+@contextlib.contextmanager
+def embedded(settings) -> Iterator[None]:
+    """The local broker around a run when the settings name no Kafka (`delayq run`, the demo);
+    stopped after only if this started it."""
+    if not settings.embedded:
+        yield
+        return
+    spec = spec_from_settings(settings)
+    was_running = read_pid(spec) is not None
+    start(spec)
+    try:
+        yield
+    finally:
+        if not was_running:
+            stop(spec)

@@ -1,4 +1,4 @@
-"""Builds the class data archive of streaming/cds.py (run by deploy/setup.sh): a training JVM
+"""Builds the class data archive of streaming/spark/cds.py (run by deploy/setup.sh): a training JVM
 runs the kinds of work a delayq batch does and writes the classes it loaded when it exits.
 
     python -m streaming.tools.cds_train    # build the archive for these settings, if missing
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from conf.settings import Settings
-from streaming.cds import archive_path
+from streaming.spark.cds import archive_path
 
 
 def _train(settings: Settings, out: Path) -> None:
@@ -20,7 +20,7 @@ def _train(settings: Settings, out: Path) -> None:
     batch does (stateful streaming with RocksDB and pandas state, Arrow UDFs, Delta)."""
     from pyspark import SparkContext
 
-    from streaming.session import build_session, spark_conf
+    from streaming.spark.session import build_session, spark_conf
 
     work = Path(tempfile.mkdtemp(prefix="cds-train-"))
     options = " ".join(o for o in spark_conf(settings)["spark.driver.extraJavaOptions"].split()
@@ -33,8 +33,8 @@ def _train(settings: Settings, out: Path) -> None:
         from pyspark.sql import functions as F
 
         from sinks.kafka import sent_schema
-        from streaming.wheel_query import kept, wheel_stream
-        from streaming.schema import WHEEL_OUT_SPARK
+        from streaming.wheel.query import kept, wheel_stream
+        from streaming.wheel.schema import WHEEL_OUT_SPARK
 
         source = _training_source(spark)
         schema = sent_schema(WHEEL_OUT_SPARK)

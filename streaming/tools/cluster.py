@@ -21,6 +21,7 @@ from pathlib import Path
 
 from conf.settings import CONF_DIR, Settings
 from state.errors import DelayqError
+from streaming.spark.jars import spark_home
 from streaming.tools import process
 
 READY_TIMEOUT_S = 120.0
@@ -61,12 +62,6 @@ def spec_from_settings(settings: Settings) -> ClusterSpec:
                        workers=settings.cluster_workers,
                        worker_cores=settings.cluster_worker_cores,
                        worker_memory=settings.cluster_worker_memory)
-
-
-def spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
 
 
 def _launch(spec: ClusterSpec, name: str, *args: str) -> int:

@@ -9,10 +9,11 @@ from kafka import KafkaConsumer
 
 from conf.settings import Settings
 from state.levels import format_duration
-from streaming.admin import admin_client, create_topic
-from streaming.kafka_config import python_client_config
+from streaming.kafka.admin import admin_client, create_topic
+from streaming.kafka.config import python_client_config
 from streaming.producer import DelayProducer
 from streaming.runner import running_job, stop_on_signals, wait
+from streaming.tools.broker import embedded
 
 DEMO_TOPIC = "delayq-demo"
 DEMO_LEVELS = (0, 1, 2, 3, 4)
@@ -54,7 +55,7 @@ def run_demo(settings: Settings) -> int:
     stop = threading.Event()
     print(f"delayq demo: Kafka {settings.bootstrap} ({'embedded' if settings.embedded else 'configured'}), "
           f"Spark {settings.spark_master}, data in {settings.data_path}")
-    with running_job(settings) as job:
+    with embedded(settings), running_job(settings) as job:
         stop_on_signals(stop)  # after the SparkContext, which installs its own SIGINT handler
         admin = admin_client(settings)
         create_topic(admin, DEMO_TOPIC, 2)

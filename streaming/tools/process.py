@@ -8,7 +8,8 @@ import socket
 import time
 from pathlib import Path
 
-from streaming.supervise import children  # noqa: F401  (the tests and tools take it from here)
+from streaming.kafka.admin import port_open  # noqa: F401  (the tests and tools take it from here)
+from streaming.spark.supervise import children  # noqa: F401  (the tests and tools take it from here)
 
 
 def pid_alive(pid: int) -> bool:
@@ -62,14 +63,6 @@ def terminate(pid_file: Path, timeout_s: float) -> bool:
     reap(pid)
     pid_file.unlink(missing_ok=True)
     return True
-
-
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def free_ports(count: int) -> list[int]:

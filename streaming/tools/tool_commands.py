@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from streaming.arguments import add_common, log_to_stderr, setting_overrides, settings_of
+from streaming.cli.arguments import add_common, log_to_stderr, setting_overrides, settings_of
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ class JobProcess:
         out.write(f"\n==== start {self.starts} ====\n")
         out.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streaming.cli", *self.command], cwd=PROJECT, env=self.env,
+            [sys.executable, "-m", "streaming.cli.main", *self.command], cwd=PROJECT, env=self.env,
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         deadline = time.monotonic() + timeout_s
@@ -81,7 +81,7 @@ def descendants(pid: int) -> list[int]:
 
 def real_topic(settings, partitions: int = 2) -> str:
     """A real topic for the job's deliveries, stamped with the broker's append time."""
-    from streaming.admin import admin_client, create_topic
+    from streaming.kafka.admin import admin_client, create_topic
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
     create_topic(admin, real, partitions, {"message.timestamp.type": "LogAppendTime"})
@@ -95,7 +95,7 @@ def ledger_records(settings, partition: int) -> list[tuple[int, list[str]]]:
     and the UNIQ_KEYs of its rows."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from sinks.dispatch import SENDER, ledger_rows
+    from streaming.dispatch.rules import SENDER, ledger_rows
     reader = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "senders",
                        "isolation.level": "read_committed"})
     part = TopicPartition(settings.ledger_topic, partition)

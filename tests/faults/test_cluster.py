@@ -15,7 +15,7 @@ import pytest
 
 from streaming.tools import bench_cluster, cluster, process
 from streaming.tools.bench_cluster import deliveries_by_sender
-from streaming.admin import admin_client, create_topic
+from streaming.kafka.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.faults.conftest import SteadyLoad, check_all_delivered
 from tests.support import assert_eventually, free_ports

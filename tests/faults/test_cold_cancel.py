@@ -11,7 +11,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from sinks.delta import table_exists
-from streaming.admin import admin_client, create_topic
+from streaming.kafka.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.integration.test_timers import COLD, cancel_elsewhere
 from tests.support import assert_eventually, consume_all, header_map

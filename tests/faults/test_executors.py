@@ -7,10 +7,10 @@ import time
 from pyspark.sql import functions as F
 
 from sinks.delta import table_exists
-from streaming import lookup
+from streaming.ledger import lookup
 from streaming.producer import DelayProducer
 from tests.faults.conftest import SteadyLoad, check_all_delivered, real_topic
-from streaming.status import fetch
+from streaming.cli.status import fetch
 from tests.support import assert_eventually, free_ports
 
 # The held timer sits in the ready topic for the fire lead before it is due: 40 s leaves the

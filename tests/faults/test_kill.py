@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from sinks import store
-from streaming.admin import admin_client, create_topic
+from streaming.kafka.admin import admin_client, create_topic
 from tests.faults.conftest import (SteadyLoad, check_all_delivered, check_ledgered_once,
                                    ledger_senders, real_topic)
 from tests.support import assert_eventually

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from streaming.tools import broker
-from streaming.admin import admin_client, create_topic
+from streaming.kafka.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
 from tests.faults.conftest import SteadyLoad, check_all_delivered, check_ledgered_once

@@ -1,16 +1,16 @@
 """A healthy run says only what delayq says: `delayq run` on the embedded broker, started on
 a fresh data folder, delivering, and stopped by SIGTERM, prints its own lines and nothing from
 Spark, the JVM, PySpark's workers or the Kafka clients (expected notices are silenced at their
-source: conf/log4j2.properties, client options, streaming/session.py quiet_jvm_output)."""
+source: conf/log4j2.properties, client options, streaming/spark/session.py quiet_jvm_output)."""
 from __future__ import annotations
 
 import re
 
-from streaming.admin import admin_client, create_topic
+from streaming.kafka.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.support import consume_all, free_ports
 
-# delayq's own lines: its loggers (streaming/arguments.py log_to_stderr) and its prints.
+# delayq's own lines: its loggers (streaming/cli/arguments.py log_to_stderr) and its prints.
 OURS = re.compile(
     r"^(\d\d:\d\d:\d\d (DEBUG|INFO|WARNING) (conf|state|sinks|streaming)\.|delayq[ :])")
 

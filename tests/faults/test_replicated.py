@@ -16,10 +16,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer
 
 from conf import load_settings
-from sinks.dispatch import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, ledger_rows
+from streaming.dispatch.rules import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, ledger_rows
 from state import headers as H
-from streaming.admin import admin_client, create_topic
-from streaming.dispatcher import dispatch_config
+from streaming.kafka.admin import admin_client, create_topic
+from streaming.dispatch.supervisor import dispatch_config
 from streaming.tools import kafka_cluster
 from streaming.tools.process import free_ports
 from tests.faults.conftest import SteadyLoad, check_all_delivered

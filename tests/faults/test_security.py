@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from streaming.tools import broker
-from streaming.admin import create_topic
+from streaming.kafka.admin import create_topic
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
 from tests.integration.conftest import Sent

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from streaming.admin import admin_client, create_topic
+from streaming.kafka.admin import admin_client, create_topic
 from tests.faults.conftest import SteadyLoad, check_all_delivered
 
 
@@ -53,7 +53,7 @@ def test_a_sigterm_while_the_job_starts_is_a_clean_stop_once_it_is_up(job_proces
 
     job, settings = job_process()
     with open(job.log, "a") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "streaming.cli", *job.command],
+        proc = subprocess.Popen([sys.executable, "-m", "streaming.cli.main", *job.command],
                                 cwd=PROJECT, env=job.env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     job.proc = proc   # the fixture kills what is left at teardown

@@ -15,7 +15,7 @@ from kafka import KafkaProducer
 
 from state import headers as H
 from state.envelope import Kind, parse
-from streaming.wheel_query import rules_of
+from streaming.wheel.query import rules_of
 from tests.support import consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
@@ -87,7 +87,7 @@ def test_any_input_is_delivered_on_time_or_dead_lettered_with_its_reason(data, b
                  "body": body, "timestamp_ms": None}
                 for level, body in ((b"1", b"ok"), (b"1", b"x" * 3072), (b"2", b"ok"))]
     # Always among them too: bad records of a short level, which a dispatch task reads from
-    # the intake itself and dead-letters (sinks/direct.py), not the wheel.
+    # the intake itself and dead-letters (streaming/dispatch/direct.py), not the wheel.
     records += [{"headers": headers, "key": None, "body": b"short", "timestamp_ms": None}
                 for headers in ([(H.DELAY, b"1")], [(H.REAL_TOPIC, real.encode()), (H.DELAY, b"1"),
                                                     (H.REAL_QID, b"x")])]
@@ -139,12 +139,12 @@ def test_any_input_is_delivered_on_time_or_dead_lettered_with_its_reason(data, b
 
 def test_the_wheel_leaves_out_exactly_the_records_the_dispatch_takes(spark, job_settings):
     """The split of the intake between the wheel and the dispatch tasks, computed twice: by
-    the wheel in the JVM (streaming/wheel_query.py `direct_column`) and by a dispatch task in
-    Python (sinks/direct.py `is_direct`). Every record must have exactly one owner."""
+    the wheel in the JVM (streaming/wheel/query.py `direct_column`) and by a dispatch task in
+    Python (streaming/dispatch/direct.py `is_direct`). Every record must have exactly one owner."""
     import itertools
 
-    from sinks.direct import direct_values, is_direct
-    from streaming.wheel_query import direct_column
+    from streaming.dispatch.direct import direct_values, is_direct
+    from streaming.wheel.query import direct_column
 
     settings = job_settings(delay_levels="1s 5s 10s 30s", dispatch_direct_max_delay_ms=10_000)
     values = direct_values(rules_of(settings), settings.dispatch_direct_max_delay_ms)

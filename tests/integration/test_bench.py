@@ -21,7 +21,7 @@ def test_short_bench_delivers_everything_and_nothing_early(work_dir, capsys):
     out = folder / "result.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
     run = subprocess.run(
-        [sys.executable, "-m", "streaming.cli", "bench", "--short", "--data-dir", str(folder),
+        [sys.executable, "-m", "streaming.cli.main", "bench", "--short", "--data-dir", str(folder),
          "--driver-memory", "2g", "--out", str(out)],
         cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])

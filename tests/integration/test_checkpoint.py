@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from conf import load_settings
-from streaming.admin import admin_client
-from streaming.checkpoint import CheckpointError, read_group_offsets
+from streaming.kafka.admin import admin_client
+from streaming.wheel.checkpoint import CheckpointError, read_group_offsets
 from streaming.job import DelayJob
-from streaming.offsets import committed_offsets
+from streaming.wheel.offsets import committed_offsets
 from streaming.producer import DelayProducer
 from tests.support import assert_eventually
 

@@ -6,7 +6,7 @@ from pyspark.sql import types as T
 
 from sinks.base import BatchSummary
 from sinks.cold import ColdTier
-from streaming.kafka_config import spark_options
+from streaming.kafka.config import spark_options
 from tests.support import consume_all, header_map
 
 BUCKET, HORIZON = 2_000, 10_000

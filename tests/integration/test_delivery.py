@@ -10,9 +10,9 @@ import pytest
 from kafka import KafkaProducer
 
 from state.errors import JobError
-from streaming.admin import ensure_topics
-from streaming.wheel_query import pending_by_level, wheel_state
-from streaming.offsets import delay_offset_table
+from streaming.kafka.admin import ensure_topics
+from streaming.wheel.query import pending_by_level, wheel_state
+from streaming.wheel.offsets import delay_offset_table
 from streaming.producer import DelayProducer
 from tests.integration.conftest import Sent
 from tests.support import assert_eventually, check_deliveries, consume_all, header_map
@@ -50,7 +50,7 @@ def test_every_level_on_time_and_exactly_as_sent(job_settings, start_job, new_to
     sent["clamped"] = Sent(None, b"level 9 is clamped to 3", [], meta.timestamp + 3_000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     check_deliveries(records, sent, lateness_log=lateness_log)
-    # Every batch dropped the rows it kept (streaming.wheel_query.kept): after a few batches, at
+    # Every batch dropped the rows it kept (streaming.wheel.query.kept): after a few batches, at
     # most the one under way holds any.
     assert_eventually(lambda: (job.query.lastProgress or {}).get("batchId", -1) >= 3,
                       timeout_s=60, message="a fourth batch")
@@ -305,7 +305,7 @@ def test_a_batch_begun_after_the_stop_was_asked_sends_nothing(
     last = job._writer.close()   # what DelayJob.stop does first; a batch under way goes on
     sent: dict = {}
     with DelayProducer(settings) as producer:
-        for i in range(10):   # level 2: the wheel's (level 1's go around it, sinks/direct.py)
+        for i in range(10):   # level 2: the wheel's (level 1's go around it, streaming/dispatch/direct.py)
             send(producer, sent, real, f"after {i}".encode(), level=2)
     assert consume_all(kafka_bootstrap, real, expected=1, timeout_s=8) == []
     assert job.query.isActive and job.query.lastProgress["batchId"] <= last
@@ -443,7 +443,7 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
     # with the same ids.
     from pyspark.sql import functions as F
 
-    from streaming.wheel_query import wheel_stream
+    from streaming.wheel.query import wheel_stream
 
     fired: list = []
     now_ms = int(time.time() * 1000)

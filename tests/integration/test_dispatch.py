@@ -1,4 +1,4 @@
-"""The dispatch task (sinks/dispatch_task.py) on the real broker, without Spark: rows leave at their
+"""The dispatch task (streaming/dispatch/task.py) on the real broker, without Spark: rows leave at their
 due time and never before, by the broker's clock, from a host whose clock runs ahead of it or
 behind it; a task
 killed and started again sends again only what the ledger lacks, and a clean stop nothing; a
@@ -17,11 +17,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaProducer
 
 from conf import load_settings
-from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
+from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
                             SENDER, DispatchConfig, ledger_rows)
-from sinks.dispatch_task import run_partition
+from streaming.dispatch.task import run_partition
 from state import headers as H
-from streaming.dispatcher import dispatch_config
+from streaming.dispatch.supervisor import dispatch_config
 from tests.support import consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
@@ -237,7 +237,7 @@ def _committed(config: DispatchConfig) -> TopicPartition:
 
 
 def transactional(config: DispatchConfig) -> DispatchConfig:
-    """`config` delivering exactly once (sinks/dispatch_txn.py), a transaction every 0.2 s."""
+    """`config` delivering exactly once (streaming/dispatch/txn.py), a transaction every 0.2 s."""
     exact = replace(config, transactional_id=f"dispatch-{uuid.uuid4().hex}", commit_interval_s=0.2)
     exact.real = config.real
     return exact
@@ -374,7 +374,7 @@ def test_a_wheel_batch_fired_again_after_a_crash_is_sent_once(
     the copies of what it sent before its commit (below the commit point, known from the
     commit's naming of batch 7, not from the ledger) and of what it still held; and sends all of
     batch 8, which holds messages of batch 7's UNIQ_KEYs due at another time."""
-    from streaming.wheel_query import rules_of
+    from streaming.wheel.query import rules_of
 
     config, _ = dispatch
     if delivery == "exactly_once":
@@ -430,7 +430,7 @@ def test_a_wheel_batch_fired_again_after_a_crash_is_sent_once(
 
 def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
         dispatch, new_topic, kafka_bootstrap):
-    """The task also reads the intake (sinks/direct.py): immediate and 1 s messages leave at
+    """The task also reads the intake (streaming/dispatch/direct.py): immediate and 1 s messages leave at
     their due time (the intake's append time plus the level's delay), never before; 10 s
     messages and bad input are the wheel's and are left alone. Killed while it holds 5 s
     messages, a new task sends each message the ledger lacks, and only those."""
@@ -556,7 +556,7 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     dead-lettered with their reason, and the rest still go."""
     from confluent_kafka.admin import AdminClient
 
-    from streaming.wheel_query import rules_of
+    from streaming.wheel.query import rules_of
 
     config, _ = dispatch
     real, intake = config.real, new_topic(**LOG_APPEND)

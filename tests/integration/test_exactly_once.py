@@ -1,4 +1,4 @@
-"""delivery = "exactly_once" (sinks/dispatch_txn.py): a dispatch task's sends and ledger rows in
+"""delivery = "exactly_once" (streaming/dispatch/txn.py): a dispatch task's sends and ledger rows in
 one transaction, on the real broker; what a read_committed reader sees after a kill and a task
 that was paused while another took its place (a refusal: tests/integration/test_dispatch.py)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from sinks.dispatch import ledger_rows
+from streaming.dispatch.rules import ledger_rows
 from tests.integration.test_dispatch import (_run, dispatch, in_thread, stop,  # noqa: F401
                                               transactional)
 from tests.support import consume_all, header_map

@@ -8,7 +8,7 @@ import sys
 
 from kafka import KafkaProducer
 
-from streaming import lookup
+from streaming.ledger import lookup
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
 from tests.support import assert_eventually, consume_all, header_map
@@ -60,7 +60,7 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
     # A fresh Spark session in another process, which wrote nothing, reads the same ledger.
     env = {**os.environ, "DELAYQ_DATA_DIR": str(settings.data_dir),
            "DELAYQ_BOOTSTRAP_SERVERS": kafka_bootstrap, "DELAYQ_DELAY_LEVELS": "1s 2s 5m"}
-    out = subprocess.run([sys.executable, "-m", "streaming.cli", "ledger", delivered.uniq_key,
+    out = subprocess.run([sys.executable, "-m", "streaming.cli.main", "ledger", delivered.uniq_key,
                           "--checkpoint", str(checkpoint)],
                          capture_output=True, text=True, timeout=300, cwd=PROJECT, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -77,7 +77,7 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
     assert all(r["early"] == 0 and r["p50_ms"] >= 0 for r in got.values())
 
     # Maintenance (retention, OPTIMIZE, VACUUM) keeps today's rows and the table readable.
-    from streaming.maintenance import maintain
+    from streaming.ledger.maintenance import maintain
 
     result = maintain(spark, settings.ledger_path, "sent_date", retain_days=30, vacuum_hours=168)
     assert result["deleted_before"] < time.strftime("%Y-%m-%d")
@@ -87,7 +87,7 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
 
 def test_lookup_finds_a_message_its_dispatch_task_read_from_the_intake(
         job_settings, start_job, new_topic, kafka_bootstrap):
-    """A level the dispatch tasks read from the intake themselves (sinks/direct.py): held by its
+    """A level the dispatch tasks read from the intake themselves (streaming/dispatch/direct.py): held by its
     task, the message is pending, above the task's commit on the intake."""
     settings = job_settings(delay_levels="1s 2s 60s", dispatch_direct_max_delay_ms=60_000)
     real = new_topic(**LOG_APPEND)
@@ -108,7 +108,7 @@ def test_lookup_finds_a_reference_fired_into_the_ready_topic_and_names_its_topic
     UNIQ_KEY, past the run's stop record, and reads its REAL_TOPIC from its intake record."""
     from confluent_kafka import Producer
 
-    from sinks.dispatch import READY_STOP
+    from streaming.dispatch.rules import READY_STOP
 
     settings = job_settings(dispatch_direct_max_delay_ms=-1)
     real = new_topic(**LOG_APPEND)
@@ -142,7 +142,7 @@ def test_the_ledger_query_reads_only_what_committed_transactions_sent(
     consumer of the real topics never saw their messages."""
     from confluent_kafka import Producer
 
-    from streaming.ledger_query import ledger_stream
+    from streaming.ledger.query import ledger_stream
 
     settings = job_settings()
     new_topic(name=settings.ledger_topic, **LOG_APPEND)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 
-from streaming.listener import ProgressJsonListener
+from streaming.spark.listener import ProgressJsonListener
 from tests.support import assert_eventually
 
 

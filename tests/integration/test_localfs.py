@@ -16,9 +16,9 @@ import pyspark
 import pytest
 
 from conf import load_settings
-from streaming.cds import _java
-from streaming.jars import local_fs_jar
-from streaming.session import LOCAL_FS_CLASS
+from streaming.spark.cds import _java
+from streaming.spark.jars import local_fs_jar
+from streaming.spark.session import LOCAL_FS_CLASS
 
 PROBE = Path(__file__).resolve().parent / "java" / "LocalFsProbe.java"
 

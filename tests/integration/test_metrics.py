@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from streaming.exporter import build_metrics
+from sinks.metrics import build_metrics
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
 from tests.support import assert_eventually, consume_all, free_port
@@ -106,7 +106,7 @@ def test_dashboard_queries_return_data_and_figures_agree(job_settings, start_job
         assert scalar(url, 'delayq_delivery_lateness_seconds_count') == 6
 
         # `delayq status` reads the same endpoint.
-        from streaming.status import fetch, render
+        from streaming.cli.status import fetch, render
         headline = render(fetch(f"http://127.0.0.1:{settings.metrics_port}/metrics"))
         assert "received 11   delivered 6   dead-lettered 1" in headline
 
@@ -146,7 +146,7 @@ def test_pending_gauge_after_a_restart_counts_every_message_once(job_settings, s
     second = build_metrics()
     job = start_job(settings, checkpoint=checkpoint, metrics=second)
     consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
-    # Level 1's message is a dispatch task's own (sinks/direct.py): its level shows in the
+    # Level 1's message is a dispatch task's own (streaming/dispatch/direct.py): its level shows in the
     # gauge only if a commit caught it held.
     assert_eventually(lambda: pending(second, 3) == 6 and not pending(second, 1),
                       timeout_s=60, message="6 pending at level 3, none at level 1")

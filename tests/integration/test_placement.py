@@ -10,8 +10,8 @@ from pyspark.sql import functions as F
 
 from state.placement import partition_of
 from state.wheel import part_of
-from streaming.admin import ensure_topics
-from streaming.wheel_query import wheel_stream
+from streaming.kafka.admin import ensure_topics
+from streaming.wheel.query import wheel_stream
 from streaming.producer import DelayProducer
 
 

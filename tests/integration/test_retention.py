@@ -12,9 +12,9 @@ from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient
 
 from state.errors import JobError
-from streaming.admin import check_intake, ensure_topics, topic_config
+from streaming.kafka.admin import check_intake, ensure_topics, topic_config
 from streaming.producer import DelayProducer
-from streaming.wheel_query import pending_by_level
+from streaming.wheel.query import pending_by_level
 from tests.integration.conftest import Sent
 from tests.support import assert_eventually, check_deliveries, consume_all, header_map
 

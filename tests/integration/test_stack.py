@@ -38,7 +38,7 @@ def test_broker_starts_stops_and_restarts_with_its_data(work_dir):
 
 def test_an_observed_kafka_write_reports_only_through_the_v2_writer(spark, kafka_bootstrap,
                                                                    new_topic):
-    """Why streaming/session.py takes Kafka out of spark.sql.sources.useV1SourceList: an
+    """Why streaming/spark/session.py takes Kafka out of spark.sql.sources.useV1SourceList: an
     Observation on a write to Kafka through Spark's V1 writer never gets its metrics (Spark
     4.2.0; the wheel's write, sinks/ready.py, would wait for ever), through V2 it does. When the
     V1 side reports, the setting can go."""

@@ -11,8 +11,8 @@ import pytest
 from conf import load_settings
 from sinks import store
 from sinks.cold import ColdTier
-from streaming import checkpoint as ckpt
-from streaming.offsets import delay_offset_table
+from streaming.wheel import checkpoint as ckpt
+from streaming.wheel.offsets import delay_offset_table
 
 
 @pytest.fixture
@@ -79,8 +79,8 @@ def test_the_ledger_and_dead_letter_tables_are_created_empty_as_spark_writes_the
     the schema and partitioning a Spark write of the same rows gives, and created once."""
     from sinks.base import BatchSummary
     from sinks.kafka import sent_schema
-    from sinks.ledger import DeadLetterTable
-    from streaming.schema import WITH_BODY_SPARK
+    from sinks.dead_letters import DeadLetterTable
+    from streaming.wheel.schema import WITH_BODY_SPARK
 
     root = request.getfixturevalue("location") if where == "hdfs" else str(tmp_path)
     sent = sent_schema(WITH_BODY_SPARK)

@@ -184,7 +184,7 @@ def test_a_cancel_finds_its_timer_in_the_cold_tier_in_the_wheel_and_ahead_of_it(
     import json
     from pathlib import Path
 
-    from streaming import lookup
+    from streaming.ledger import lookup
     from tests.support import assert_eventually
 
     settings = job_settings(**COLD)

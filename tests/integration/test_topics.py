@@ -1,4 +1,4 @@
-"""Topic administration (streaming/admin.py): look-ups of a topic's partitions, and the
+"""Topic administration (streaming/kafka/admin.py): look-ups of a topic's partitions, and the
 intake's partitions."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import uuid
 
 from kafka import KafkaAdminClient
 
-from streaming.admin import topic_partitions
+from streaming.kafka.admin import topic_partitions
 
 
 def test_topic_partitions_are_looked_up_in_one_request_and_a_missing_topic_is_none(
@@ -27,7 +27,7 @@ def test_an_intake_gets_a_partition_for_the_heartbeats_after_the_levels(kafka_bo
     version made with one per level gets the heartbeats' added, and one with more keeps its."""
     from kafka.admin import NewTopic
 
-    from streaming.admin import ensure_topics
+    from streaming.kafka.admin import ensure_topics
 
     settings = job_settings()   # three levels
     assert settings.heartbeat_partition == 3
@@ -54,7 +54,7 @@ def test_a_ledger_topic_without_log_append_time_is_altered_and_its_limit_read(
     tasks' ledger records."""
     from kafka.admin import NewTopic
 
-    from streaming.admin import ensure_dispatch_topics, topic_config
+    from streaming.kafka.admin import ensure_dispatch_topics, topic_config
 
     settings = job_settings()
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
@@ -62,7 +62,7 @@ def test_a_ledger_topic_without_log_append_time_is_altered_and_its_limit_read(
         admin.create_topics([NewTopic(settings.ledger_topic, settings.ready_partitions, 1,
                                       topic_configs={"message.timestamp.type": "CreateTime",
                                                      "max.message.bytes": "500000"})])
-        with caplog.at_level("WARNING", logger="streaming.admin"):
+        with caplog.at_level("WARNING", logger="streaming.kafka.admin"):
             parts, ledger_max = ensure_dispatch_topics(settings, admin, 1_048_576)
         assert (parts, ledger_max) == (settings.ready_partitions, 500_000)
         assert topic_config(admin, settings.ledger_topic, "message.timestamp.type") \
@@ -81,7 +81,7 @@ def test_a_topic_the_broker_will_not_create_stops_the_start_with_one_line(
     import pytest
 
     from state.errors import JobError
-    from streaming.admin import ensure_topics
+    from streaming.kafka.admin import ensure_topics
 
     settings = job_settings()
     new_topic(name=settings.dlq_topic.replace(".", "_"))

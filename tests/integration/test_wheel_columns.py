@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-import streaming.wheel_query as wheel_query
+import streaming.wheel.query as wheel_query
 from streaming.producer import DelayProducer
 from tests.integration.conftest import Sent
 from tests.support import check_deliveries, consume_all

@@ -38,7 +38,7 @@ def test_a_spark_python_worker_freezes_what_it_holds_at_the_parse(spark):
 def test_a_spark_python_worker_talks_to_the_jvm_over_a_unix_socket(spark):
     """Over loopback TCP (neither side of Spark's socket sets TCP_NODELAY) each side of a task
     waited on the other, about 150 ms a batch: the session asks for a Unix domain
-    socket (streaming/session.py), and the worker running a task has no TCP connection."""
+    socket (streaming/spark/session.py), and the worker running a task has no TCP connection."""
     def probe(batches):
         import psutil
 
@@ -56,7 +56,7 @@ def test_a_spark_python_worker_talks_to_the_jvm_over_a_unix_socket(spark):
 def test_the_parse_the_wheel_and_the_hold_share_one_pool_of_python_workers(
         job_settings, start_job, new_topic, kafka_bootstrap):
     """Spark keeps a daemon (and its workers) per distinct worker environment; the job's
-    runners once had two between them (streaming/session.py, simplifiedTraceback)."""
+    runners once had two between them (streaming/spark/session.py, simplifiedTraceback)."""
     settings = job_settings()
     real = new_topic(partitions=1, message_timestamp_type="LogAppendTime")
     start_job(settings)

@@ -226,7 +226,7 @@ def test_a_process_s_role_is_its_first_match():
     assert MemoryPeaks.role("/v/bin/python /p/deploy/spark/main.py run") == "cluster_driver_python"
     assert MemoryPeaks.role("/v/bin/python -m pyspark.daemon") == "python_workers"
     # The `delayq run` child of the first-minute and restart scenarios: its driver.
-    assert MemoryPeaks.role("/v/bin/python -m streaming.cli run") == "job_driver_python"
+    assert MemoryPeaks.role("/v/bin/python -m streaming.cli.main run") == "job_driver_python"
 
 
 def test_the_driver_cost_is_the_driver_process_s_where_there_is_one():

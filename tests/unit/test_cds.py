@@ -6,7 +6,7 @@ import os
 import pytest
 
 from conf import load_settings
-from streaming import cds
+from streaming.spark import cds
 from streaming.tools import cds_train
 from tests.support import fake_jars_dir
 
@@ -37,7 +37,7 @@ def test_options_only_when_the_archive_exists(jars):
     archive.write_bytes(b"archive")
     options = cds.java_options(jars)
     assert f"-XX:SharedArchiveFile={archive}" in options and "-Xshare:auto" in options
-    from streaming.session import spark_conf
+    from streaming.spark.session import spark_conf
     assert options in spark_conf(jars)["spark.driver.extraJavaOptions"]
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from conf import load_settings
 from state.columns import STATE_FORMAT
-from streaming.checkpoint import (STAMP, CheckpointError, check, direct_was_on, spark_line,
+from streaming.wheel.checkpoint import (STAMP, CheckpointError, check, direct_was_on, spark_line,
                                   started_ms, write_stamp)
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",

@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 
 from conf.settings import load_settings
-from streaming import arguments as cli
-
-
+from streaming.cli import arguments as cli
 @pytest.fixture
 def clean_logging():
     root = logging.getLogger()
@@ -25,12 +23,12 @@ def clean_logging():
 
 def test_delayqs_info_lines_are_shown_and_other_libraries_only_from_warning(clean_logging, capsys):
     cli.log_to_stderr(load_settings().log_level)
-    logging.getLogger("streaming.dispatcher").info("dispatch task 1 restarted")
+    logging.getLogger("streaming.dispatch.supervisor").info("dispatch task 1 restarted")
     logging.getLogger("streaming.job").info("batch 7 waited 1.2 s")
     logging.getLogger("kafka.net.manager").info("Attempting bootstrap")
     logging.getLogger("kafka.net.manager").warning("broker gone")
     err = capsys.readouterr().err
-    assert "INFO streaming.dispatcher: dispatch task 1 restarted" in err
+    assert "INFO streaming.dispatch.supervisor: dispatch task 1 restarted" in err
     assert "INFO streaming.job: batch 7 waited 1.2 s" in err
     assert "Attempting bootstrap" not in err
     assert "WARNING kafka.net.manager: broker gone" in err
@@ -46,7 +44,7 @@ def test_the_setting_quiets_delayqs_lines(clean_logging, capsys, monkeypatch):
 
 
 def test_every_package_of_the_project_takes_the_level():
-    pyproject = tomllib.loads((Path(cli.__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(cli.__file__).parents[2] / "pyproject.toml").read_text())
     packages = pyproject["tool"]["setuptools"]["packages"]
     # A subpackage's loggers are its package's children: they take its level.
     assert sorted(cli.PACKAGES) == sorted({p.split(".")[0] for p in packages})
@@ -64,9 +62,9 @@ def test_a_start_no_broker_answers_says_so_in_one_line_and_exits_non_zero(tmp_pa
     (port,) = free_ports(1)   # nothing listens there
     env = {**os.environ, "DELAYQ_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
            "DELAYQ_CONNECT_TIMEOUT": "2s", "DELAYQ_DATA_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "streaming.cli", "run"], env=env,
+    done = subprocess.run([sys.executable, "-m", "streaming.cli.main", "run"], env=env,
                           capture_output=True, text=True, timeout=120,
-                          cwd=Path(cli.__file__).parents[1])
+                          cwd=Path(cli.__file__).parents[2])
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr

@@ -54,14 +54,14 @@ def test_spark_application_runs_this_image_version_and_main_file(k8s):
     assert (ROOT / main).is_file(), main
     assert app["restartPolicy"]["type"] in ("Always", "OnFailure")
     provider = app["sparkConf"]["spark.sql.streaming.stateStore.providerClass"]
-    from streaming.session import LOCAL_FS_CLASS, ROCKSDB_PROVIDER
+    from streaming.spark.session import LOCAL_FS_CLASS, ROCKSDB_PROVIDER
     assert provider == ROCKSDB_PROVIDER
     # The local file system: named, and on the driver's class path where the image has it.
     assert app["sparkConf"]["spark.hadoop.fs.file.impl"] == LOCAL_FS_CLASS
     assert app["sparkConf"]["spark.driver.extraClassPath"] == \
         "/opt/delayq/.lib/localfs/delayq-localfs.jar"
     # The driver's JVM options `delayq run` gives it, with the image's conf folder.
-    from streaming.session import CONF_DIR, DRIVER_STACK_OPTION, LOG4J_OPTION
+    from streaming.spark.session import CONF_DIR, DRIVER_STACK_OPTION, LOG4J_OPTION
     assert app["sparkConf"]["spark.driver.extraJavaOptions"].split() == [
         LOG4J_OPTION.replace(str(CONF_DIR), "/opt/delayq/conf"), DRIVER_STACK_OPTION]
 
@@ -115,11 +115,11 @@ def test_entrypoint_starts_executors_with_a_class_pyspark_ships():
     text = script.read_text()
     # The driver's spark-submit under the supervisor that makes a SIGTERM a clean stop
     # (tests/faults/test_stop.py runs it through `delayq submit`).
-    assert re.search(r"driver\)\n(.*\n)*?\s*exec \S+ -m streaming\.supervise \\\n\s*\S*/bin/spark-submit",
-                     text), "the driver branch runs spark-submit under streaming.supervise"
+    assert re.search(r"driver\)\n(.*\n)*?\s*exec \S+ -m streaming\.spark\.supervise \\\n\s*\S*/bin/spark-submit",
+                     text), "the driver branch runs spark-submit under streaming.spark.supervise"
     assert "${DELAYQ_JARS_DIR}/localfs/*" in text    # executors resolve fs.file.impl too
     backend = re.search(r"org\.apache\.spark\.scheduler\.cluster\.k8s\.(\w+)", text).group(0)
-    from streaming.tools.cluster import spark_home
+    from streaming.spark.jars import spark_home
     jar = next((spark_home() / "jars").glob("spark-kubernetes_*.jar"))
     with zipfile.ZipFile(jar) as archive:
         assert backend.replace(".", "/") + ".class" in archive.namelist()

@@ -1,4 +1,4 @@
-"""The dispatch task's pure parts (sinks/dispatch.py): reading a fired row back from its ready
+"""The dispatch task's pure parts (streaming/dispatch/rules.py): reading a fired row back from its ready
 record, the commit point, a wheel batch's copies, the host clock's offset to the broker's, the ledger records' size and
 their retry (against a stand-in producer)."""
 from types import SimpleNamespace
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError
 
-from sinks.dispatch import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets, Refired,
+from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets, Refired,
                             Row, Skew,
                             dead_letter_headers, ledger_chunks, ledger_rows, ready_row)
 from state import headers as H
@@ -135,7 +135,7 @@ def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
     """Acknowledged rows go to the ledger in records of `ledger_batch` rows; a record the
     broker refused is sent again, not another one, and each record's rows are done once
     it is in."""
-    from sinks.dispatch_task import _Task
+    from streaming.dispatch.task import _Task
 
     task = _Task.__new__(_Task)
     task.config = SimpleNamespace(ledger_batch=2, ledger_bytes=1_000_000, gather_s=0.0,
@@ -195,7 +195,7 @@ def test_a_dead_letter_too_large_for_any_ledger_record_is_recorded_without_its_m
 def test_an_offset_past_half_the_tolerance_is_said_once_and_its_return_too(caplog):
     mono = [0.0]
     skew = Skew("ledger", 60_000, window_s=1, clock=lambda: mono[0], monotonic=lambda: mono[0])
-    with caplog.at_level("INFO", logger="sinks.dispatch"):
+    with caplog.at_level("INFO", logger="streaming.dispatch.rules"):
         skew.observe(LOG_APPEND, -31_000)            # this host 31 s ahead of the broker
         mono[0] += 0.5
         skew.observe(LOG_APPEND, mono[0] * 1000 - 31_000)

@@ -6,7 +6,7 @@ import pytest
 from conf import load_settings
 from state.errors import JobError
 from streaming import job as job_module
-from streaming.dispatcher import Dispatcher
+from streaming.dispatch.supervisor import Dispatcher
 
 
 class Context:
@@ -61,13 +61,13 @@ def test_the_supervisor_gives_up_after_too_many_failures():
 
 
 def test_a_task_s_own_error_is_said_not_spark_s_wrapping_of_it():
-    from streaming.dispatcher import failure_reason
+    from streaming.dispatch.supervisor import failure_reason
 
     wrapped = RuntimeError(
         "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
         ": org.apache.spark.SparkException: Job aborted due to stage failure: ... "
         "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
-        '  File "sinks/dispatch.py", line 199, in observe\n'
+        '  File "streaming/dispatch/rules.py", line 199, in observe\n'
         "state.errors.DispatchError: topic L stamps its records with the producer's clock\n"
         "\n\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException")
     assert failure_reason(wrapped) == "topic L stamps its records with the producer's clock"

@@ -2,7 +2,7 @@ from prometheus_client import CollectorRegistry
 
 from sinks.base import BatchSummary
 from sinks.metrics import LATENESS_BUCKETS, Metrics
-from streaming.status import quantile, render
+from streaming.cli.status import quantile, render
 
 
 def fresh():

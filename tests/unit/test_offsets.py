@@ -3,7 +3,7 @@ import json
 import pytest
 
 from state.errors import JobError
-from streaming.offsets import delay_offset_table
+from streaming.wheel.offsets import delay_offset_table
 
 
 def write_batch(root, batch, offsets, committed=True):

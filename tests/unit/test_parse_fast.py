@@ -149,10 +149,10 @@ def test_the_direct_rows_are_the_short_levels_whatever_the_clock(rows, base_ms, 
        st.sampled_from([-1, 0, 1_000, 5_000, 10_000]), st.booleans())
 def test_the_records_the_dispatch_takes_parse_as_direct_or_dead(
         rows, base_ms, direct, immediate):
-    """sinks/direct.py `is_direct` (and the wheel's JVM copy of it, tested against it in
+    """streaming/dispatch/direct.py `is_direct` (and the wheel's JVM copy of it, tested against it in
     tests/integration/test_delivery.py) splits the intake by headers alone: a dispatch task
     holds or dead-letters each record it takes, never one of the wheel's kinds."""
-    from sinks.direct import direct_values, is_direct
+    from streaming.dispatch.direct import direct_values, is_direct
 
     if immediate:   # the common immediate message: REAL_TOPIC and maybe UNIQ_KEY only
         rows = [[h for h in r if h[0] not in H.DELAY_HEADERS] for r in rows]
@@ -169,7 +169,7 @@ def test_the_records_the_dispatch_takes_parse_as_direct_or_dead(
 
 
 def test_the_split_takes_the_plain_short_levels_and_immediate_messages():
-    from sinks.direct import direct_values, is_direct
+    from streaming.dispatch.direct import direct_values, is_direct
 
     values = direct_values(RULES, 5_000)
     assert values == {b"0", b"1", b"2"}

@@ -11,7 +11,7 @@ import pytest
 
 from conf import load_settings
 from state.errors import ConfigError
-from streaming.session import (FILE_SYSTEM_CHECKPOINTS, LOCAL_FS_CLASS, PYTHON_UNIX_SOCKET,
+from streaming.spark.session import (FILE_SYSTEM_CHECKPOINTS, LOCAL_FS_CLASS, PYTHON_UNIX_SOCKET,
                                spark_conf)
 from tests.support import fake_jars_dir
 
@@ -76,7 +76,7 @@ def test_the_class_named_is_the_class_the_source_defines():
 
 def test_a_submitted_job_has_it_on_the_class_paths_too(tmp_path):
     """Under spark-submit the driver JVM starts before the job's session sets anything."""
-    from streaming.submit import submit_command
+    from streaming.spark.submit import submit_command
 
     settings = _settings(tmp_path)
     jar = str(settings.jars_path / "localfs" / "delayq-localfs.jar")
@@ -84,14 +84,14 @@ def test_a_submitted_job_has_it_on_the_class_paths_too(tmp_path):
     assert command[command.index("--driver-class-path") + 1] == jar
     assert f"spark.executor.extraClassPath={jar}" in command
     # So do the log4j2 configuration and the stack size spark_conf gives the driver's JVM.
-    from streaming.session import DRIVER_STACK_OPTION, LOG4J_OPTION, spark_conf
+    from streaming.spark.session import DRIVER_STACK_OPTION, LOG4J_OPTION, spark_conf
     options = command[command.index("--driver-java-options") + 1].split()
     assert options == [LOG4J_OPTION, DRIVER_STACK_OPTION]
     assert set(options) <= set(spark_conf(settings)["spark.driver.extraJavaOptions"].split())
 
 
 def test_local_star_gives_the_wheel_dispatch_and_ledger_their_own_slots():
-    from streaming.session import spark_master
+    from streaming.spark.session import spark_master
 
     cores = os.cpu_count() or 1
     settings = load_settings(spark_master="local[*]", ready_partitions=3,
@@ -103,7 +103,7 @@ def test_local_star_gives_the_wheel_dispatch_and_ledger_their_own_slots():
 def test_the_jvm_output_keeps_everything_but_a_healthy_runs_notices(tmp_path):
     import io
 
-    from streaming.session import quiet_jvm_output
+    from streaming.spark.session import quiet_jvm_output
 
     jvm = io.BytesIO(
         b"WARNING: Using incubator modules: jdk.incubator.vector\n"
@@ -128,7 +128,7 @@ def test_the_jvm_output_keeps_everything_but_a_healthy_runs_notices(tmp_path):
 def test_a_workers_broken_pipe_is_dropped_only_once_a_clean_stop_began(tmp_path):
     import io
 
-    from streaming.session import STOPPING, quiet_jvm_output
+    from streaming.spark.session import STOPPING, quiet_jvm_output
 
     broken = (b"Traceback (most recent call last):\n"
               b'  File "/x/pyspark.zip/pyspark/daemon.py", line 233, in manager\n'

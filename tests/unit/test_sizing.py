@@ -1,11 +1,9 @@
-"""Partitions sized for the cluster (streaming/sizing.py): the slots the job was given, the
+"""Partitions sized for the cluster (streaming/wheel/sizing.py): the slots the job was given, the
 split between dispatch tasks and the wheel's state, and a checkpoint keeping its own."""
 import json
 
 from conf import load_settings
-from streaming import sizing
-
-
+from streaming.wheel import sizing
 def test_the_slots_are_the_cores_the_job_was_given():
     assert sizing.task_slots({"spark.cores.max": "8"}, 2) == 8
     assert sizing.task_slots({"spark.executor.instances": "3", "spark.executor.cores": "4"}, 2) == 12

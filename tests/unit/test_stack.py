@@ -12,7 +12,7 @@ import pytest
 
 from conf.settings import load_settings
 from state.errors import ConfigError
-from streaming.jars import spark_jars
+from streaming.spark.jars import spark_jars
 from tests.support import fake_jars_dir
 
 ROOT = Path(__file__).resolve().parents[2]

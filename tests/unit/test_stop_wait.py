@@ -1,13 +1,11 @@
-"""`wait_for_the_stop` (streaming/wheel_query.py) over a stand-in of the JVM's Thread (the real
+"""`wait_for_the_stop` (streaming/wheel/query.py) over a stand-in of the JVM's Thread (the real
 one runs in tests/integration/test_delivery.py's stop tests): a batch begun after the stop was asked waits
 in slices, ends at the stop's interruption, and interrupts itself when that interruption never
 reached it."""
 import pytest
 
 from state.errors import JobError
-from streaming import wheel_query as J
-
-
+from streaming.wheel import query as J
 class Interrupted(Exception):
     pass
 
@@ -77,7 +75,7 @@ def test_without_a_stop_the_wait_ends_in_an_error_and_never_interrupts_itself():
 
 
 def _ledger_writer(fail):
-    from streaming.ledger_query import LedgerWriter
+    from streaming.ledger.query import LedgerWriter
     import threading
 
     writer = LedgerWriter.__new__(LedgerWriter)

@@ -28,10 +28,10 @@ def test_summary_counts_by_kind_level_and_reason():
 
 
 def test_send_failures_are_dead_lettered_only_when_permanent():
-    """The dispatch classifies a failed send by the client's error code (sinks/dispatch.py)."""
+    """The dispatch classifies a failed send by the client's error code (streaming/dispatch/rules.py)."""
     from confluent_kafka import KafkaError, KafkaException
 
-    from sinks.dispatch import Row, refusal
+    from streaming.dispatch.rules import Row, refusal
 
     row = Row(0, 0, 0, 0, "orders", 7, b"k", b"vv", [("h", b"x")], 1, 0, "u")
     assert "does not exist" in refusal(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), row)

@@ -1,4 +1,4 @@
-"""streaming.supervise: the Python driver found among spark-submit's children (Linux /proc), and
+"""streaming.spark.supervise: the Python driver found among spark-submit's children (Linux /proc), and
 a stop passed on to it alone, a second one to spark-submit itself."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from streaming.tools.process import children
-from streaming.supervise import DRIVER_FILE, driver_of
+from streaming.spark.supervise import DRIVER_FILE, driver_of
 
 
 def test_the_driver_is_the_child_running_the_main_file_not_a_worker():
@@ -62,7 +62,7 @@ CHILD = RECORD + "while True: time.sleep(0.05)\n"
 def test_a_stop_goes_to_the_driver_alone_and_a_second_one_to_spark_submit(tmp_path):
     parent, child = tmp_path / "parent", tmp_path / "child"
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "streaming.supervise", sys.executable, "-c", PARENT,
+        [sys.executable, "-m", "streaming.spark.supervise", sys.executable, "-c", PARENT,
          str(parent), str(child), CHILD], cwd=Path(__file__).resolve().parents[2],
         stderr=subprocess.PIPE, text=True)
     try:

@@ -20,7 +20,7 @@ from state.placement import partition_of
 from state.timing import (correct_deliver_timestamp, correct_deliver_timestamps, fire_horizon,
                           slot_of, timer_for)
 from state.wheel import BUCKET_DEAD, BUCKET_NOW, WheelConfig, make_wheel
-from streaming.schema import STATE_SPARK
+from streaming.wheel.schema import STATE_SPARK
 
 NOW = 1_700_000_000_000
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),

@@ -1,8 +1,8 @@
-"""The dispatch task's loop (sinks/dispatch.py has its rules and records): consume the ready
-partition's references and read their bodies back from the intake (sinks/bodies.py), and the
-intake partitions it reads itself (sinks/direct.py), hold rows until due, send them and their
+"""The dispatch task's loop (streaming/dispatch/rules.py has its rules and records): consume the ready
+partition's references and read their bodies back from the intake (streaming/dispatch/bodies.py), and the
+intake partitions it reads itself (streaming/dispatch/direct.py), hold rows until due, send them and their
 ledger rows, commit, and on a restart skip what the ledger already holds
-(sinks/dispatch_start.py). No Spark import: it runs in a plain Python worker."""
+(streaming/dispatch/start.py). No Spark import: it runs in a plain Python worker."""
 from __future__ import annotations
 
 import gc
@@ -16,14 +16,14 @@ from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from sinks.bodies import Bodies
-from sinks.direct import direct_rows
-from sinks.dispatch_send import Sending
-from sinks.dispatch import (READY_STOP, SENDER, DispatchConfig, Offsets, Refired, Row, Skew,
+from streaming.dispatch.bodies import Bodies
+from streaming.dispatch.direct import direct_rows
+from streaming.dispatch.send import Sending
+from streaming.dispatch.rules import (READY_STOP, SENDER, DispatchConfig, Offsets, Refired, Row, Skew,
                             identity, ready_row, sender)
-from sinks.dispatch_start import (added_partitions, committed, in_ledger, owned_partitions,
+from streaming.dispatch.start import (added_partitions, committed, in_ledger, owned_partitions,
                                   retrying, transient)
-from sinks.dispatch_txn import Aborted, Refusals, Transactions
+from streaming.dispatch.txn import Aborted, Refusals, Transactions
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def run_partition(config: DispatchConfig, partition: int,
     new task must take over (the supervisor starts it again from the committed offset)."""
     gc.set_threshold(*GC_THRESHOLD)   # the worker runs this task alone, for its whole life
     refusals, done = Refusals(), Counter()
-    while True:   # again from the last commit after an aborted transaction (sinks/dispatch_txn.py)
+    while True:   # again from the last commit after an aborted transaction (streaming/dispatch/txn.py)
         task = _Task(config, partition, clock, refusals)
         try:
             task.run()
@@ -74,7 +74,7 @@ class _Task(Sending, Transactions):
         self.producer = Producer({**config.producer, "transactional.id":
                                   f"{config.transactional_id}.{partition}"} if self.txn
                                  else config.producer)
-        # The transactions' (sinks/dispatch_txn.py): refusals, the open one's first failure,
+        # The transactions' (streaming/dispatch/txn.py): refusals, the open one's first failure,
         # whether it holds a record.
         self.refusals, self.doomed, self.in_transaction = refusals, None, False
         self._offsets_at = time.monotonic()   # when the offsets were last committed
@@ -93,7 +93,7 @@ class _Task(Sending, Transactions):
         self.sent = self.dead = self.skipped = 0
         self.stopping = self.paused = False
         self.offsets: dict = {None: Offsets(0)}   # Row.source → its rows read and not done
-        self.intake: list = []   # the intake's TopicPartitions this task reads (sinks/direct.py)
+        self.intake: list = []   # the intake's TopicPartitions this task reads (streaming/dispatch/direct.py)
         self._last_ack = 0.0
         self.refired = Refired()
         self._known_below = 0   # ready rows below this were done before the start (`Refired`)

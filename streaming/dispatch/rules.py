@@ -1,5 +1,5 @@
-"""The dispatch stage's rules and records (its loop is sinks/dispatch_task.py): one long-running
-task per ready partition in a Spark executor (streaming/dispatcher.py starts and supervises
+"""The dispatch stage's rules and records (its loop is streaming/dispatch/task.py): one long-running
+task per ready partition in a Spark executor (streaming/dispatch/supervisor.py starts and supervises
 them). A task keeps its partition's fired rows in a heap by due time, produces each to its real
 topic at its due time and never before, then its ledger row to the ledger topic, and commits the
 ready partition's offset only below the lowest row not yet done (its send and its ledger row
@@ -8,10 +8,10 @@ acknowledged). No Spark import: the loop runs in a plain Python worker.
 A restart reads the partition again from the committed offset and skips a row whose message the
 ledger topic already holds: the commit's metadata names the ledger offset from which the ledger
 rows of every row above the commit point lie (`Offsets`), and the start reads the ledger from
-there (sinks/dispatch_start.py in_ledger). A wheel batch fired again after a crash writes its
+there (streaming/dispatch/start.py in_ledger). A wheel batch fired again after a crash writes its
 references again: each carries its batch's id, and a copy of one already read is skipped
 (`Refired`). At least once, what is sent twice is what was delivered but not yet in the ledger
-when the task died; exactly once, nothing (sinks/dispatch_txn.py).
+when the task died; exactly once, nothing (streaming/dispatch/txn.py).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class DispatchConfig:
     ledger_topic: str
     dlq_topic: str
     run_id: str
-    # conf/defaults.toml's dispatch_* settings (streaming/dispatcher.py dispatch_config)
+    # conf/defaults.toml's dispatch_* settings (streaming/dispatch/supervisor.py dispatch_config)
     commit_interval_s: float
     max_held: int                     # rows held before consumption pauses
     gather_s: float                   # intake records parsed, ledger rows sent, this often
@@ -63,7 +63,7 @@ class DispatchConfig:
     ledger_bytes: int                 # a ledger record's bytes at most (`ledger_chunks`)
     clock_tolerance_ms: int           # a clock off the broker's by half of this is logged
     intake_refresh_s: float           # how often a task looks for new intake partitions
-    # The intake read of sinks/direct.py: its rules, which levels (-1: none), the partitions'
+    # The intake read of streaming/dispatch/direct.py: its rules, which levels (-1: none), the partitions'
     # count of the ready topic (which intake partitions each task reads), and where to start
     # an intake partition this task never committed (the wheel's position; else the earliest).
     intake_topic: str = ""
@@ -71,10 +71,10 @@ class DispatchConfig:
     direct_max_delay_ms: int = -1
     ready_partitions: int = 1
     intake_start: dict = field(default_factory=dict)
-    # The read-back of references' bodies (sinks/bodies.py): a gap of more wanted records than
+    # The read-back of references' bodies (streaming/dispatch/bodies.py): a gap of more wanted records than
     # this is skipped by positioning the partition again rather than read through.
     fetch_gap: int = 500
-    # delivery = "exactly_once": the prefix of each task's transactional.id (sinks/dispatch_txn.py;
+    # delivery = "exactly_once": the prefix of each task's transactional.id (streaming/dispatch/txn.py;
     # the task adds its ready partition), a transaction every `commit_interval_s` and the offsets
     # every `offsets_interval_s`; empty: at least once, no transactions.
     transactional_id: str = ""
@@ -84,8 +84,8 @@ class DispatchConfig:
 class Row:
     """A message held by a dispatch task; `offset` is its offset in `source`: None for the
     task's ready partition, (intake topic, partition) for a message it read from the intake
-    itself (sinks/direct.py). `body` is False for a reference whose record the task has not
-    read back yet (sinks/bodies.py): topic, key, value and its own headers unknown."""
+    itself (streaming/dispatch/direct.py). `body` is False for a reference whose record the task has not
+    read back yet (streaming/dispatch/bodies.py): topic, key, value and its own headers unknown."""
 
     __slots__ = ("due_ms", "ipart", "ioff", "offset", "topic", "partition", "key", "value",
                  "headers", "level", "append_ms", "uniq_key", "source", "body")
@@ -377,7 +377,7 @@ INTAKE_RECORD = "DELAYQ_INTAKE_RECORD"
 
 def dead_letter_headers(row: Row, reason: str) -> list:
     """A refused row's headers, its real topic and partition back, then DLQ_REASON; a row
-    without a topic is bad input (sinks/direct.py), its headers all there as they came; a
+    without a topic is bad input (streaming/dispatch/direct.py), its headers all there as they came; a
     reference without its record names the record it referenced."""
     if not row.body:
         return [(H.UNIQ_KEY, row.uniq_key.encode()), (H.DELIVER_MS, str(row.due_ms).encode()),

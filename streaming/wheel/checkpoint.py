@@ -20,7 +20,7 @@ from state.columns import STATE_FORMAT
 from state.errors import JobError
 from sinks import store
 from sinks.store import HadoopPath
-from streaming.offsets import latest_batch
+from streaming.wheel.offsets import latest_batch
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """`delayq`: the one entry point, its parser and the job commands (run, submit); the service
-commands are in streaming/commands.py, the local tools' in streaming/tools/tool_commands.py.
+commands are in streaming/cli/commands.py, the local tools' in streaming/tools/tool_commands.py.
 
 Every option can also be set from the environment as DELAYQ_<NAME> (named in --help);
 the defaults shown come from conf/defaults.toml.
@@ -11,9 +11,9 @@ import os
 import sys
 
 from state.errors import DelayqError
-from streaming.arguments import STARTED, add_common, env_name, log_to_stderr, \
+from streaming.cli.arguments import STARTED, add_common, env_name, log_to_stderr, \
     setting_overrides, settings_of
-from streaming.commands import cmd_cancel, cmd_ledger, cmd_offsets, cmd_produce, cmd_status, cmd_tables
+from streaming.cli.commands import cmd_cancel, cmd_ledger, cmd_offsets, cmd_produce, cmd_status, cmd_tables
 from streaming.tools.tool_commands import add_tool_parsers
 
 
@@ -21,13 +21,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     import threading
 
     from streaming.runner import running_job, stop_on_sigterm, wait
+    from streaming.tools.broker import embedded
 
     stop = threading.Event()
     stop_on_sigterm(stop)
     settings = settings_of(args)
     log_to_stderr(settings.log_level)
-    with running_job(settings, allow_fresh_checkpoint=args.allow_fresh_checkpoint,
-                     allow_config_change=args.allow_config_change) as job:
+    with embedded(settings), running_job(
+            settings, allow_fresh_checkpoint=args.allow_fresh_checkpoint,
+            allow_config_change=args.allow_config_change) as job:
         print(f"delayq running: intake {settings.intake_topic} on {settings.bootstrap}, "
               f"delivery {settings.delivery}, checkpoint {job.checkpoint}, "
               f"metrics http://{settings.metrics_host}:{settings.metrics_port}/metrics, "
@@ -44,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from streaming.tools import cluster
-    from streaming.submit import submit, submit_command
+    from streaming.spark.submit import submit, submit_command
 
     settings = settings_of(args)
     master = args.master or cluster.spec_from_settings(settings).master_url

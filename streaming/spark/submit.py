@@ -16,11 +16,10 @@ import zipfile
 from pathlib import Path
 
 from conf.settings import PROJECT_ROOT, Settings
-from streaming import supervise
-from streaming.arguments import PACKAGES
-from streaming.tools.cluster import spark_home
-from streaming.jars import local_fs_jar, spark_jars
-from streaming.session import DRIVER_STACK_OPTION, LOG4J_OPTION
+from streaming.spark import supervise
+from streaming.cli.arguments import PACKAGES
+from streaming.spark.jars import local_fs_jar, spark_home, spark_jars
+from streaming.spark.session import DRIVER_STACK_OPTION, LOG4J_OPTION
 
 
 def build_zip(settings: Settings) -> Path:
@@ -48,7 +47,7 @@ def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
         "--name", settings.spark_app_name,
         "--jars", ",".join(str(j) for j in spark_jars(settings)),
         # The local file system class must be on the JVMs' class path from their start
-        # (streaming/session.py); the job's session names it once the driver runs.
+        # (streaming/spark/session.py); the job's session names it once the driver runs.
         "--driver-class-path", local_fs,
         # The driver's JVM starts before the job's session: what spark_conf gives it in
         # `delayq run` goes here (the executors' options still come from the session).
@@ -76,7 +75,7 @@ def submit_env(settings: Settings, master: str) -> dict[str, str]:
 
 def submit(settings: Settings, master: str, **kwargs) -> int:
     """Run spark-submit until it exits; its exit code. A SIGTERM or Ctrl-C here becomes the
-    driver's clean stop (streaming/supervise.py)."""
+    driver's clean stop (streaming/spark/supervise.py)."""
     command = submit_command(settings, master, **kwargs)
     print("delayq submit:", " ".join(command), flush=True)
     return supervise.run(command, submit_env(settings, master))

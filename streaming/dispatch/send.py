@@ -1,7 +1,7 @@
-"""A dispatch task's sends and their acknowledgements (its loop is sinks/dispatch_task.py): a
+"""A dispatch task's sends and their acknowledgements (its loop is streaming/dispatch/task.py): a
 row to its real topic, stamped with the broker's clock and never before its due time; a refusal
 classified by the client's error code, retried when transient and dead-lettered when not (in a
-transaction, sinks/dispatch_txn.py, the transaction is lost instead); what was acknowledged
+transaction, streaming/dispatch/txn.py, the transaction is lost instead); what was acknowledged
 sent on in ledger records; the probe that measures the clock. No Spark import."""
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from typing import Callable
 
 from confluent_kafka import KafkaException
 
-from sinks.dispatch import (PROBE, TOO_LARGE, Row, dead_letter_headers, ledger_chunks,
+from streaming.dispatch.rules import (PROBE, TOO_LARGE, Row, dead_letter_headers, ledger_chunks,
                             refusal)
 
 log = logging.getLogger(__name__)
 
 
 class Sending:
-    """The send path of sinks/dispatch_task.py's _Task, which it is mixed into: it uses the
+    """The send path of streaming/dispatch/task.py's _Task, which it is mixed into: it uses the
     task's producer, clock (`_now_ms`), retries (`_later`) and counters."""
 
     def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
@@ -104,7 +104,7 @@ class Sending:
     # ---- the ledger: a record of rows per send cycle, and the clock's probe ------------------
     def _ledger(self, force: bool = False) -> None:
         """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows
-        and `ledger_bytes` bytes (sinks/dispatch.py ledger_chunks), once `gather_s` has passed
+        and `ledger_bytes` bytes (streaming/dispatch/rules.py ledger_chunks), once `gather_s` has passed
         since the first of them or `ledger_batch` are waiting; their rows are done once the
         ledger has them."""
         batch = self.config.ledger_batch

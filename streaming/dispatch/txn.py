@@ -1,4 +1,4 @@
-"""A dispatch task's transactions (delivery = "exactly_once"; its loop is sinks/dispatch_task.py):
+"""A dispatch task's transactions (delivery = "exactly_once"; its loop is streaming/dispatch/task.py):
 Kafka's consume-transform-produce. The task's producer has a transactional.id of its own, the
 same in every run (`<prefix>.<ready partition>`), so a task started again fences the one before
 it, and a task lost but still alive (a long pause) can write nothing more. One transaction holds
@@ -6,7 +6,7 @@ what the task sent in an interval, to the real topics and the dead-letter topic,
 rows of all of it: a read_committed consumer sees a message once its transaction commits, and
 never twice. The task then commits its input offsets as before, below every row not yet in a
 committed transaction's ledger rows. After a crash the new task reads again from there and skips
-what the ledger holds (sinks/dispatch_start.py): exactly what committed transactions delivered;
+what the ledger holds (streaming/dispatch/start.py): exactly what committed transactions delivered;
 what an aborted one sent is invisible to a read_committed reader, and sent again. (The offsets
 are not part of the transaction: librdkafka 2.16's send_offsets_to_transaction waited forever
 once the broker had restarted, past its own timeout, and the task with it; issues #5456, #5511.
@@ -15,7 +15,7 @@ An offset a fenced task still commits lies below what it delivered, which the le
 A refusal aborts the whole transaction (librdkafka's rule): the task starts again from its last
 commit in the same worker, and the refused row, read again, is dead-lettered with its reason
 instead, or sent alone first when the broker refused its record batch as too large (the
-at-least-once path does the same without an abort: sinks/dispatch_send.py). So a row to a topic
+at-least-once path does the same without an abort: streaming/dispatch/send.py). So a row to a topic
 that does not exist is not sent at all: its topic is looked up first, and the row waits aside
 for the topic as long as the producer would (`topic.metadata.propagation.max.ms`), then is
 dead-lettered; sent, it would hold the transaction's commit that long and then abort it. A
@@ -29,7 +29,7 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException
 
-from sinks.dispatch import TOO_LARGE, Row, refusal
+from streaming.dispatch.rules import TOO_LARGE, Row, refusal
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ _LOOK_AGAIN_S = 0.5
 
 
 class Transactions:
-    """The transaction part of sinks/dispatch_task.py's _Task, which it is mixed into."""
+    """The transaction part of streaming/dispatch/task.py's _Task, which it is mixed into."""
 
     def _topic_ready(self, row: Row) -> bool:
         """Whether `row`'s topic exists, as the producer's metadata says; if not, the row is

@@ -18,13 +18,13 @@ from pyspark.sql import functions as F
 from sinks import store
 from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
-from sinks.direct import direct_rows
-from sinks.dispatch import READY_STOP, ledger_rows, ready_row
+from streaming.dispatch.direct import direct_rows
+from streaming.dispatch.rules import READY_STOP, ledger_rows, ready_row
 from sinks.store import HadoopPath
 from state import headers as H
 from state.envelope import default_uniq_key
-from streaming.kafka_config import librdkafka_config
-from streaming.wheel_query import rules_of, wheel_state
+from streaming.kafka.config import librdkafka_config
+from streaming.wheel.query import rules_of, wheel_state
 
 
 @dataclass
@@ -166,7 +166,7 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
 
 
 def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
-    """A short level's message a dispatch task read from the intake itself (sinks/direct.py)
+    """A short level's message a dispatch task read from the intake itself (streaming/dispatch/direct.py)
     and has not finished: from each intake partition's offset the dispatch group committed."""
     if settings.dispatch_direct_max_delay_ms < 0:
         return None

@@ -1,6 +1,6 @@
 """spark-submit under a parent that turns a stop into the driver's clean stop.
 
-    python -m streaming.supervise <spark-submit command…>
+    python -m streaming.spark.supervise <spark-submit command…>
 
 Under spark-submit the Spark JVM is the parent of the Python driver, and a signal reaching
 that JVM stops the query mid-batch: the batch runs again after the restart, sending it again.

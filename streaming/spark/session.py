@@ -11,8 +11,8 @@ import sys
 import threading
 
 from conf.settings import CONF_DIR, Settings
-from streaming import cds
-from streaming.jars import local_fs_jar, spark_jars
+from streaming.spark import cds
+from streaming.spark.jars import local_fs_jar, spark_jars
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 FILE_SYSTEM_CHECKPOINTS = ("org.apache.spark.sql.execution.streaming.checkpointing."
@@ -77,7 +77,7 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.driver.memory": settings.spark_driver_memory,
         "spark.ui.port": str(settings.spark_ui_port),
         **ENGINE_CONF,
-        # Plus the class data archive of deploy/setup.sh, when there is one (streaming/cds.py).
+        # Plus the class data archive of deploy/setup.sh, when there is one (streaming/spark/cds.py).
         "spark.driver.extraJavaOptions":
             f"{LOG4J_OPTION} {DRIVER_STACK_OPTION} {cds.java_options(settings)}".rstrip(),
         "spark.executor.extraJavaOptions": LOG4J_OPTION,
@@ -94,7 +94,7 @@ def spark_conf(settings: Settings, extra: dict[str, str] | None = None) -> dict[
         "spark.pyspark.driver.python": sys.executable,
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
     }
-    if settings.spark_shuffle_partitions:   # 0: sized at the job's start (streaming/sizing.py)
+    if settings.spark_shuffle_partitions:   # 0: sized at the job's start (streaming/wheel/sizing.py)
         conf["spark.sql.shuffle.partitions"] = str(settings.spark_shuffle_partitions)
     if not settings.store.strip():
         # Spark's default manager renames checkpoint files through Hadoop's FileContext, which

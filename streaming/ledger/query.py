@@ -1,6 +1,6 @@
 """The ledger query: the dispatch tasks' ledger topic → the Delta ledger and dead-letter tables
 (unless `ledger` is off) every `ledger_interval`, and the delivery metrics from its batches. A
-ledger record is an Arrow IPC stream of rows (sinks/dispatch.py), decoded and counted on the way,
+ledger record is an Arrow IPC stream of rows (streaming/dispatch/rules.py), decoded and counted on the way,
 so a batch is one Spark job. Appends are idempotent on (query id, batch id); a message is in the
 ledger topic once (a starting dispatch task skips what its ledger partition holds), so no state.
 """
@@ -17,13 +17,13 @@ from conf.settings import Settings
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id
 from sinks.kafka import Counts
-from sinks.ledger import dead_letter_columns
+from sinks.dead_letters import dead_letter_columns
 from sinks.metrics import LATENESS_BUCKETS, Metrics
-from streaming.kafka_config import spark_options
+from streaming.kafka.config import spark_options
 
 log = logging.getLogger(__name__)
 # A ledger row's group in the counts; "direct": a message the dispatch read from the intake
-# itself (sinks/direct.py), which the wheel never saw, so it is counted as received here.
+# itself (streaming/dispatch/direct.py), which the wheel never saw, so it is counted as received here.
 _GROUP = ("status", "level", "reason", "direct")
 
 
@@ -45,7 +45,7 @@ def decoding(counts=None):
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from sinks.dispatch import ledger_rows
+        from streaming.dispatch.rules import ledger_rows
 
         found = []
         for batch in batches:
@@ -79,7 +79,7 @@ class LedgerWriter:
                  metrics: Metrics | None):
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from sinks.dispatch import ledger_schema
+        from streaming.dispatch.rules import ledger_schema
 
         self.settings, self.checkpoint, self.metrics = settings, checkpoint, metrics
         self._schema = from_arrow_schema(ledger_schema())
@@ -168,7 +168,7 @@ class LedgerQuery:
         """A clean stop: the batch under way ends (up to `grace_s`), then the query stops. A
         batch the stop interrupts is not committed; it runs again at the next start (its appends
         are idempotent), and py4j's log of the interruption is dropped as the stop's
-        (streaming/wheel_query.py)."""
+        (streaming/wheel/query.py)."""
         self.writer.stopping = True
         self.writer.idle.wait(grace_s)
         self.query.stop()

@@ -1,5 +1,5 @@
 """The dispatch stage's supervisor, in the driver: each ready partition runs as its own
-one-task Spark job (sinks/dispatch_task.py run_partition), started again here with a back-off
+one-task Spark job (streaming/dispatch/task.py run_partition), started again here with a back-off
 when it fails, as Spark does not retry tasks in `local[N]` and, on a cluster, a task that never
 ends would add its failures up to `spark.task.maxFailures` and abort the job. Past
 `dispatch_max_failures` within `dispatch_failure_window` the stage gives up (`failure`).
@@ -17,10 +17,10 @@ import uuid
 from collections import deque
 
 from conf.settings import Settings
-from sinks.dispatch import READY_STOP, DispatchConfig
-from sinks.dispatch_task import run_partition
-from streaming.kafka_config import dispatch_producer_config, librdkafka_config
-from streaming.wheel_query import rules_of
+from streaming.dispatch.rules import READY_STOP, DispatchConfig
+from streaming.dispatch.task import run_partition
+from streaming.kafka.config import dispatch_producer_config, librdkafka_config
+from streaming.wheel.query import rules_of
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                 "enable.partition.eof": False,
                 # fetch.wait.max.ms stays at 500 ms: a fetch returns once a record comes, and
                 # shorter waits made idle tasks cost the broker a fifth of a core.
-                # As the wheel's Kafka source (streaming/wheel_query.py): an intake write a
+                # As the wheel's Kafka source (streaming/wheel/query.py): an intake write a
                 # producer's transaction aborted is never delivered.
                 "isolation.level": "read_committed"}
     # librdkafka fills a record batch up to batch.size (1,000,000 bytes): no larger than the
@@ -143,7 +143,7 @@ class Dispatcher:
         """What the tasks' last commits say (each commit's metadata carries its task's figures):
         the messages they have read and not yet finished, by level (the part of the pending
         messages that has left the wheel), and each task's clock offset to the broker's in ms,
-        by ready partition (sinks/dispatch.py Skew). One request, whatever the message rate."""
+        by ready partition (streaming/dispatch/rules.py Skew). One request, whatever the message rate."""
         from confluent_kafka import Consumer, TopicPartition
 
         if self._reader is None:

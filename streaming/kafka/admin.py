@@ -2,6 +2,7 @@
 rule, and look up how many partitions a topic has."""
 from __future__ import annotations
 
+import socket
 import logging
 import time
 from contextlib import closing, nullcontext, suppress
@@ -12,7 +13,7 @@ from kafka.errors import KafkaError, TopicAlreadyExistsError
 
 from conf.settings import Settings
 from state.errors import JobError
-from streaming.kafka_config import python_client_config
+from streaming.kafka.config import python_client_config
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,17 @@ def admin_client(settings: Settings) -> KafkaAdminClient:
         client_log.setLevel(level)
 
 
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def unreachable_reason(settings: Settings, exc: Exception) -> str:
     """Why a client could not bootstrap: nothing listens, or the handshake failed (kafka-python
     reports a failed SASL login or TLS handshake only as a bootstrap timeout)."""
-    from streaming.tools.broker import port_open
-
     who = f"security_protocol={settings.security_protocol}"
     if settings.security_protocol.startswith("SASL"):
         who += f", sasl_mechanism={settings.sasl_mechanism}, user {settings.sasl_username!r}"

@@ -43,3 +43,9 @@ def local_fs_jar(settings: Settings) -> Path:
             f"(or set DELAYQ_JARS_DIR to a folder holding localfs/)"
         )
     return jar
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent

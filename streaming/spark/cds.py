@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from conf.settings import Settings
-from streaming.jars import local_fs_jar, spark_jars
+from streaming.spark.jars import local_fs_jar, spark_jars
 
 
 def _java() -> Path | None:

@@ -6,7 +6,7 @@ lateness. Instead, ready partition p's dispatch task also reads the intake parti
 q mod (ready partitions) = p, parses them by the wheel's rules (state/parse.py marks them
 Kind.DIRECT) and holds them like fired rows. Which records are the dispatch's is a rule of the
 headers alone (`is_direct`), which the wheel applies in the JVM before its parse
-(streaming/wheel_query.py `direct_column`), so the short levels' payloads never reach the
+(streaming/wheel/query.py `direct_column`), so the short levels' payloads never reach the
 wheel's Python. One intake partition has one sender, so a key's messages keep their intake
 order. No Spark import: it runs in the dispatch task's Python worker.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from sinks.dispatch import Row
+from streaming.dispatch.rules import Row
 from state import headers as H
 from state.columns import HEADERS
 from state.envelope import Kind, Rules
@@ -48,7 +48,7 @@ def is_direct(headers: list | None, values: frozenset[bytes]) -> bool:
 
 
 def intake_batch(msgs: list, each: list | None = None) -> pa.RecordBatch:
-    """Consumed intake records in the layout the wheel's parse reads (streaming/wheel_query.py
+    """Consumed intake records in the layout the wheel's parse reads (streaming/wheel/query.py
     intake_stream): key, value, ipart, ioff, append_ms (the broker's LogAppendTime), headers
     (`each`: the records' headers, when read already; the client builds them at every call)."""
     if each is None:

@@ -15,7 +15,7 @@ import threading
 
 from conf.settings import Settings
 from state import headers as H
-from streaming.kafka_config import librdkafka_config
+from streaming.kafka.config import librdkafka_config
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Where a dispatch task (sinks/dispatch_task.py) starts: the partitions it reads, their
+"""Where a dispatch task (streaming/dispatch/task.py) starts: the partitions it reads, their
 committed offsets and metadata, and the messages its ledger partition already holds, which a
-restart skips (sinks/dispatch.py says why). Plain Kafka calls on the task's consumer, with `retrying` for a
+restart skips (streaming/dispatch/rules.py says why). Plain Kafka calls on the task's consumer, with `retrying` for a
 cluster still starting.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from sinks.dispatch import DispatchConfig, identity, ledger_rows
+from streaming.dispatch.rules import DispatchConfig, identity, ledger_rows
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
     """Where each of `parts` starts (its committed offset; else the ready partition's
     beginning, an intake partition's `intake_start` or beginning), by Row.source; the earliest
     ledger mark of their commits (None: none committed); and the newest wheel batch the ready
-    partition's commit names, with its first offset there (sinks/dispatch.py Refired), or []."""
+    partition's commit names, with its first offset there (streaming/dispatch/rules.py Refired), or []."""
     starts, marks, batch = {}, [], []
     for tp in consumer.committed(parts, timeout=60):
         source = None if tp.topic == config.ready_topic else (tp.topic, tp.partition)
@@ -89,7 +89,7 @@ def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
     commit's ledger mark (from its beginning when nothing was committed yet) to its end: what
     was delivered of the rows above the commit point, which a restart skips; the last row each
     source (Row.source) delivered there, whose offset the commits' marks wait for
-    (sinks/dispatch.py Offsets); and the partition's end."""
+    (streaming/dispatch/rules.py Offsets); and the partition's end."""
     low, high = consumer.get_watermark_offsets(ledger, timeout=60)
     position = low if mark is None else max(low, min(mark, high))
     done: set[tuple[str, int]] = set()

@@ -1,5 +1,5 @@
 """The dead-letter table: every record the wheel rejected, beside the dead-letter topic. (The
-delivery ledger is written by the ledger query, streaming/ledger_query.py.)"""
+delivery ledger is written by the ledger query, streaming/ledger/query.py.)"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +14,7 @@ from sinks.delta import append_once, create_table, query_id, table_exists
 
 def dead_letter_columns(batch_id: int) -> list:
     """The dead-letter table's columns from dead rows, shared by the wheel's rejections and the
-    dispatch's (streaming/ledger_query.py) so both write one schema."""
+    dispatch's (streaming/ledger/query.py) so both write one schema."""
     return ["uniq_key", "key", "value", "headers", "reason",
             F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),
             "append_ms", F.col("sent_ms").alias("dead_ms"),

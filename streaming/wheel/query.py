@@ -22,7 +22,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from conf.settings import Settings
 from sinks import store
 from sinks.base import BatchSummary
-from sinks.direct import WHEEL_HEADERS, direct_values
+from streaming.dispatch.direct import WHEEL_HEADERS, direct_values
 from sinks.kafka import intake_bodies
 from sinks.ready import ReadySink
 from state import headers as H
@@ -31,12 +31,12 @@ from state.errors import JobError
 from state.parse import make_parser
 from state.columns import REFS_DDL
 from state.wheel import WheelConfig, make_wheel
-from streaming.kafka_config import spark_options
-from streaming.schema import INDEX_ENVELOPE_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
+from streaming.kafka.config import spark_options
+from streaming.wheel.schema import INDEX_ENVELOPE_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
 if TYPE_CHECKING:
     from sinks.cold import ColdTier
-    from sinks.ledger import DeadLetterTable
+    from sinks.dead_letters import DeadLetterTable
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
               .option("startingOffsets", "earliest")
               .option("includeHeaders", "true")
               # A producer's transaction that aborted its intake writes: never delivered (the
-              # dispatch tasks' intake reads are read_committed too, streaming/dispatcher.py).
+              # dispatch tasks' intake reads are read_committed too, streaming/dispatch/supervisor.py).
               .option("kafka.isolation.level", "read_committed")
               # Intake data deleted before it was read is a loss: stop and say so.
               .option("failOnDataLoss", "true"))
@@ -94,7 +94,7 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
     """The fired output of the wheel: rows of the WHEEL_OUT layout, once per batch. `source`,
     in the layout of `intake_stream`, replaces the intake topic (the class data training).
     Level messages due before `overdue_before_ms` pass through without state (the
-    checkpoint's first start: `streaming.checkpoint.started_ms`); `first_watermark_ms` stands
+    checkpoint's first start: `streaming.wheel.checkpoint.started_ms`); `first_watermark_ms` stands
     in for a new query's missing watermark (`WheelConfig`). Both 0: neither."""
     spread = settings.spark_shuffle_partitions
     source = intake_stream(spark, settings) if source is None else source
@@ -120,7 +120,7 @@ def index_of(intake: DataFrame) -> DataFrame:
 
 
 def direct_column(values: frozenset[bytes]) -> F.Column:
-    """sinks/direct.py `is_direct` as a Spark column over the intake's headers: the records
+    """streaming/dispatch/direct.py `is_direct` as a Spark column over the intake's headers: the records
     the dispatch tasks send themselves, which the wheel leaves out before its parse."""
     texts = sorted(v.decode() for v in values)
     wheel = F.exists("headers", lambda h: h["key"].isin(*sorted(WHEEL_HEADERS)) | (

@@ -1,15 +1,15 @@
 """The `delayq` commands that use or inspect a delivery service: produce, cancel, offsets,
-ledger, tables and status (their options are defined in streaming/cli.py)."""
+ledger, tables and status (their options are defined in streaming/cli/main.py)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from streaming.arguments import settings_of
+from streaming.cli.arguments import settings_of
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    from streaming.admin import ensure_topics
+    from streaming.kafka.admin import ensure_topics
     from streaming.producer import DelayProducer
 
     settings = settings_of(args)
@@ -48,7 +48,7 @@ def cmd_offsets(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from sinks import store
-    from streaming.offsets import delay_offset_table
+    from streaming.wheel.offsets import delay_offset_table
 
     settings = settings_of(args)
     checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
@@ -71,15 +71,14 @@ def _ms(text: str | None) -> int | None:
 
 
 def _reader_session(settings):
-    from streaming.session import build_session
+    from streaming.spark.session import build_session
 
     return build_session(settings, {"spark.master": "local[1]", "spark.ui.enabled": "false"})
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
     from sinks import store
-    from streaming import lookup
-
+    from streaming.ledger import lookup
     settings = settings_of(args)
     with _reader_session(settings) as spark:
         if args.summary:
@@ -103,7 +102,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
-    from streaming.maintenance import maintain
+    from streaming.ledger.maintenance import maintain
 
     settings = settings_of(args)
     with _reader_session(settings) as spark:
@@ -114,7 +113,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from streaming.status import fetch, render
+    from streaming.cli.status import fetch, render
 
     settings = settings_of(args)
     url = args.url or f"http://{settings.metrics_host}:{settings.metrics_port}/metrics"

@@ -22,8 +22,8 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from sinks.direct import intake_batch
-from sinks.dispatch import Row
+from streaming.dispatch.direct import intake_batch
+from streaming.dispatch.rules import Row
 from state import headers as H
 from state.envelope import Kind, Rules
 from state.parse import parse_batch
@@ -84,7 +84,7 @@ class Bodies:
 
     def first_wanted(self) -> tuple | None:
         """The heap order (due, ipart, ioff) of the earliest reference still without its body:
-        no row due after it is sent before it (one key's order, sinks/dispatch.py Row)."""
+        no row due after it is sent before it (one key's order, streaming/dispatch/rules.py Row)."""
         order = self._order
         while order and order[0][2] not in self.wants.get(order[0][1], ()):
             heapq.heappop(order)

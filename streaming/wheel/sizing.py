@@ -11,7 +11,7 @@ import json
 import logging
 
 from conf.settings import Settings
-from streaming.offsets import latest_batch
+from streaming.wheel.offsets import latest_batch
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Kafka plumbing shared by every stage: client settings and topic administration."""
