@@ -16,19 +16,11 @@ when the task died; exactly once, nothing (streaming/dispatch/txn.py).
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import time
 from dataclasses import dataclass, field
-from operator import attrgetter
-from typing import Callable
 
-import pyarrow as pa
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from state import headers as H
-from state.columns import HEADERS
-from state.errors import DispatchError
 from state.reasons import reason
 
 log = logging.getLogger(__name__)
@@ -193,64 +185,9 @@ class Offsets:
         return point, min(mark, self._floor) if point <= self._earlier else mark
 
 
-class Skew:
-    """This host against the broker's clock (DESIGN.md section 3): the broker stamps a record of
-    a LogAppendTime topic (the task's ledger partition) before this host sees its
-    acknowledgement, so this host's time then minus the stamp bounds its offset to the broker's
-    clock from above. The smallest bound of the last window is kept, on the monotonic clock, so
-    that a step of the wall clock (NTP) moves nothing. `broker_ms` reads the broker's clock
-    through it: never ahead of the broker's own, so a row held until then is never early, and a
-    host whose clock trails the broker's sends on time, not that much late. The wall clock's
-    offset (`offset_ms`) is reported, and logged past half of `clock_tolerance_ms`."""
-
-    def __init__(self, topic: str, clock_tolerance_ms: int, window_s: float = 60.0,
-                 clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic):
-        self._topic, self._tolerance_ms = topic, clock_tolerance_ms
-        self._window_s, self._clock, self._monotonic = window_s, clock, monotonic
-        self._best: float | None = None   # monotonic ms minus the broker's ms, at most
-        self._since = monotonic()
-        self._far = False
-
-    @property
-    def measured(self) -> bool:
-        return self._best is not None
-
-    def observe(self, kind: int, broker_ms: int) -> None:
-        """An acknowledgement's timestamp (its type and value) from the topic."""
-        if kind != TIMESTAMP_LOG_APPEND_TIME:
-            raise DispatchError(
-                f"topic {self._topic} stamps its records with the producer's clock "
-                f"(message.timestamp.type=CreateTime); the dispatch tasks measure their clocks "
-                f"by its broker's. Fix: kafka-configs.sh --alter --entity-type topics "
-                f"--entity-name {self._topic} --add-config message.timestamp.type=LogAppendTime")
-        now = self._monotonic()
-        bound = now * 1000 - broker_ms
-        if self._best is None or now - self._since > self._window_s:
-            self._best, self._since = bound, now
-        else:
-            self._best = min(self._best, bound)
-        offset = self.offset_ms()
-        if (abs(offset) > self._tolerance_ms / 2) != self._far:
-            self._far = not self._far
-            said = (f"this host's clock is {abs(offset) / 1000:.1f} s "
-                    f"{'ahead of' if offset > 0 else 'behind'} the broker's ({self._topic})")
-            if self._far:
-                log.warning("%s, more than half of clock_tolerance (%d s): rows are held by the "
-                            "broker's clock; check the hosts' time sync (NTP)", said,
-                            self._tolerance_ms // 1000)
-            else:
-                log.info("%s, within half of clock_tolerance again", said)
-
-    def offset_ms(self) -> float | None:
-        """This host's wall clock minus the broker's, at most (None: not measured yet)."""
-        if self._best is None:
-            return None
-        return (self._clock() - self._monotonic()) * 1000 + self._best
-
-    def broker_ms(self) -> int:
-        """The broker's clock now, at the latest (only once measured)."""
-        return int(self._monotonic() * 1000 - self._best)
+def message_bytes(row: Row) -> int:
+    return len(row.key or b"") + len(row.value or b"") + sum(
+        len(k.encode()) + len(v or b"") for k, v in row.headers)
 
 
 # Send failures that will not pass on a retry: the row is dead-lettered with the reason.
@@ -280,95 +217,7 @@ def refusal(err, row: Row) -> str | None:
         return None
     label, text = known
     return reason(label, text.format(topic=row.topic, partition=row.partition,
-                                     size=_message_bytes(row)))
-
-
-# A probe record's header (`_probe`): an empty record, not ledger rows.
-PROBE = "DELAYQ_PROBE"
-# A ledger record's header: the process that sent its rows (`sender`).
-SENDER = "DELAYQ_SENDER"
-
-
-def sender() -> bytes:
-    """Who sends: host, pid and working folder of this Python worker (on a standalone cluster
-    the executor's folder, `<work>/app-…/<executor id>`; on Kubernetes the host is its pod)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{os.getcwd()}".encode()
-
-
-def ledger_schema():
-    return pa.schema([
-        ("uniq_key", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
-        ("level", pa.int32()), ("ipart", pa.int32()), ("ioff", pa.int64()),
-        ("append_ms", pa.int64()), ("due_ms", pa.int64()), ("sent_ms", pa.int64()),
-        ("ready_offset", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
-        ("key", pa.binary()), ("value", pa.binary()),
-        ("headers", HEADERS)])
-
-
-# What a ledger row costs besides its strings and a dead letter's message (its fixed columns,
-# offsets and validity bits), and a ledger record besides its rows (the Arrow stream's schema
-# and buffer padding, Kafka's record framing and the SENDER header), in bytes, with room.
-_LEDGER_ROW_BYTES = 128
-_LEDGER_RECORD_BYTES = 8192
-
-
-def _message_bytes(row: Row) -> int:
-    return len(row.key or b"") + len(row.value or b"") + sum(
-        len(k.encode()) + len(v or b"") for k, v in row.headers)
-
-
-def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most_bytes: int):
-    """`acked` as ledger records of at most `most_rows` rows and `most_bytes` bytes (the
-    ledger topic's max.message.bytes, read at the start, and the producer's): (rows, record)
-    pairs, in order. A dead letter's row carries its message for the dead-letter table, unless
-    the row could not fit a record even alone: then its message is left out (the dead-letter
-    topic has it)."""
-    room = most_bytes - _LEDGER_RECORD_BYTES
-    chunk: list = []
-    size = 0
-    for row, sent_ms, reason in acked:
-        cost = _LEDGER_ROW_BYTES + sum(len(text.encode()) for text in (
-            row.uniq_key, row.topic or "", reason or ""))
-        whole = False
-        if reason is not None:
-            message = _message_bytes(row) + 8 * len(row.headers)   # and each header's offsets
-            whole = cost + message <= room
-            cost += message if whole else 0
-        if chunk and (len(chunk) >= most_rows or size + cost > room):
-            yield [r for r, _, _, _ in chunk], ledger_record(chunk)
-            chunk, size = [], 0
-        chunk.append((row, sent_ms, reason, whole))
-        size += cost
-    if chunk:
-        yield [r for r, _, _, _ in chunk], ledger_record(chunk)
-
-
-def ledger_record(sent: list[tuple[Row, int, str | None, bool]]) -> bytes:
-    """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, None, False) when
-    delivered or (row, sent_ms, reason, with its message) when dead-lettered, as one Arrow IPC
-    stream built a column at a time."""
-    rows, sent_ms, reasons, wholes = (list(column) for column in zip(*sent))
-    dead = [row if whole else None for row, whole in zip(rows, wholes)]
-    columns = {name: list(map(attrgetter(name), rows)) for name in (
-        "uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms")}
-    columns.update({
-        "sent_ms": sent_ms,
-        "ready_offset": [r.offset if r.source is None else None for r in rows],
-        "status": ["delivered" if reason is None else "dead" for reason in reasons],
-        "reason": reasons,
-        "key": [r.key if r else None for r in dead],
-        "value": [r.value if r else None for r in dead],
-        "headers": [[{"key": k, "value": v} for k, v in r.headers] if r else None for r in dead]})
-    schema = ledger_schema()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        writer.write_table(pa.Table.from_pydict(columns, schema=schema))
-    return sink.getvalue().to_pybytes()
-
-
-def ledger_rows(record: bytes):
-    """The rows of a ledger record, as an Arrow table."""
-    return pa.ipc.open_stream(pa.py_buffer(record)).read_all()
+                                     size=message_bytes(row)))
 
 
 # A dead-lettered reference's header: the intake record it named ("<partition>-<offset>").

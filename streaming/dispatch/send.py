@@ -11,8 +11,8 @@ from typing import Callable
 
 from confluent_kafka import KafkaException
 
-from streaming.dispatch.rules import (PROBE, TOO_LARGE, Row, dead_letter_headers, ledger_chunks,
-                            refusal)
+from streaming.dispatch.rules import TOO_LARGE, Row, dead_letter_headers, refusal
+from streaming.ledger.records import PROBE, SENDER, ledger_chunks, sender
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +20,14 @@ log = logging.getLogger(__name__)
 class Sending:
     """The send path of streaming/dispatch/task.py's _Task, which it is mixed into: it uses the
     task's producer, clock (`_now_ms`), retries (`_later`) and counters."""
+
+    def __init__(self):
+        # Acknowledged, ledger row not yet sent: (row, sent_ms, dead letter's reason or None).
+        self._unledgered: list[tuple[Row, int, str | None]] = []
+        self._unledgered_since = 0.0   # when the first of them was acknowledged (monotonic)
+        self._sender = [(SENDER, sender())]
+        self._last_ack = 0.0
+        self._refused: set = set()   # a dead letter's (source, offset), a ledger send: said once
 
     def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
         """`row` to the producer, stamped with the broker's clock here, never before its due."""

@@ -12,7 +12,8 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from streaming.dispatch.rules import DispatchConfig, identity, ledger_rows
+from streaming.dispatch.rules import DispatchConfig, identity
+from streaming.ledger.records import ledger_rows
 
 log = logging.getLogger(__name__)
 

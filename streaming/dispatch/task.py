@@ -1,28 +1,23 @@
-"""The dispatch task's loop (streaming/dispatch/rules.py has its rules and records): consume the ready
-partition's references and read their bodies back from the intake (streaming/dispatch/bodies.py), and the
-intake partitions it reads itself (streaming/dispatch/direct.py), hold rows until due, send them and their
-ledger rows, commit, and on a restart skip what the ledger already holds
-(streaming/dispatch/start.py). No Spark import: it runs in a plain Python worker."""
+"""The dispatch task's loop: read (reading.py), hold until due, send (send.py) and commit
+(commit.py, txn.py). No Spark import: it runs in a plain Python worker."""
 from __future__ import annotations
 
 import gc
 import heapq
 import itertools
-import json
 import logging
 import time
 from collections import Counter
 from typing import Callable, Iterator
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streaming.dispatch.bodies import Bodies
-from streaming.dispatch.direct import direct_rows
+from streaming.dispatch.clock import Skew
+from streaming.dispatch.commit import Committing
+from streaming.dispatch.reading import Reading
+from streaming.dispatch.rules import DispatchConfig, Offsets, Row
 from streaming.dispatch.send import Sending
-from streaming.dispatch.rules import (READY_STOP, SENDER, DispatchConfig, Offsets, Refired, Row, Skew,
-                            identity, ready_row, sender)
-from streaming.dispatch.start import (added_partitions, committed, in_ledger, owned_partitions,
-                                  retrying, transient)
+from streaming.dispatch.start import retrying
 from streaming.dispatch.txn import Aborted, Refusals, Transactions
 
 log = logging.getLogger(__name__)
@@ -60,7 +55,7 @@ def run_partition(config: DispatchConfig, partition: int,
            "skipped": done["skipped"]}
 
 
-class _Task(Sending, Transactions):
+class _Task(Reading, Sending, Committing, Transactions):
     """One run of a dispatch task over its ready partition (see `run_partition`)."""
 
     def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float],
@@ -74,15 +69,6 @@ class _Task(Sending, Transactions):
         self.producer = Producer({**config.producer, "transactional.id":
                                   f"{config.transactional_id}.{partition}"} if self.txn
                                  else config.producer)
-        # The transactions' (streaming/dispatch/txn.py): refusals, the open one's first failure,
-        # whether it holds a record.
-        self.refusals, self.doomed, self.in_transaction = refusals, None, False
-        self._offsets_at = time.monotonic()   # when the offsets were last committed
-        self.at_commit = (0, 0)   # `sent` and `dead` at the last commit
-        # Topics known to exist, and those found missing: (first seen, last looked up).
-        self._topics: set[str] = set()
-        self._missing: dict[str, tuple[float, float]] = {}
-        self.bodies = Bodies(config.consumer, config.intake_topic, config.rules, config.fetch_gap)
         self.skew = Skew(config.ledger_topic, config.clock_tolerance_ms, clock=clock)
         self.heap: list[tuple] = []     # (*Row.order(), push number, row) of each held row
         self._pushes = itertools.count()   # equal orders never compare their rows
@@ -91,38 +77,19 @@ class _Task(Sending, Transactions):
         self.retry: list[tuple[float, Callable[[], bool | None]]] = []
         self.ledger_end = 0
         self.sent = self.dead = self.skipped = 0
-        self.stopping = self.paused = False
-        self.offsets: dict = {None: Offsets(0)}   # Row.source → its rows read and not done
-        self.intake: list = []   # the intake's TopicPartitions this task reads (streaming/dispatch/direct.py)
-        self._last_ack = 0.0
-        self.refired = Refired()
-        self._known_below = 0   # ready rows below this were done before the start (`Refired`)
-        # Acknowledged, ledger row not yet sent: (row, sent_ms, dead letter's reason or None).
-        self._unledgered: list[tuple[Row, int, str | None]] = []
-        self._unledgered_since = 0.0   # when the first of them was acknowledged (monotonic)
-        self._gathered: list = []   # intake records read and not yet parsed (`gather_s`)
-        self._gathered_since = 0.0
-        self._sender = [(SENDER, sender())]
+        self.stopping = False
         self.held: Counter[int] = Counter()   # rows read and not yet in the ledger, by level
-        self._refused: set = set()   # a dead letter's (source, offset), a ledger send: said once
+        self.offsets: dict = {None: Offsets(0)}   # Row.source → its rows read and not done
+        Reading.__init__(self, config)
+        Sending.__init__(self)
+        Transactions.__init__(self, refusals)
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
-        consumer, config = self.consumer, self.config
+        config = self.config
         if self.txn:   # first: what an earlier run left open is aborted before anything is read
             retrying(self._begin)
-        self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
-        starts, mark, batch = retrying(lambda: committed(consumer, config,
-                                                         [self.ready, *self.intake]))
-        # What the ledger holds from the last commit's mark on: kept for the task's life (a
-        # few commit intervals' deliveries); a copy of one read later is a copy still.
-        done, last, self.ledger_end = retrying(lambda: in_ledger(
-            consumer, self.ledger, mark, config.intake_topic))
-        self.offsets = {source: Offsets(start, mark or 0, last.get(source, -1))
-                        for source, start in starts.items()}
-        self._known_below = starts[None]
-        if batch:   # the newest wheel batch's rows below the commit point are read to know them
-            self.refired = Refired(*batch)
+        done = self._resume()
         self._probe(wait=True)
         self._assign()
         last_commit = looked = time.monotonic()
@@ -150,33 +117,17 @@ class _Task(Sending, Transactions):
             if time.monotonic() - self._last_ack > (config.probe_interval_s if self.skew.measured
                                                     else config.retry_backoff_s):
                 self._probe()
-        # A clean stop: what was handed to the producer is acknowledged (and its ledger row
-        # with it) before the commit, so the next run skips it; rows not yet due stay above
-        # the commit point and are read again.
+        self._finish()
+
+    def _finish(self) -> None:
+        """A clean stop: what was handed to the producer is acknowledged (and its ledger row
+        with it) before the commit, so the next run skips it; rows not yet due stay above
+        the commit point and are read again."""
         for _ in range(3):
             self.producer.flush(30)
             self._ledger(force=True)
             self._release(force=True)
         self._commit(final=True)
-
-    def _consume(self, wait_s: float, done: set[tuple[str, int]]) -> None:
-        """The ready partition's records and the intake's the task reads itself (gathered, and
-        parsed together every `gather_s`), waiting up to `wait_s` for the first."""
-        for msg in self.consumer.consume(5000, timeout=wait_s):
-            if msg.error():   # the client's own report; it reconnects and goes on
-                if msg.error().fatal():
-                    raise KafkaException(msg.error())
-                log.warning("dispatch %d: %s", self.partition, msg.error())
-            elif msg.topic() == self.ready.topic:
-                self._take(msg, done)
-            else:
-                if not self._gathered:
-                    self._gathered_since = time.monotonic()
-                self._gathered.append(msg)
-        if self._gathered and (len(self._gathered) >= self.config.ledger_batch or
-                               time.monotonic() - self._gathered_since >= self.config.gather_s):
-            intake, self._gathered = self._gathered, []
-            self._take_intake(intake, done)
 
     def close(self) -> None:
         try:
@@ -197,101 +148,6 @@ class _Task(Sending, Transactions):
 
     def _hold(self, row: Row) -> None:
         heapq.heappush(self.heap, (*row.order(), next(self._pushes), row))
-
-    def _pace(self) -> None:
-        """Bounded memory: stop reading while too many rows are held."""
-        held = len(self.heap) + self.bodies.pending()
-        if not self.paused and held >= self.config.max_held:
-            self.consumer.pause([self.ready, *self.intake])
-            self.paused = True
-        elif self.paused and held < self.config.max_held // 2:
-            self.consumer.resume([self.ready, *self.intake])
-            self.paused = False
-
-    def _assign(self) -> None:
-        """Read the ready partition (from the newest wheel batch's first row, if below) and the
-        intake partitions from their positions."""
-        ready = self.offsets[None].position
-        if self.refired.start is not None:
-            ready = min(ready, self.refired.start)
-        self.consumer.assign([TopicPartition(self.ready.topic, self.partition, ready), *(
-            TopicPartition(tp.topic, tp.partition, self.offsets[(tp.topic, tp.partition)].position)
-            for tp in self.intake)])
-
-    def _look_for_partitions(self) -> None:
-        """Partitions added to the intake since the start, read from their beginning (so are
-        the wheel's), added alone: the others read on from their fetch position, not from what
-        this task took of them (rows gathered and not yet taken would be fetched twice)."""
-        starts = retrying(lambda: added_partitions(self.consumer, self.config, self.partition,
-                                                   self.offsets))
-        if not starts:
-            return
-        self.offsets.update({source: Offsets(start) for source, start in starts.items()})
-        added = [TopicPartition(topic, part, start) for (topic, part), start in starts.items()]
-        self.intake.extend(added)
-        log.info("dispatch %d: reading new intake partitions %s", self.partition,
-                 [tp.partition for tp in added])
-        self.consumer.incremental_assign(added)
-        if self.paused:   # a task holding its most keeps every partition paused (`_pace`)
-            self.consumer.pause(added)
-
-    def _take_intake(self, msgs: list, done: set[tuple[str, int]]) -> None:
-        """Intake records: the direct ones are held like fired rows (or skipped, when the
-        ledger holds them already), every other is the wheel's."""
-        # correctDeliverTimestamp (state/timing.py) on the broker's clock as read here.
-        rows, dead, others = direct_rows(msgs, self.config.rules, self.config.direct_max_delay_ms,
-                                         self._now_ms(), self.config.intake_topic)
-        for part, offset in others:
-            self.offsets[(self.config.intake_topic, part)].skip(offset)
-        for row, reason in [*((row, None) for row in rows), *dead]:
-            offsets = self.offsets[row.source]
-            if done and identity(row.uniq_key, row.due_ms) in done:
-                offsets.skip(row.offset)
-                self.skipped += 1
-                continue
-            offsets.read(row.offset, self.ledger_end)
-            self.held[row.level] += 1
-            if reason is None:
-                self._hold(row)
-            else:   # bad input: its dead letter now, with the wheel's reason
-                self._dead_letter(row, reason)
-
-    def _take(self, msg, done: set[tuple[str, int]]) -> None:
-        """One ready record: the run's stop, a row done before the start (only known, for
-        `Refired`), a message the ledger holds already or a wheel batch's copy (skipped), or a
-        row to hold until due."""
-        offset, headers = msg.offset(), msg.headers() or []
-        if headers and headers[-1][0] == READY_STOP:
-            self.offsets[None].skip(offset)
-            if offset >= self._known_below and (msg.value() or b"").decode() == self.config.run_id:
-                self.stopping = True
-            return
-        row = ready_row(offset, msg.key(), msg.value(), headers)
-        copy = not headers and self.refired.copy(msg.key(), offset, row)
-        if offset < self._known_below:
-            return
-        if copy or (done and identity(row.uniq_key, row.due_ms) in done):
-            self.offsets[None].skip(offset)
-            self.skipped += 1
-            return
-        self.offsets[None].read(offset, self.ledger_end)
-        self.held[row.level] += 1
-        if row.body:
-            self._hold(row)
-        else:
-            self.bodies.want(row)
-
-    def _read_back(self, wait_s: float) -> bool:
-        """The references' bodies read back from the intake: held until due, or, for a record
-        gone or not the one referenced, dead-lettered (with the reference's headers). Waits up
-        to `wait_s` for the first of them; whether it was reading (and so waited)."""
-        reading = self.bodies.pump(wait_s)
-        restored, dead = self.bodies.take()
-        for row in restored:
-            self._hold(row)
-        for row, reason in dead:
-            self._dead_letter(row, reason)
-        return reading
 
     def _send_due(self) -> None:
         """Send every held row due by the broker's clock, up to the first reference still
@@ -333,43 +189,4 @@ class _Task(Sending, Transactions):
             if send() is False:
                 self._later(send, 0.05)
 
-    def _commit(self, final: bool = False) -> None:
-        """Commit the commit point; a transient failure waits for the next commit. With
-        exactly_once, the transaction first, and the offsets every `offsets_interval_s` and at
-        the end (a crash reads the rows between again, and the ledger skips them)."""
-        if self.txn:
-            due = final or time.monotonic() - self._offsets_at >= self.config.offsets_interval_s
-            # Taken first, so below what the transaction's commit delivers; only when due (the
-            # commit point is a minimum over every held row).
-            commits = self._commit_points() if due else []
-            self._commit_transaction()
-            if not due:
-                return
-            self._offsets_at = time.monotonic()
-        else:
-            commits = self._commit_points()
-        try:
-            self.consumer.commit(offsets=commits, asynchronous=False)
-        except KafkaException as e:
-            if not transient(e):
-                raise
-            log.warning("dispatch %d: commit failed (%s); the next one retries it",
-                        self.partition, e)
 
-    def _commit_points(self) -> list:
-        """Each source's commit point, with the metadata the driver's gauges read."""
-        commits = []
-        for source, offsets in self.offsets.items():
-            point, mark = offsets.commit_point(self.ledger_end)
-            meta = {"ledger": mark}
-            if source is None:   # the task's held rows and clock, for the driver's gauges,
-                # and a beat that changes at every commit (the driver's liveness check)
-                meta["beat"] = time.monotonic_ns() // 1_000_000
-                meta["held"] = {str(k): n for k, n in self.held.items() if n}
-                if self.refired.batch is not None:
-                    meta["batch"] = [self.refired.batch, self.refired.start]
-                if self.skew.measured:
-                    meta["clock_ms"] = round(self.skew.offset_ms())
-            topic, part = (self.ready.topic, self.partition) if source is None else source
-            commits.append(TopicPartition(topic, part, point, metadata=json.dumps(meta)))
-        return commits

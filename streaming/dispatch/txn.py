@@ -55,6 +55,15 @@ _LOOK_AGAIN_S = 0.5
 class Transactions:
     """The transaction part of streaming/dispatch/task.py's _Task, which it is mixed into."""
 
+    def __init__(self, refusals: Refusals):
+        # Refusals, the open transaction's first failure, whether it holds a record.
+        self.refusals, self.doomed, self.in_transaction = refusals, None, False
+        self._offsets_at = time.monotonic()   # when the offsets were last committed
+        self.at_commit = (0, 0)   # `sent` and `dead` at the last commit
+        # Topics known to exist, and those found missing: (first seen, last looked up).
+        self._topics: set[str] = set()
+        self._missing: dict[str, tuple[float, float]] = {}
+
     def _topic_ready(self, row: Row) -> bool:
         """Whether `row`'s topic exists, as the producer's metadata says; if not, the row is
         put aside to be tried again, or dead-lettered once the producer's wait has passed."""

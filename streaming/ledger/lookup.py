@@ -19,7 +19,8 @@ from sinks import store
 from sinks.cold import TOMBSTONE
 from sinks.delta import table_exists
 from streaming.dispatch.direct import direct_rows
-from streaming.dispatch.rules import READY_STOP, ledger_rows, ready_row
+from streaming.dispatch.rules import READY_STOP, ready_row
+from streaming.ledger.records import ledger_rows
 from sinks.store import HadoopPath
 from state import headers as H
 from state.envelope import default_uniq_key

@@ -45,7 +45,7 @@ def decoding(counts=None):
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        from streaming.dispatch.rules import ledger_rows
+        from streaming.ledger.records import ledger_rows
 
         found = []
         for batch in batches:
@@ -79,7 +79,7 @@ class LedgerWriter:
                  metrics: Metrics | None):
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from streaming.dispatch.rules import ledger_schema
+        from streaming.ledger.records import ledger_schema
 
         self.settings, self.checkpoint, self.metrics = settings, checkpoint, metrics
         self._schema = from_arrow_schema(ledger_schema())

@@ -22,7 +22,7 @@ def deliveries_by_sender(settings, ledger_topic: str, timeout_s: float = 10.0) -
     """Delivered rows on the ledger topic per sending process ("host:pid:folder")."""
     from kafka import KafkaConsumer
 
-    from streaming.dispatch.rules import SENDER, ledger_rows
+    from streaming.ledger.records import SENDER, ledger_rows
     from streaming.kafka.config import python_client_config
 
     consumer = KafkaConsumer(ledger_topic, auto_offset_reset="earliest", enable_auto_commit=False,

@@ -95,7 +95,7 @@ def ledger_records(settings, partition: int) -> list[tuple[int, list[str]]]:
     and the UNIQ_KEYs of its rows."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from streaming.dispatch.rules import SENDER, ledger_rows
+    from streaming.ledger.records import SENDER, ledger_rows
     reader = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "senders",
                        "isolation.level": "read_committed"})
     part = TopicPartition(settings.ledger_topic, partition)

@@ -16,7 +16,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaProducer
 
 from conf import load_settings
-from streaming.dispatch.rules import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, ledger_rows
+from streaming.dispatch.rules import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
+from streaming.ledger.records import ledger_rows
 from state import headers as H
 from streaming.kafka.admin import admin_client, create_topic
 from streaming.dispatch.supervisor import dispatch_config

@@ -18,7 +18,8 @@ from kafka import KafkaProducer
 
 from conf import load_settings
 from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
-                            SENDER, DispatchConfig, ledger_rows)
+                                      DispatchConfig)
+from streaming.ledger.records import SENDER, ledger_rows
 from streaming.dispatch.task import run_partition
 from state import headers as H
 from streaming.dispatch.supervisor import dispatch_config

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from streaming.dispatch.rules import ledger_rows
+from streaming.ledger.records import ledger_rows
 from tests.integration.test_dispatch import (_run, dispatch, in_thread, stop,  # noqa: F401
                                               transactional)
 from tests.support import consume_all, header_map

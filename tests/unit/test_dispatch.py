@@ -6,9 +6,10 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError
 
-from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets, Refired,
-                            Row, Skew,
-                            dead_letter_headers, ledger_chunks, ledger_rows, ready_row)
+from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets,
+                                      Refired, Row, dead_letter_headers, ready_row)
+from streaming.ledger.records import ledger_chunks, ledger_rows
+from streaming.dispatch.clock import Skew
 from state import headers as H
 from state.errors import DispatchError
 
@@ -195,7 +196,7 @@ def test_a_dead_letter_too_large_for_any_ledger_record_is_recorded_without_its_m
 def test_an_offset_past_half_the_tolerance_is_said_once_and_its_return_too(caplog):
     mono = [0.0]
     skew = Skew("ledger", 60_000, window_s=1, clock=lambda: mono[0], monotonic=lambda: mono[0])
-    with caplog.at_level("INFO", logger="streaming.dispatch.rules"):
+    with caplog.at_level("INFO", logger="streaming.dispatch.clock"):
         skew.observe(LOG_APPEND, -31_000)            # this host 31 s ahead of the broker
         mono[0] += 0.5
         skew.observe(LOG_APPEND, mono[0] * 1000 - 31_000)

@@ -1,0 +1,161 @@
+"""A dispatch task's reading: its ready partition's references, the intake partitions it reads
+itself (streaming/dispatch/direct.py) and the bodies read back (streaming/dispatch/bodies.py),
+each taken into the heap of held rows or skipped when the ledger already holds it."""
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from streaming.dispatch.bodies import Bodies
+from streaming.dispatch.direct import direct_rows
+from streaming.dispatch.rules import READY_STOP, Offsets, Refired, identity, ready_row
+from streaming.dispatch.start import (added_partitions, committed, in_ledger, owned_partitions,
+                                      retrying)
+
+log = logging.getLogger(__name__)
+
+
+class Reading:
+    """The reading part of a dispatch task (streaming/dispatch/task.py `_Task`)."""
+
+    def __init__(self, config):
+        self.bodies = Bodies(config.consumer, config.intake_topic, config.rules, config.fetch_gap)
+        self.intake: list = []   # the intake's TopicPartitions this task reads (direct.py)
+        self.paused = False
+        self.refired = Refired()
+        self._known_below = 0   # ready rows below this were done before the start (`Refired`)
+        self._gathered: list = []   # intake records read and not yet parsed (`gather_s`)
+        self._gathered_since = 0.0
+
+    def _resume(self) -> set[tuple[str, int]]:
+        """Where this run starts: its partitions, their commit points, and what the ledger holds
+        from the last commit's mark on (kept for the task's life, a few commit intervals'
+        deliveries: a copy of one read later is a copy still)."""
+        consumer, config = self.consumer, self.config
+        self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
+        starts, mark, batch = retrying(lambda: committed(consumer, config,
+                                                         [self.ready, *self.intake]))
+        done, last, self.ledger_end = retrying(lambda: in_ledger(
+            consumer, self.ledger, mark, config.intake_topic))
+        self.offsets = {source: Offsets(start, mark or 0, last.get(source, -1))
+                        for source, start in starts.items()}
+        self._known_below = starts[None]
+        if batch:   # the newest wheel batch's rows below the commit point are read to know them
+            self.refired = Refired(*batch)
+        return done
+
+    def _consume(self, wait_s: float, done: set[tuple[str, int]]) -> None:
+        """The ready partition's records and the intake's the task reads itself (gathered, and
+        parsed together every `gather_s`), waiting up to `wait_s` for the first."""
+        for msg in self.consumer.consume(5000, timeout=wait_s):
+            if msg.error():   # the client's own report; it reconnects and goes on
+                if msg.error().fatal():
+                    raise KafkaException(msg.error())
+                log.warning("dispatch %d: %s", self.partition, msg.error())
+            elif msg.topic() == self.ready.topic:
+                self._take(msg, done)
+            else:
+                if not self._gathered:
+                    self._gathered_since = time.monotonic()
+                self._gathered.append(msg)
+        if self._gathered and (len(self._gathered) >= self.config.ledger_batch or
+                               time.monotonic() - self._gathered_since >= self.config.gather_s):
+            intake, self._gathered = self._gathered, []
+            self._take_intake(intake, done)
+
+    def _pace(self) -> None:
+        """Bounded memory: stop reading while too many rows are held."""
+        held = len(self.heap) + self.bodies.pending()
+        if not self.paused and held >= self.config.max_held:
+            self.consumer.pause([self.ready, *self.intake])
+            self.paused = True
+        elif self.paused and held < self.config.max_held // 2:
+            self.consumer.resume([self.ready, *self.intake])
+            self.paused = False
+
+    def _assign(self) -> None:
+        """Read the ready partition (from the newest wheel batch's first row, if below) and the
+        intake partitions from their positions."""
+        ready = self.offsets[None].position
+        if self.refired.start is not None:
+            ready = min(ready, self.refired.start)
+        self.consumer.assign([TopicPartition(self.ready.topic, self.partition, ready), *(
+            TopicPartition(tp.topic, tp.partition, self.offsets[(tp.topic, tp.partition)].position)
+            for tp in self.intake)])
+
+    def _look_for_partitions(self) -> None:
+        """Partitions added to the intake since the start, read from their beginning (so are
+        the wheel's), added alone: the others read on from their fetch position, not from what
+        this task took of them (rows gathered and not yet taken would be fetched twice)."""
+        starts = retrying(lambda: added_partitions(self.consumer, self.config, self.partition,
+                                                   self.offsets))
+        if not starts:
+            return
+        self.offsets.update({source: Offsets(start) for source, start in starts.items()})
+        added = [TopicPartition(topic, part, start) for (topic, part), start in starts.items()]
+        self.intake.extend(added)
+        log.info("dispatch %d: reading new intake partitions %s", self.partition,
+                 [tp.partition for tp in added])
+        self.consumer.incremental_assign(added)
+        if self.paused:   # a task holding its most keeps every partition paused (`_pace`)
+            self.consumer.pause(added)
+
+    def _take_intake(self, msgs: list, done: set[tuple[str, int]]) -> None:
+        """Intake records: the direct ones are held like fired rows (or skipped, when the
+        ledger holds them already), every other is the wheel's."""
+        # correctDeliverTimestamp (state/timing.py) on the broker's clock as read here.
+        rows, dead, others = direct_rows(msgs, self.config.rules, self.config.direct_max_delay_ms,
+                                         self._now_ms(), self.config.intake_topic)
+        for part, offset in others:
+            self.offsets[(self.config.intake_topic, part)].skip(offset)
+        for row, reason in [*((row, None) for row in rows), *dead]:
+            offsets = self.offsets[row.source]
+            if done and identity(row.uniq_key, row.due_ms) in done:
+                offsets.skip(row.offset)
+                self.skipped += 1
+                continue
+            offsets.read(row.offset, self.ledger_end)
+            self.held[row.level] += 1
+            if reason is None:
+                self._hold(row)
+            else:   # bad input: its dead letter now, with the wheel's reason
+                self._dead_letter(row, reason)
+
+    def _take(self, msg, done: set[tuple[str, int]]) -> None:
+        """One ready record: the run's stop, a row done before the start (only known, for
+        `Refired`), a message the ledger holds already or a wheel batch's copy (skipped), or a
+        row to hold until due."""
+        offset, headers = msg.offset(), msg.headers() or []
+        if headers and headers[-1][0] == READY_STOP:
+            self.offsets[None].skip(offset)
+            if offset >= self._known_below and (msg.value() or b"").decode() == self.config.run_id:
+                self.stopping = True
+            return
+        row = ready_row(offset, msg.key(), msg.value(), headers)
+        copy = not headers and self.refired.copy(msg.key(), offset, row)
+        if offset < self._known_below:
+            return
+        if copy or (done and identity(row.uniq_key, row.due_ms) in done):
+            self.offsets[None].skip(offset)
+            self.skipped += 1
+            return
+        self.offsets[None].read(offset, self.ledger_end)
+        self.held[row.level] += 1
+        if row.body:
+            self._hold(row)
+        else:
+            self.bodies.want(row)
+
+    def _read_back(self, wait_s: float) -> bool:
+        """The references' bodies read back from the intake: held until due, or, for a record
+        gone or not the one referenced, dead-lettered (with the reference's headers). Waits up
+        to `wait_s` for the first of them; whether it was reading (and so waited)."""
+        reading = self.bodies.pump(wait_s)
+        restored, dead = self.bodies.take()
+        for row in restored:
+            self._hold(row)
+        for row, reason in dead:
+            self._dead_letter(row, reason)
+        return reading

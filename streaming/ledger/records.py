@@ -1,0 +1,95 @@
+"""The ledger's records: the rows a dispatch task sends to its ledger partition for what it
+delivered or dead-lettered, a few thousand to a record, as one Arrow IPC stream each."""
+from __future__ import annotations
+
+import os
+import socket
+from operator import attrgetter
+
+import pyarrow as pa
+
+from state.columns import HEADERS
+from streaming.dispatch.rules import Row, message_bytes
+
+
+# A probe record's header (`_probe`): an empty record, not ledger rows.
+PROBE = "DELAYQ_PROBE"
+# A ledger record's header: the process that sent its rows (`sender`).
+SENDER = "DELAYQ_SENDER"
+
+
+def sender() -> bytes:
+    """Who sends: host, pid and working folder of this Python worker (on a standalone cluster
+    the executor's folder, `<work>/app-…/<executor id>`; on Kubernetes the host is its pod)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{os.getcwd()}".encode()
+
+
+def ledger_schema():
+    return pa.schema([
+        ("uniq_key", pa.string()), ("topic", pa.string()), ("partition", pa.int32()),
+        ("level", pa.int32()), ("ipart", pa.int32()), ("ioff", pa.int64()),
+        ("append_ms", pa.int64()), ("due_ms", pa.int64()), ("sent_ms", pa.int64()),
+        ("ready_offset", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
+        ("key", pa.binary()), ("value", pa.binary()),
+        ("headers", HEADERS)])
+
+
+# What a ledger row costs besides its strings and a dead letter's message (its fixed columns,
+# offsets and validity bits), and a ledger record besides its rows (the Arrow stream's schema
+# and buffer padding, Kafka's record framing and the SENDER header), in bytes, with room.
+_LEDGER_ROW_BYTES = 128
+_LEDGER_RECORD_BYTES = 8192
+
+
+def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most_bytes: int):
+    """`acked` as ledger records of at most `most_rows` rows and `most_bytes` bytes (the
+    ledger topic's max.message.bytes, read at the start, and the producer's): (rows, record)
+    pairs, in order. A dead letter's row carries its message for the dead-letter table, unless
+    the row could not fit a record even alone: then its message is left out (the dead-letter
+    topic has it)."""
+    room = most_bytes - _LEDGER_RECORD_BYTES
+    chunk: list = []
+    size = 0
+    for row, sent_ms, reason in acked:
+        cost = _LEDGER_ROW_BYTES + sum(len(text.encode()) for text in (
+            row.uniq_key, row.topic or "", reason or ""))
+        whole = False
+        if reason is not None:
+            message = message_bytes(row) + 8 * len(row.headers)   # and each header's offsets
+            whole = cost + message <= room
+            cost += message if whole else 0
+        if chunk and (len(chunk) >= most_rows or size + cost > room):
+            yield [r for r, _, _, _ in chunk], ledger_record(chunk)
+            chunk, size = [], 0
+        chunk.append((row, sent_ms, reason, whole))
+        size += cost
+    if chunk:
+        yield [r for r, _, _, _ in chunk], ledger_record(chunk)
+
+
+def ledger_record(sent: list[tuple[Row, int, str | None, bool]]) -> bytes:
+    """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, None, False) when
+    delivered or (row, sent_ms, reason, with its message) when dead-lettered, as one Arrow IPC
+    stream built a column at a time."""
+    rows, sent_ms, reasons, wholes = (list(column) for column in zip(*sent))
+    dead = [row if whole else None for row, whole in zip(rows, wholes)]
+    columns = {name: list(map(attrgetter(name), rows)) for name in (
+        "uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms")}
+    columns.update({
+        "sent_ms": sent_ms,
+        "ready_offset": [r.offset if r.source is None else None for r in rows],
+        "status": ["delivered" if reason is None else "dead" for reason in reasons],
+        "reason": reasons,
+        "key": [r.key if r else None for r in dead],
+        "value": [r.value if r else None for r in dead],
+        "headers": [[{"key": k, "value": v} for k, v in r.headers] if r else None for r in dead]})
+    schema = ledger_schema()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(pa.Table.from_pydict(columns, schema=schema))
+    return sink.getvalue().to_pybytes()
+
+
+def ledger_rows(record: bytes):
+    """The rows of a ledger record, as an Arrow table."""
+    return pa.ipc.open_stream(pa.py_buffer(record)).read_all()
