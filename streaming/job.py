@@ -26,7 +26,7 @@ from sinks.ready import ReadySink
 from state.errors import JobError
 from streaming.kafka import admin as kadmin
 from streaming.wheel import checkpoint as ckpt
-from streaming.wheel import sizing
+from streaming.wheel import running, sizing
 from streaming.dispatch.supervisor import Dispatcher
 from streaming.wheel.heartbeat import Heartbeat
 from streaming.kafka.config import spark_options
@@ -34,11 +34,10 @@ from streaming.ledger.query import start_ledger_query
 from streaming.spark.listener import OffsetMirror, ProgressJsonListener, ProgressMetrics
 from streaming.wheel.offsets import committed_offsets, last_committed_batch
 from streaming.wheel.schema import WITH_BODY_SPARK
-from streaming.wheel.query import BatchWriter, pending_by_level, wheel_stream
+from streaming.wheel.query import pending_by_level, wheel_stream
+from streaming.wheel.writer import BatchWriter
 
 log = logging.getLogger(__name__)
-# How long the stop waits for the query's thread to park in the writer before interrupting it.
-PARK_WAIT_S = 5.0
 
 
 class DelayJob:
@@ -74,18 +73,12 @@ class DelayJob:
     def start(self, first_batch_timeout_s: float = 180.0):
         """Start the query and return it once its first batch completed."""
         self._step_t = time.monotonic()
-        self._admin = kadmin.admin_client(self.settings)
-        largest = max(kadmin.ensure_topics(self.settings, self._admin), 1_048_576)
-        retention_ms = kadmin.check_intake(self.settings, self._admin)
-        if self.metrics is not None:
-            self.metrics.set_retention(retention_ms, self.settings.intake_retention_needed_ms
-                                       - self.settings.downtime_tolerance_ms)
-        self._step("topics")
-        self._size_partitions()
+        largest = self._topics()
+        self.settings = sizing.size_partitions(self.spark, self.settings, self.checkpoint)
         started_ms, now_ms = self._check_checkpoint()
         self._step("checkpoint")
         partitions, ledger_max = kadmin.ensure_dispatch_topics(self.settings, self._admin, largest)
-        self._check_slots(partitions)
+        sizing.check_slots(self.spark, self.settings, partitions)
         writer = self._writer = self._batch_writer(partitions, largest)
         # The pending gauge starts from the state as of the last committed batch; the batches
         # of this run add their deltas on top.
@@ -99,22 +92,7 @@ class DelayJob:
             on_commits=self.metrics.set_dispatch if self.metrics else None,
             intake_start=intake_start).start()
         self._step("dispatch")
-        self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
-                                   # the driver's clock may lead the brokers' by the tolerance
-                                   first_watermark_ms=now_ms - self.settings.clock_tolerance_ms
-                                   ).writeStream
-                      .queryName(self.query_name)
-                      .foreachBatch(writer)
-                      .option("checkpointLocation", self.checkpoint)
-                      .trigger(processingTime=f"{self.settings.wheel_trigger_ms} milliseconds")
-                      .start())
-        query_start = time.monotonic()
-        failure = self._first_batch(first_batch_timeout_s)
-        self._step("first_batch")
-        if writer.first is not None:
-            began, timings = writer.first
-            self.first_batch_s = {"planning": round(began - query_start, 1),
-                                  **{k: round(v, 1) for k, v in timings.items()}}
+        failure = self._start_wheel(writer, started_ms, now_ms, first_batch_timeout_s)
         if failure is not None:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
@@ -126,6 +104,38 @@ class DelayJob:
         if self.metrics is not None and seed_batch is not None:
             self._seed_pending(seed_batch)
         return self.query
+
+    def _topics(self) -> int:
+        """The intake's and dead-letter topics made and checked; the largest record they take."""
+        self._admin = kadmin.admin_client(self.settings)
+        largest = max(kadmin.ensure_topics(self.settings, self._admin), 1_048_576)
+        retention_ms = kadmin.check_intake(self.settings, self._admin)
+        if self.metrics is not None:
+            self.metrics.set_retention(retention_ms, self.settings.intake_retention_needed_ms
+                                       - self.settings.downtime_tolerance_ms)
+        self._step("topics")
+        return largest
+
+    def _start_wheel(self, writer: BatchWriter, started_ms: int, now_ms: int,
+                     timeout_s: float):
+        """The wheel query, waited for until its first batch completed; its error if it failed."""
+        self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
+                                   # the driver's clock may lead the brokers' by the tolerance
+                                   first_watermark_ms=now_ms - self.settings.clock_tolerance_ms
+                                   ).writeStream
+                      .queryName(self.query_name)
+                      .foreachBatch(writer)
+                      .option("checkpointLocation", self.checkpoint)
+                      .trigger(processingTime=f"{self.settings.wheel_trigger_ms} milliseconds")
+                      .start())
+        query_start = time.monotonic()
+        failure = running.first_batch(self.query, timeout_s)
+        self._step("first_batch")
+        if writer.first is not None:
+            began, timings = writer.first
+            self.first_batch_s = {"planning": round(began - query_start, 1),
+                                  **{k: round(v, 1) for k, v in timings.items()}}
+        return failure
 
     def _check_checkpoint(self) -> tuple[int, int]:
         """The checkpoint's guards (streaming/wheel/checkpoint.py) and its stamp. Returns (started_ms,
@@ -178,34 +188,6 @@ class DelayJob:
         self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
 
-    def _size_partitions(self) -> None:
-        """Partitions set to 0: the checkpoint's own, or sized for the slots the job was
-        given (streaming/wheel/sizing.py), before the checkpoint's check compares them."""
-        context = self.spark.sparkContext
-        slots = sizing.task_slots(dict(context.getConf().getAll()), context.defaultParallelism)
-        self.settings = sizing.resolve(self.settings, store.path(self.checkpoint), slots)
-        self.spark.conf.set("spark.sql.shuffle.partitions", str(self.settings.spark_shuffle_partitions))
-
-    def _check_slots(self, partitions: int) -> None:
-        """The dispatch tasks hold a task slot each for good: refuse to start where they would
-        leave the wheel's stages none (DESIGN.md section 4)."""
-        need = partitions + self.settings.spark_shuffle_partitions + 1
-        deadline = time.monotonic() + self.settings.executor_slots_wait_s
-        slots = self.spark.sparkContext.defaultParallelism
-        while slots < need and time.monotonic() < deadline:   # executors still registering
-            time.sleep(1)
-            slots = self.spark.sparkContext.defaultParallelism
-        if slots < need:
-            raise JobError(
-                f"delayq needs {need} task slots ({partitions} dispatch tasks, "
-                f"{self.settings.spark_shuffle_partitions} wheel state partitions and one more "
-                f"for the intake and the ledger query) and Spark has {slots}: give it more "
-                f"(spark_master = \"local[{need}]\", or more executor cores)")
-        conf = self.spark.sparkContext.getConf()
-        for key in ("spark.speculation", "spark.dynamicAllocation.enabled"):
-            if conf.get(key, "false").lower() == "true":
-                raise JobError(f"delayq runs dispatch tasks that never end: {key} must be off")
-
     def failure(self) -> str | None:
         """Why the job cannot go on though its query runs (a dispatch stage that gave up)."""
         return self._dispatcher.failure if self._dispatcher is not None else None
@@ -220,26 +202,6 @@ class DelayJob:
         would: the batch the query failed in is not committed and runs again."""
         self.stop()
         self.start()
-
-    def _finish_batch(self, grace_s: float) -> int | None:
-        """Let no batch begin its work and wait for the one under way to be committed; its
-        id once it is (None: no batch began, or the wait ended first)."""
-        last = self._writer.close() if self._writer is not None else None
-        if last is None:
-            return None
-        deadline = time.monotonic() + grace_s
-        while self.query.isActive:
-            progress = self.query.lastProgress   # reported once its batch is committed
-            if progress is not None and progress["batchId"] >= last:
-                return last
-            if time.monotonic() > deadline:
-                log.warning("batch %d still under way %.0f s after the stop was asked: stopping "
-                            "the query, which interrupts the batch's Spark work; cut short, the "
-                            "batch is not committed and runs again after the restart, sending "
-                            "again what it had sent", last, grace_s)
-                return None
-            time.sleep(0.05)
-        return None
 
     def _mirror_commit(self, offsets: dict[int, int]) -> None:
         admin = self._mirror_admin
@@ -272,17 +234,6 @@ class DelayJob:
         self._seeder = threading.Thread(target=seed, name="delayq-pending-seed", daemon=True)
         self._seeder.start()
 
-    def _first_batch(self, timeout_s: float):
-        """Wait for the first completed batch; return the query's error if it died first."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.query.lastProgress is not None:
-                return None
-            if not self.query.isActive:
-                return self.query.exception() or JobError("the query stopped before its first batch")
-            time.sleep(0.2)
-        return None  # slow, not failed: the caller's own deadlines decide
-
     def stop(self, grace_s: float = 30.0, thread_s: float = 30.0) -> None:
         """A clean stop: the batch under way finishes and is committed (up to `grace_s`), no
         other begins, then the query stops, interrupting the Spark work of a batch past its
@@ -292,10 +243,10 @@ class DelayJob:
         stuck = None
         try:
             if self.query is not None:
-                committed = self._finish_batch(grace_s)
+                committed = running.finish_batch(self.query, self._writer, grace_s)
                 if committed is not None:
-                    self._await_parked()
-                stuck = self._stop_query(thread_s)
+                    running.await_parked(self.query, self._writer)
+                stuck = running.stop_query(self.spark, self.query, self._writer, thread_s)
             # After the wheel: a dispatch task ends once it reads its stop record, and the wheel
             # writes nothing after it.
             if self._dispatcher is not None:
@@ -320,31 +271,4 @@ class DelayJob:
         if stuck is not None:
             raise JobError(stuck)
 
-    def _await_parked(self) -> None:
-        """Wait (up to PARK_WAIT_S) for the next batch to park in the writer: the stop's
-        interruption ends a parked thread cleanly, but one still planning the batch has Spark
-        log its interrupted work as an error."""
-        deadline = time.monotonic() + PARK_WAIT_S
-        while (self.query.isActive and time.monotonic() < deadline
-               and not self._writer.parked.wait(0.1)):
-            pass
 
-    def _stop_query(self, thread_s: float) -> str | None:
-        """Stop the query, waiting up to `thread_s` for its thread to end (Spark's
-        `spark.sql.streaming.stopTimeout`, read from this session when the stop is asked; left
-        at 0, a thread that does not end holds the stop forever). None once it has ended;
-        otherwise what to raise, after logging the thread's stack from Spark's time-out."""
-        self.spark.conf.set("spark.sql.streaming.stopTimeout", str(max(1, int(thread_s * 1000))))
-        if self._writer is not None:
-            self._writer.stopping = time.monotonic()
-        try:
-            self.query.stop()
-        except Exception as e:   # Spark's TimeoutException; its cause holds the thread's stack
-            if "failed to stop within" not in str(e):
-                raise
-            log.error("the query's thread did not end within %.0f s of the stop interrupting "
-                      "it; the stop goes on without it. Where it was: %s", thread_s, e)
-            return (f"the query's thread did not end within {thread_s:.0f} s of the stop (its "
-                    f"stack is in the log); a batch it had under way, unless it ends first, is "
-                    f"not committed and runs again after the restart")
-        return None

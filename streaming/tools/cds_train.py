@@ -33,7 +33,8 @@ def _train(settings: Settings, out: Path) -> None:
         from pyspark.sql import functions as F
 
         from sinks.kafka import sent_schema
-        from streaming.wheel.query import kept, wheel_stream
+        from streaming.wheel.query import wheel_stream
+        from streaming.wheel.writer import kept
         from streaming.wheel.schema import WHEEL_OUT_SPARK
 
         source = _training_source(spark)

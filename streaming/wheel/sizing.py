@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from conf.settings import Settings
+from sinks import store
+from state.errors import JobError
 from streaming.wheel.offsets import latest_batch
 
 log = logging.getLogger(__name__)
@@ -62,3 +65,34 @@ def resolve(settings: Settings, checkpoint, slots: int) -> Settings:
                  "frozen into this new checkpoint", slots, resolved.spark_shuffle_partitions,
                  resolved.ready_partitions)
     return resolved
+
+
+def size_partitions(spark, settings: Settings, checkpoint: str) -> Settings:
+    """Partitions set to 0: the checkpoint's own, or sized for the slots the job was
+    given (streaming/wheel/sizing.py), before the checkpoint's check compares them."""
+    context = spark.sparkContext
+    slots = task_slots(dict(context.getConf().getAll()), context.defaultParallelism)
+    settings = resolve(settings, store.path(checkpoint), slots)
+    spark.conf.set("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
+    return settings
+
+
+def check_slots(spark, settings: Settings, partitions: int) -> None:
+    """The dispatch tasks hold a task slot each for good: refuse to start where they would
+    leave the wheel's stages none (DESIGN.md section 4)."""
+    need = partitions + settings.spark_shuffle_partitions + 1
+    deadline = time.monotonic() + settings.executor_slots_wait_s
+    slots = spark.sparkContext.defaultParallelism
+    while slots < need and time.monotonic() < deadline:   # executors still registering
+        time.sleep(1)
+        slots = spark.sparkContext.defaultParallelism
+    if slots < need:
+        raise JobError(
+            f"delayq needs {need} task slots ({partitions} dispatch tasks, "
+            f"{settings.spark_shuffle_partitions} wheel state partitions and one more "
+            f"for the intake and the ledger query) and Spark has {slots}: give it more "
+            f"(spark_master = \"local[{need}]\", or more executor cores)")
+    conf = spark.sparkContext.getConf()
+    for key in ("spark.speculation", "spark.dynamicAllocation.enabled"):
+        if conf.get(key, "false").lower() == "true":
+            raise JobError(f"delayq runs dispatch tasks that never end: {key} must be off")

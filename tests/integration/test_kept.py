@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pyspark.sql import functions as F
 
-from streaming.wheel.query import kept
+from streaming.wheel.writer import kept
 
 
 def test_a_kept_batch_is_computed_once_and_dropped_on_release(spark):
@@ -73,7 +73,7 @@ def test_a_batch_whose_kept_rows_are_gone_fails_with_the_condition_the_runner_re
     (streaming/runner.py starts the job again on it)."""
     import pytest
 
-    from streaming.wheel.query import LOST_KEPT_ROWS, error_conditions
+    from streaming.wheel.writer import LOST_KEPT_ROWS, error_conditions
 
     batch, _ = kept(spark.range(0, 100, numPartitions=2))
     assert batch.count() == 100

@@ -5,7 +5,7 @@ import pytest
 
 from conf import load_settings
 from state.errors import JobError
-from streaming import job as job_module
+from streaming.wheel.sizing import check_slots
 from streaming.dispatch.supervisor import Dispatcher
 
 
@@ -36,17 +36,15 @@ class Spark:
 
 
 def job_with(context):
-    job = job_module.DelayJob.__new__(job_module.DelayJob)
-    job.settings, job.spark = load_settings(spark_shuffle_partitions=2, executor_slots_wait="1s"), Spark(context)
-    return job
+    return Spark(context), load_settings(spark_shuffle_partitions=2, executor_slots_wait="1s")
 
 
 def test_a_start_refuses_too_few_slots_and_speculation():
-    job_with(Context(slots=5))._check_slots(2)
+    check_slots(*job_with(Context(slots=5)), 2)
     with pytest.raises(JobError, match=r"needs 5 task slots .* Spark has 4"):
-        job_with(Context(slots=4))._check_slots(2)
+        check_slots(*job_with(Context(slots=4)), 2)
     with pytest.raises(JobError, match="spark.speculation must be off"):
-        job_with(Context(conf={"spark.speculation": "true"}))._check_slots(2)
+        check_slots(*job_with(Context(conf={"spark.speculation": "true"})), 2)
 
 
 def test_the_supervisor_gives_up_after_too_many_failures():

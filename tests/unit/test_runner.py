@@ -91,7 +91,7 @@ class Throwable:
 
 
 def test_the_error_conditions_are_read_along_the_causes():
-    from streaming.wheel.query import LOST_KEPT_ROWS, error_conditions
+    from streaming.wheel.writer import LOST_KEPT_ROWS, error_conditions
 
     class Py4JJavaError(Exception):
         def __init__(self, java_exception):

@@ -5,7 +5,7 @@ reached it."""
 import pytest
 
 from state.errors import JobError
-from streaming.wheel import query as J
+from streaming.wheel import writer as J
 class Interrupted(Exception):
     pass
 
