@@ -70,6 +70,10 @@ class Metrics:
         self.lateness = LatenessHistogram("delayq_delivery_lateness_seconds",
                                           "Delivery time minus due time.", LATENESS_BUCKETS)
         registry.register(self.lateness)
+        self._progress(r, version, spark_version)
+
+    def _progress(self, r: dict, version: str, spark_version: str) -> None:
+        """The metrics read from Spark's progress reports, the intake's retention and the build."""
         self.watermark_lag = Gauge("delayq_watermark_lag_seconds",
                                    "Wall clock minus the job's event-time watermark.", **r)
         self.batch_duration = Histogram("delayq_batch_duration_seconds",

@@ -218,25 +218,10 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
         if len(cancels):
             held_rows, new = yield from _cancel(cancels, held_rows, new)
 
-    # The held references stay in Arrow: only the ones that fire are converted. Incoming rows
-    # that fire at once (a drain, a delay shorter than the batch) go out as they came.
     arriving = len(new) if new is not None else 0
     watermark = real_watermark(held.watermark_ms, config)
     horizon = fire_horizon(watermark, config.lead_for(held_rows.num_rows + arriving, bucket))
-    due = pc.less_equal(held_rows.column("due_ms"), horizon)
-    fired = [held_rows.filter(due).to_pandas()] if held_rows.num_rows else []
-    rest = held_rows.filter(pc.invert(due))
-    if arriving:
-        now = new["due_ms"].to_numpy() <= horizon
-        new = new[REFERENCE.names]
-        some, every = now.any(), now.all()
-        if some:
-            fired.append(new if every else new[now])
-        if not every:
-            later = pa.Table.from_pandas(new[~now] if some else new, schema=REFERENCE,
-                                         preserve_index=False)
-            rest = pa.concat_tables([rest, later]) if rest.num_rows else later
-    fired = [frame for frame in fired if len(frame)]
+    fired, rest = _due(held_rows, new if arriving else None, horizon)
     if fired:
         yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True),
                           bucket)
@@ -247,6 +232,27 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
         held.keep(rest, earliest, _timer(earliest, rest.num_rows, bucket, watermark, config))
     elif held.exists:
         held.remove()
+
+
+def _due(held_rows: pa.Table, new: pd.DataFrame | None,
+         horizon: int) -> tuple[list[pd.DataFrame], pa.Table]:
+    """The references due by `horizon` (held and new) and the rest. The held ones stay in
+    Arrow: only those that fire are converted. New rows that fire at once (a drain, a delay
+    shorter than the batch) go out as they came."""
+    due = pc.less_equal(held_rows.column("due_ms"), horizon)
+    fired = [held_rows.filter(due).to_pandas()] if held_rows.num_rows else []
+    rest = held_rows.filter(pc.invert(due))
+    if new is not None:
+        now = new["due_ms"].to_numpy() <= horizon
+        new = new[REFERENCE.names]
+        some, every = now.any(), now.all()
+        if some:
+            fired.append(new if every else new[now])
+        if not every:
+            later = pa.Table.from_pandas(new[~now] if some else new, schema=REFERENCE,
+                                         preserve_index=False)
+            rest = pa.concat_tables([rest, later]) if rest.num_rows else later
+    return [frame for frame in fired if len(frame)], rest
 
 
 def incoming(frames: Iterator[pd.DataFrame]) -> pd.DataFrame | None:

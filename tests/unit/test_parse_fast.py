@@ -1,4 +1,4 @@
-"""The parse stage's batch path for common rows (`state.parse._common`) against the per-row
+"""The parse stage's batch path for common rows (`state.common.common_rows`) against the per-row
 rules (`state.envelope.parse`): on generated intake batches, near the common shape and off it,
 both give the same ENVELOPE columns, row for row."""
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_the_common_rows_parse_as_the_per_row_rules_parse_them(
 def test_a_batch_of_common_rows_takes_the_batch_path():
     """The common shape, levels and timers, is really taken at once: a batch path that turned
     every row away would pass the comparison above."""
-    import state.parse as parse_module
+    import state.common as parse_module
 
     rows = [[(H.REAL_TOPIC, b"orders"), (H.DELAY, b"2"), (H.UNIQ_KEY, b"k%d" % i)]
             for i in range(50)]
@@ -110,7 +110,7 @@ def test_a_batch_of_common_rows_takes_the_batch_path():
                                                 (H.TIMER_DELAY_MS, 30_000),
                                                 (H.TIMER_DELAY_SEC, 30)] * 10)]
     names, values = batch(rows, [0] * 130, 0).column("headers").flatten().flatten()
-    common = parse_module._common(
+    common = parse_module.common_rows(
         130, np.repeat(np.arange(130), [3] * 50 + [2] * 50 + [3] * 30),
         np.ones(len(names), dtype=bool), names, values,
         np.zeros(130, np.int64), np.arange(130), np.full(130, 10**12), RULES, 1_000, 2, 10**12, 0)
