@@ -52,12 +52,10 @@ def _printable(edge: pa.Array) -> pa.Array:
 def common_rows(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, values: pa.Array,
             ipart: np.ndarray, ioff: np.ndarray, append: np.ndarray, rules: Rules,
             slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> dict:
-    """`parse`, `group_of` and the overdue rule of `parse_batch`, at once, for the batch's
-    common rows: REAL_TOPIC once, one delay header (DELAY or a timer's), UNIQ_KEY at most
-    once, no other control header, and values the per-row rules take as they are. Returns the
-    row numbers ("rows") and their ENVELOPE columns; every other row, and every value these
-    checks are not sure of, takes the per-row rules. tests/unit/test_parse_fast.py holds the
-    two paths equal."""
+    """`parse`, `group_of` and the overdue rule at once for the batch's common rows: REAL_TOPIC
+    once, one delay header, UNIQ_KEY at most once, no other control header, and values the
+    per-row rules take as they are. Returns their row numbers ("rows") and ENVELOPE columns;
+    the rest take the per-row rules (tests/unit/test_parse_fast.py holds the two equal)."""
     which = {name: pc.fill_null(pc.equal(names, name), False).to_numpy(zero_copy_only=False)
              for name in _COMMON}
     count = {name: np.bincount(row_of[m], minlength=n) for name, m in which.items()}

@@ -87,17 +87,13 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
                 now_ms: int, overdue_before_ms: int = 0, common: bool = True,
                 direct_max_delay_ms: int = -1) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns, or
-without key and value → INDEX_ENVELOPE columns.
+    without key and value → INDEX_ENVELOPE columns.
 
-    A level message due before `overdue_before_ms` (when the checkpoint's query first started)
-    goes out with the immediate messages, so a job started on a backlog sends it as it reads it.
-    Since that held from the checkpoint's first batch, no such message is ever in the state, and
-    a level still leaves in due order: its overdue messages in intake order (their due order),
-    then the held ones. Timers (a cancel names their group) and messages rolled in from the
-    cold tier keep to the wheel.
-
-    `common=False` sends every row through the per-row rules, not the whole-batch path (state/common.py)
-    (the tests compare both); `direct_max_delay_ms` >= 0 marks the short levels' messages
+    A level message due before `overdue_before_ms` (the checkpoint's first start) goes out
+    with the immediate ones, so a job started on a backlog sends it as it reads it; held from
+    the first batch on, a level still leaves in due order. Timers and messages rolled in from
+    the cold tier keep to the wheel. `common=False` sends every row through the per-row rules
+    (the tests compare both paths); `direct_max_delay_ms` >= 0 marks the short levels' messages
     Kind.DIRECT (`_mark_direct`)."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
