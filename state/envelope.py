@@ -33,7 +33,7 @@ class Kind(str, Enum):
 @dataclass(frozen=True)
 class Rules:
     """What parsing needs to know of the configuration (conf/defaults.toml, through
-    streaming/wheel/query.py rules_of): no defaults of its own."""
+    streaming/stages.py rules_of): no defaults of its own."""
     level_delays_ms: tuple[int, ...]
     intake_topic: str
     dlq_topic: str

@@ -13,7 +13,7 @@ BUCKET_COLD = -3   # pass-through: to the cold tier
 
 @dataclass(frozen=True)
 class WheelConfig:
-    """The wheel's settings (conf/defaults.toml, through streaming/wheel/query.py
+    """The wheel's settings (conf/defaults.toml, through streaming/stages.py
     wheel_config_of): no defaults of its own."""
     _: KW_ONLY
     slot_ms: int

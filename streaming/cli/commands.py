@@ -79,26 +79,34 @@ def _reader_session(settings):
 def cmd_ledger(args: argparse.Namespace) -> int:
     from sinks import store
     from streaming.ledger import lookup
+    from streaming.ledger.tables import Tables
+
     settings = settings_of(args)
-    with _reader_session(settings) as spark:
+    tables = Tables(lambda: _reader_session(settings))
+    try:
+        checkpoint = args.checkpoint or str(settings.checkpoint_path)
+        if not all(store.is_local(where) for where in (checkpoint, settings.ledger_path)):
+            tables.spark   # a store is read through Spark's Hadoop client
         if args.summary:
-            rows = lookup.summary(spark, settings.ledger_path, _ms(args.since), _ms(args.until))
-            print(f"{'level':>5} {'delivered':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'early':>6}")
+            rows = tables.summary(settings.ledger_path, _ms(args.since), _ms(args.until))
+            print(f"{'level':>5} {'delivered':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+                  f"{'early':>6}")
             for r in rows:
                 print(f"{r['level']:>5} {r['delivered']:>10} {r['p50_ms']:>8} {r['p99_ms']:>8} "
                       f"{r['max_ms']:>8} {r['early']:>6}")
             return 0
         if not args.uniq_key:
             raise SystemExit("delayq ledger: give a UNIQ_KEY or --summary")
-        checkpoint = store.path(args.checkpoint or settings.checkpoint_path)
-        where = lookup.find(spark, args.uniq_key, settings.ledger_path,
-                            settings.dead_letter_path, checkpoint, settings.cold_path,
+        where = lookup.find(tables, args.uniq_key, settings.ledger_path,
+                            settings.dead_letter_path, store.path(checkpoint), settings.cold_path,
                             recent=lambda key: lookup.in_topics(settings, key),
                             topic_of=lookup.intake_topic_of(settings))
-        print(f"{args.uniq_key}: {where.status}")
-        for key, value in where.detail.items():
-            print(f"  {key:12} {value}")
-        return 0 if where.status != "unknown" else 1
+    finally:
+        tables.close()
+    print(f"{args.uniq_key}: {where.status}")
+    for key, value in where.detail.items():
+        print(f"  {key:12} {value}")
+    return 0 if where.status != "unknown" else 1
 
 
 def cmd_tables(args: argparse.Namespace) -> int:

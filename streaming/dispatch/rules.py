@@ -35,7 +35,7 @@ READY_HEADERS = (READY_TOPIC, READY_QID, READY_LEVEL, READY_FROM)
 READY_STOP = "DELAYQ_READY_STOP"
 
 
-@dataclass
+@dataclass(frozen=True)
 class DispatchConfig:
     """What one dispatch task needs, pickled to the executor."""
 
@@ -45,7 +45,7 @@ class DispatchConfig:
     ledger_topic: str
     dlq_topic: str
     run_id: str
-    # conf/defaults.toml's dispatch_* settings (streaming/dispatch/supervisor.py dispatch_config)
+    # conf/defaults.toml's dispatch_* settings (streaming/stages.py dispatch_config)
     commit_interval_s: float
     max_held: int                     # rows held before consumption pauses
     gather_s: float                   # intake records parsed, ledger rows sent, this often

@@ -22,8 +22,9 @@ class Sending:
     task's producer, clock (`_now_ms`), retries (`_later`) and counters."""
 
     def __init__(self):
-        # Acknowledged, ledger row not yet sent: (row, sent_ms, dead letter's reason or None).
-        self._unledgered: list[tuple[Row, int, str | None]] = []
+        # Acknowledged, ledger row not yet sent: (row, sent_ms, dead letter's reason or None,
+        # (partition, offset) it landed at).
+        self._unledgered: list[tuple] = []
         self._unledgered_since = 0.0   # when the first of them was acknowledged (monotonic)
         self._sender = [(SENDER, sender())]
         self._last_ack = 0.0
@@ -33,8 +34,6 @@ class Sending:
         """`row` to the producer, stamped with the broker's clock here, never before its due."""
         sent_ms = self._now_ms()
         report = lambda err, msg: callback(err, msg, row, sent_ms)
-        if self.txn:   # taken as queued: a refusal aborts the transaction, its ledger row too
-            report = lambda err, msg: err is not None and callback(err, msg, row, sent_ms)
         try:   # partition -1: librdkafka's partitioner places it
             self.producer.produce(topic, row.value, row.key, -1 if partition is None else partition,
                                   on_delivery=report, headers=headers,
@@ -47,14 +46,13 @@ class Sending:
             return True
         if self.txn:
             self.in_transaction = True
-            callback(None, None, row, sent_ms)
         return True
 
     # ---- acknowledgements (called from producer.poll) ---------------------------------------
     def _delivered(self, err, msg, row: Row, sent_ms: int) -> None:
         if err is None:
             self.sent += 1
-            self._acked(row, sent_ms, None)
+            self._acked(row, sent_ms, None, (msg.partition(), msg.offset()))
             return
         if self.txn and msg is not None:   # queued and refused: the transaction is lost
             self._refused_in_transaction(row, err)
@@ -104,10 +102,11 @@ class Sending:
         self.dead += 1
         self._acked(row, sent_ms, reason)
 
-    def _acked(self, row: Row, sent_ms: int, reason: str | None) -> None:
+    def _acked(self, row: Row, sent_ms: int, reason: str | None,
+               landed: tuple[int, int] | None = None) -> None:
         if not self._unledgered:
             self._unledgered_since = time.monotonic()
-        self._unledgered.append((row, sent_ms, reason))
+        self._unledgered.append((row, sent_ms, reason, landed))
 
     # ---- the ledger: a record of rows per send cycle, and the clock's probe ------------------
     def _ledger(self, force: bool = False) -> None:

@@ -107,16 +107,17 @@ class Transactions:
 
     def _commit_transaction(self) -> None:
         """Commit what was queued since the last commit and the ledger rows of all of it, and
-        open the next transaction. A row counts as sent when it is queued, and its ledger row
-        goes with it: the commit waits for the acknowledgements of both, or aborts on a
-        refusal."""
-        self._ledger(force=True)
+        open the next transaction. The rows' acknowledgements come first, so that each ledger
+        row names the partition and offset its message landed at; then the ledger rows, whose
+        acknowledgements the commit waits for. A refusal aborts it."""
         for _ in range(100):   # records the full queue put back, queued before the commit
+            self._release(force=True)
+            while self.producer.flush(30) and not self.doomed:   # the broker away: it resumes
+                log.warning("dispatch %d: records unacknowledged for 30 s; waiting",
+                            self.partition)
+            self._ledger(force=True)
             if not self.retry:
                 break
-            self.producer.poll(0.05)
-            self._release(force=True)
-            self._ledger(force=True)
         else:
             self.doomed = self.doomed or "the producer's queue stayed full"
         if self.doomed:

@@ -12,20 +12,18 @@ from pathlib import Path
 from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
-from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from sinks import store
-from sinks.cold import TOMBSTONE
-from sinks.delta import table_exists
-from streaming.dispatch.direct import direct_rows
-from streaming.dispatch.rules import READY_STOP, ready_row
-from streaming.ledger.records import ledger_rows
 from sinks.store import HadoopPath
 from state import headers as H
 from state.envelope import default_uniq_key
+from streaming.dispatch.rules import READY_STOP, ready_row
 from streaming.kafka.config import librdkafka_config
-from streaming.wheel.query import rules_of, wheel_state
+from streaming.ledger.records import ledger_rows
+from streaming.ledger.tables import Tables
+
+# The cold tier's column that marks a cancel (sinks/cold.py TOMBSTONE; not imported: Spark).
+TOMBSTONE = "tombstone"
 
 
 @dataclass
@@ -42,7 +40,8 @@ def _iso(ms: int | None) -> str:
 
 def _delivered(r) -> Whereabouts:
     return Whereabouts("delivered", {
-        "topic": r["topic"], "partition": r["partition"], "level": r["level"],
+        "topic": r["topic"], "partition": r["partition"], "offset": r.get("offset"),
+        "level": r["level"],
         "due": _iso(r["due_ms"]), "delivered": _iso(r["sent_ms"]),
         "lateness_ms": r["lateness_ms"], "batch_id": r["batch_id"],
         "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
@@ -62,70 +61,52 @@ def _pending_at(row, **where) -> Whereabouts:
                                    **where})
 
 
-def _matching(spark: SparkSession, table: str, uniq_key: str) -> list:
-    return spark.read.format("delta").load(str(table)).filter(
-        F.col("uniq_key") == uniq_key).collect()
-
-
-def find(spark: SparkSession, uniq_key: str, ledger: str, dead: str,
+def find(tables: Tables, uniq_key: str, ledger: str, dead: str,
          checkpoint: str | Path | HadoopPath, cold: str | None = None,
          recent: Callable[[str], Whereabouts | None] | None = None,
          topic_of: Callable[[int, int], str | None] | None = None) -> Whereabouts:
     """Where `uniq_key` is, looked for in that order; `recent` looks in the Kafka topics
     between the wheel and the tables (`in_topics`); `topic_of` reads a pending message's
     REAL_TOPIC from its intake record (`intake_topic_of`): the wheel holds only references."""
-    where = _find(spark, uniq_key, ledger, dead, checkpoint, cold, recent)
+    where = _find(tables, uniq_key, ledger, dead, checkpoint, cold, recent)
     if where.status == "pending" and "topic" not in where.detail and topic_of is not None:
         ipart, ioff = (int(x) for x in where.detail["intake"].split("-"))
         where.detail = {"topic": topic_of(ipart, ioff) or "-", **where.detail}
     return where
 
 
-def _find(spark, uniq_key, ledger, dead, checkpoint, cold, recent) -> Whereabouts:
-    if table_exists(ledger) and (rows := _matching(spark, ledger, uniq_key)):
-        return _delivered(rows[0].asDict())
-    if table_exists(dead) and (rows := _matching(spark, dead, uniq_key)):
+def _find(tables, uniq_key, ledger, dead, checkpoint, cold, recent) -> Whereabouts:
+    if rows := tables.matching(ledger, uniq_key):
+        return _delivered(rows[0])
+    if rows := tables.matching(dead, uniq_key):
         return _dead(rows[0])
     # Cancelled: every cancel that found its message leaves a tombstone in the cold tier, as
     # does one that waits for it there.
-    if cold is not None and table_exists(cold):
-        rows = [r.asDict() for r in _matching(spark, cold, uniq_key)]
+    if cold is not None:
+        rows = tables.matching(cold, uniq_key)
         if tomb := next((r for r in rows if r.get(TOMBSTONE)), None):
             return Whereabouts("cancelled", {"due": _iso(tomb["due_ms"]),
                                              "cancel": _iso(tomb["append_ms"]),
                                              "intake": f"{tomb['ipart']}-{tomb['ioff']}"})
     if recent is not None and (where := recent(uniq_key)) is not None:
         return where
-    return _pending(spark, uniq_key, store.path(checkpoint)) or Whereabouts("unknown", {})
+    return _pending(tables, uniq_key, store.path(checkpoint)) or Whereabouts("unknown", {})
 
 
-def _pending(spark: SparkSession, uniq_key: str,
+def _pending(tables: Tables, uniq_key: str,
              checkpoint: Path | HadoopPath) -> Whereabouts | None:
+    """A message held in the wheel's state, read with Spark's state data source."""
     if not (checkpoint / "state").is_dir():
         return None
-    held = (wheel_state(spark, str(checkpoint)).where(F.array_contains("uniq_key", uniq_key))
+    from pyspark.sql import functions as F
+
+    from streaming.wheel.query import wheel_state
+
+    held = (wheel_state(tables.spark, str(checkpoint)).where(F.array_contains("uniq_key", uniq_key))
             .select("bucket", F.explode(F.arrays_zip("uniq_key", "due_ms", "ipart", "ioff"))
                     .alias("r")).where(F.col("r.uniq_key") == uniq_key)
             .select(F.col("bucket").alias("level"), "r.due_ms", "r.ipart", "r.ioff").take(1))
     return _pending_at(held[0]) if held else None
-
-
-def summary(spark: SparkSession, ledger: Path, since_ms: int | None, until_ms: int | None):
-    """Rows of (level, delivered, p50, p99, max lateness ms, early) over [since, until)."""
-    if not table_exists(ledger):
-        return []
-    rows = spark.read.format("delta").load(str(ledger))
-    if since_ms is not None:
-        rows = rows.filter(F.col("sent_ms") >= since_ms)
-    if until_ms is not None:
-        rows = rows.filter(F.col("sent_ms") < until_ms)
-    return (rows.groupBy("level").agg(
-        F.count("*").alias("delivered"),
-        F.percentile_approx("lateness_ms", 0.5).alias("p50_ms"),
-        F.percentile_approx("lateness_ms", 0.99).alias("p99_ms"),
-        F.max("lateness_ms").alias("max_ms"),
-        F.sum(F.when(F.col("lateness_ms") < 0, 1).otherwise(0)).alias("early"),
-    ).orderBy("level").collect())
 
 
 def in_topics(settings, uniq_key: str) -> Whereabouts | None:
@@ -176,6 +157,9 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
                         lambda tps: consumer.committed(tps, timeout=30)):
         if wanted in (msg.headers() or []) or uniq_key == default_uniq_key(msg.partition(),
                                                                            msg.offset()):
+            from streaming.dispatch.direct import direct_rows   # the parse: pandas, numpy
+            from streaming.stages import rules_of
+
             rows, _, _ = direct_rows([msg], rules_of(settings),
                                      settings.dispatch_direct_max_delay_ms,
                                      msg.timestamp()[1], settings.intake_topic)

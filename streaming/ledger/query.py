@@ -128,13 +128,14 @@ class LedgerWriter:
 
     def _append(self, rows: DataFrame, batch_id: int, now_ms: int) -> None:
         append_once(rows.filter(F.col("status") == "delivered").select(
-            "uniq_key", "topic", "partition", "level",
+            "uniq_key", "topic", "partition", "offset", "level",
             F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),
             "append_ms", "due_ms", "sent_ms", (F.col("sent_ms") - F.col("due_ms")).alias("lateness_ms"),
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.lit(now_ms).cast("long").alias("batch_time"),
             F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("sent_date")),
-            str(self.settings.ledger_path), self._app_id, batch_id, ("sent_date",))
+            str(self.settings.ledger_path), self._app_id, batch_id, ("sent_date",),
+            merge_schema=True)   # a table from before `offset` gains it; its older rows: null
 
     @staticmethod
     def _summary(batch_id: int, counted: list[dict]) -> BatchSummary:

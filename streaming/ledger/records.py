@@ -31,7 +31,7 @@ def ledger_schema():
         ("append_ms", pa.int64()), ("due_ms", pa.int64()), ("sent_ms", pa.int64()),
         ("ready_offset", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
         ("key", pa.binary()), ("value", pa.binary()),
-        ("headers", HEADERS)])
+        ("headers", HEADERS), ("offset", pa.int64())])
 
 
 # What a ledger row costs besides its strings and a dead letter's message (its fixed columns,
@@ -41,8 +41,9 @@ _LEDGER_ROW_BYTES = 128
 _LEDGER_RECORD_BYTES = 8192
 
 
-def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most_bytes: int):
-    """`acked` as ledger records of at most `most_rows` rows and `most_bytes` bytes (the
+def ledger_chunks(acked: list[tuple], most_rows: int, most_bytes: int):
+    """`acked`, each (row, sent_ms, dead letter's reason or None, (partition, offset) it landed
+    at or None), as ledger records of at most `most_rows` rows and `most_bytes` bytes (the
     ledger topic's max.message.bytes, read at the start, and the producer's): (rows, record)
     pairs, in order. A dead letter's row carries its message for the dead-letter table, unless
     the row could not fit a record even alone: then its message is left out (the dead-letter
@@ -50,7 +51,7 @@ def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most
     room = most_bytes - _LEDGER_RECORD_BYTES
     chunk: list = []
     size = 0
-    for row, sent_ms, reason in acked:
+    for row, sent_ms, reason, landed in acked:
         cost = _LEDGER_ROW_BYTES + sum(len(text.encode()) for text in (
             row.uniq_key, row.topic or "", reason or ""))
         whole = False
@@ -59,23 +60,25 @@ def ledger_chunks(acked: list[tuple[Row, int, str | None]], most_rows: int, most
             whole = cost + message <= room
             cost += message if whole else 0
         if chunk and (len(chunk) >= most_rows or size + cost > room):
-            yield [r for r, _, _, _ in chunk], ledger_record(chunk)
+            yield [r for r, *_ in chunk], ledger_record(chunk)
             chunk, size = [], 0
-        chunk.append((row, sent_ms, reason, whole))
+        chunk.append((row, sent_ms, reason, landed, whole))
         size += cost
     if chunk:
-        yield [r for r, _, _, _ in chunk], ledger_record(chunk)
+        yield [r for r, *_ in chunk], ledger_record(chunk)
 
 
-def ledger_record(sent: list[tuple[Row, int, str | None, bool]]) -> bytes:
-    """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, None, False) when
-    delivered or (row, sent_ms, reason, with its message) when dead-lettered, as one Arrow IPC
-    stream built a column at a time."""
-    rows, sent_ms, reasons, wholes = (list(column) for column in zip(*sent))
+def ledger_record(sent: list[tuple[Row, int, str | None, tuple | None, bool]]) -> bytes:
+    """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, reason, landed,
+    with its message): a delivered row names the partition and offset it landed at, a dead
+    letter its reason (and its message), as one Arrow IPC stream built a column at a time."""
+    rows, sent_ms, reasons, landed, wholes = (list(column) for column in zip(*sent))
     dead = [row if whole else None for row, whole in zip(rows, wholes)]
     columns = {name: list(map(attrgetter(name), rows)) for name in (
-        "uniq_key", "topic", "partition", "level", "ipart", "ioff", "append_ms", "due_ms")}
+        "uniq_key", "topic", "level", "ipart", "ioff", "append_ms", "due_ms")}
     columns.update({
+        "partition": [at[0] if at else r.partition for r, at in zip(rows, landed)],
+        "offset": [at[1] if at else None for at in landed],
         "sent_ms": sent_ms,
         "ready_offset": [r.offset if r.source is None else None for r in rows],
         "status": ["delivered" if reason is None else "dead" for reason in reasons],
@@ -91,5 +94,11 @@ def ledger_record(sent: list[tuple[Row, int, str | None, bool]]) -> bytes:
 
 
 def ledger_rows(record: bytes):
-    """The rows of a ledger record, as an Arrow table."""
-    return pa.ipc.open_stream(pa.py_buffer(record)).read_all()
+    """The rows of a ledger record, as an Arrow table of `ledger_schema`: a record written
+    before a column was added reads it as null."""
+    table = pa.ipc.open_stream(pa.py_buffer(record)).read_all()
+    schema = ledger_schema()
+    if table.schema.names != schema.names:
+        table = pa.table({f.name: table.column(f.name) if f.name in table.schema.names
+                          else pa.nulls(table.num_rows, f.type) for f in schema}, schema=schema)
+    return table

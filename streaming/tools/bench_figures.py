@@ -274,6 +274,9 @@ def write(result, json_path: Path, plot_path: Path | None) -> None:
         due, late = result.scenarios[name]["_series"]
         if not len(due):
             continue
+        if name == "burst":   # one due second: what a person asks is when they all left
+            _plot_burst(ax, late)
+            continue
         if len(due) > 40_000:
             pick = np.random.default_rng(0).choice(len(due), 40_000, replace=False)
             due, late = due[pick], late[pick]
@@ -287,3 +290,25 @@ def write(result, json_path: Path, plot_path: Path | None) -> None:
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(plot_path, dpi=90)
     plt.close(fig)
+
+
+def _plot_burst(ax, late: np.ndarray) -> None:
+    """Deliveries per 100 ms after the burst's due second, their running share, and the
+    lateness percentiles marked on the time axis."""
+    seconds = late / 1000
+    bins = np.arange(min(0.0, seconds.min()), seconds.max() + 0.2, 0.1)
+    ax.hist(seconds, bins=bins, color="tab:blue", alpha=0.7)
+    ax.set_title(f"burst: {len(late):,} messages due in one second, deliveries after it")
+    ax.set_xlabel("time after the due second (s)")
+    ax.set_ylabel("deliveries per 100 ms")
+    share = ax.twinx()
+    share.plot(np.sort(seconds), np.arange(1, len(seconds) + 1) / len(seconds) * 100,
+               color="black", linewidth=1)
+    share.set_ylabel("delivered (%)")
+    share.set_ylim(0, 101)
+    for q, color in ((50, "green"), (99, "orange"), (100, "red")):
+        at = np.percentile(seconds, q, method="higher")
+        ax.axvline(at, color=color, linewidth=0.9, linestyle="--",
+                   label=f"{'max' if q == 100 else f'p{q}'} {at:.2f} s")
+    ax.axvline(0, color="red", linewidth=0.8)
+    ax.legend(loc="center right", fontsize=8)

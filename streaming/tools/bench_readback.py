@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from conf import load_settings
 from streaming.dispatch.task import run_partition
-from streaming.dispatch.supervisor import dispatch_config
-from streaming.wheel.query import rules_of
+from streaming.stages import dispatch_config
+from streaming.stages import rules_of
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 

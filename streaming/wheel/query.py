@@ -15,43 +15,17 @@ from conf.settings import Settings
 from sinks import store
 from streaming.dispatch.direct import WHEEL_HEADERS, direct_values
 from state import headers as H
-from state.envelope import Rules
 from state.parse import make_parser
 from state.columns import REFS_DDL
-from state.wheel import WheelConfig, make_wheel
+from state.wheel import make_wheel
 from streaming.kafka.config import spark_options
+from streaming.stages import rules_of, wheel_config_of
 from streaming.wheel.schema import INDEX_ENVELOPE_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
 if TYPE_CHECKING:
     pass
 
 log = logging.getLogger(__name__)
-
-
-def rules_of(settings: Settings) -> Rules:
-    return Rules(
-        level_delays_ms=settings.level_delays_ms,
-        intake_topic=settings.intake_topic,
-        dlq_topic=settings.dlq_topic,
-        allowed_topics=settings.allowed_topic_set,
-        max_delay_ms=settings.max_delay_ms,
-        clock_tolerance_ms=settings.clock_tolerance_ms,
-        near_horizon_ms=settings.near_horizon_ms,
-        cold_bucket_ms=settings.cold_bucket_ms,
-        timer_parts=settings.timer_parts,
-    )
-
-
-def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelConfig:
-    return WheelConfig(
-        slot_ms=settings.slot_ms,
-        lead_ms=settings.fire_lead_ms,
-        lead_per_message_us=settings.fire_lead_per_message_us,
-        watermark_delay_ms=settings.late_tolerance_ms,
-        first_watermark_ms=first_watermark_ms,
-        dlq_topic=settings.dlq_topic,
-        timer_parts=settings.timer_parts,
-    )
 
 
 def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:

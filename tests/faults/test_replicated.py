@@ -20,7 +20,7 @@ from streaming.dispatch.rules import READY_FROM, READY_LEVEL, READY_QID, READY_T
 from streaming.ledger.records import ledger_rows
 from state import headers as H
 from streaming.kafka.admin import admin_client, create_topic
-from streaming.dispatch.supervisor import dispatch_config
+from streaming.stages import dispatch_config
 from streaming.tools import kafka_cluster
 from streaming.tools.process import free_ports
 from tests.faults.conftest import SteadyLoad, check_all_delivered

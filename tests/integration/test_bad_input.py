@@ -15,7 +15,7 @@ from kafka import KafkaProducer
 
 from state import headers as H
 from state.envelope import Kind, parse
-from streaming.wheel.query import rules_of
+from streaming.stages import rules_of
 from tests.support import consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}

@@ -10,7 +10,7 @@ import multiprocessing
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -22,10 +22,16 @@ from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_
 from streaming.ledger.records import SENDER, ledger_rows
 from streaming.dispatch.task import run_partition
 from state import headers as H
-from streaming.dispatch.supervisor import dispatch_config
+from streaming.stages import dispatch_config
 from tests.support import consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
+
+
+@dataclass(frozen=True)
+class Rig(DispatchConfig):
+    """A dispatch task's config, and the real topic its rows go to."""
+    real: str = ""
 
 
 @pytest.fixture
@@ -60,8 +66,7 @@ def dispatch(new_topic, kafka_bootstrap):
                           headers=headers)
         producer.flush()
 
-    config.real = real
-    yield config, write
+    yield Rig(**{f.name: getattr(config, f.name) for f in fields(config)}, real=real), write
     producer.close()
 
 
@@ -223,7 +228,7 @@ def test_a_killed_task_sends_again_only_what_the_ledger_lacks_and_a_stop_nothing
     keys = [header_map(r)["UNIQ_KEY"].decode() for r in records]
     assert sorted(keys) == sorted(r["uniq"] for r in held + prompt), "no duplicate, none lost"
     # A clean stop committed past everything: a new task has nothing to send.
-    config.run_id = "run-2"
+    config = replace(config, run_id="run-2")
     thread, result = in_thread(config)
     stop(config, kafka_bootstrap)
     thread.join(60)
@@ -239,9 +244,7 @@ def _committed(config: DispatchConfig) -> TopicPartition:
 
 def transactional(config: DispatchConfig) -> DispatchConfig:
     """`config` delivering exactly once (streaming/dispatch/txn.py), a transaction every 0.2 s."""
-    exact = replace(config, transactional_id=f"dispatch-{uuid.uuid4().hex}", commit_interval_s=0.2)
-    exact.real = config.real
-    return exact
+    return replace(config, transactional_id=f"dispatch-{uuid.uuid4().hex}", commit_interval_s=0.2)
 
 
 @pytest.mark.parametrize("delivery", ["at_least_once", "exactly_once"])
@@ -300,7 +303,7 @@ def test_a_dead_letter_the_broker_refuses_is_retried_until_taken_and_never_commi
     from kafka.admin import ConfigResource, ConfigResourceType
 
     config, write = dispatch
-    config.dlq_topic = new_topic(max_message_bytes="1000", **LOG_APPEND)
+    config = replace(config, dlq_topic=new_topic(max_message_bytes="1000", **LOG_APPEND))
     now = int(time.time() * 1000)
     write([{"uniq": "refused", "due": now, "topic": "no-such-topic-delayq", "value": b"x" * 3000},
            *[{"uniq": f"ok{i}", "due": now} for i in range(5)]])
@@ -375,7 +378,7 @@ def test_a_wheel_batch_fired_again_after_a_crash_is_sent_once(
     the copies of what it sent before its commit (below the commit point, known from the
     commit's naming of batch 7, not from the ledger) and of what it still held; and sends all of
     batch 8, which holds messages of batch 7's UNIQ_KEYs due at another time."""
-    from streaming.wheel.query import rules_of
+    from streaming.stages import rules_of
 
     config, _ = dispatch
     if delivery == "exactly_once":
@@ -557,7 +560,7 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     dead-lettered with their reason, and the rest still go."""
     from confluent_kafka.admin import AdminClient
 
-    from streaming.wheel.query import rules_of
+    from streaming.stages import rules_of
 
     config, _ = dispatch
     real, intake = config.real, new_topic(**LOG_APPEND)

@@ -9,6 +9,7 @@ import sys
 from kafka import KafkaProducer
 
 from streaming.ledger import lookup
+from streaming.ledger.tables import Tables
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
 from tests.support import assert_eventually, consume_all, header_map
@@ -37,7 +38,8 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
     checkpoint = __import__("pathlib").Path(job.checkpoint)
 
     def found(uniq):
-        where = lookup.find(spark, uniq, settings.ledger_path, settings.dead_letter_path,
+        where = lookup.find(Tables(lambda: spark), uniq, settings.ledger_path,
+                            settings.dead_letter_path,
                             checkpoint, recent=lambda key: lookup.in_topics(settings, key),
                             topic_of=lookup.intake_topic_of(settings))
         return where if where.status != "unknown" else None
@@ -50,6 +52,9 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
                              message="ledger row of the delivered message")
     assert done.status == "delivered"
     assert done.detail["topic"] == real and done.detail["lateness_ms"] >= 0
+    # Where it landed, as its record on the real topic says (the partitioner chose it).
+    landed = next(r for r in records if header_map(r)["UNIQ_KEY"] == delivered.uniq_key.encode())
+    assert (done.detail["partition"], done.detail["offset"]) == (landed.partition, landed.offset)
     dead = assert_eventually(lambda: found("bad-1"), timeout_s=30, message="dead-letter row")
     assert (dead.status, dead.detail["reason"]) == ("dead", "missing_real_topic: header REAL_TOPIC is missing")
     waiting = found(pending.uniq_key)
@@ -57,19 +62,22 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
     assert waiting.detail["level"] == 3 and waiting.detail["topic"] == real
     assert found("never-sent") is None
 
-    # A fresh Spark session in another process, which wrote nothing, reads the same ledger.
+    # `delayq ledger` in another process reads the same local ledger without Spark: with no
+    # jars to start it from, it still answers.
     env = {**os.environ, "DELAYQ_DATA_DIR": str(settings.data_dir),
-           "DELAYQ_BOOTSTRAP_SERVERS": kafka_bootstrap, "DELAYQ_DELAY_LEVELS": "1s 2s 5m"}
+           "DELAYQ_BOOTSTRAP_SERVERS": kafka_bootstrap, "DELAYQ_DELAY_LEVELS": "1s 2s 5m",
+           "DELAYQ_JARS_DIR": str(settings.data_dir / "no-jars")}
     out = subprocess.run([sys.executable, "-m", "streaming.cli.main", "ledger", delivered.uniq_key,
                           "--checkpoint", str(checkpoint)],
                          capture_output=True, text=True, timeout=300, cwd=PROJECT, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"{delivered.uniq_key}: delivered" in out.stdout
-    assert real in out.stdout
+    assert real in out.stdout and f"offset       {landed.offset}" in out.stdout
 
     # The summary per level: the three deliveries (not the dead letter, nor the message due in 5 min).
     def rows():
-        got = {r["level"]: r for r in lookup.summary(spark, settings.ledger_path, None, None)}
+        got = {r["level"]: r for r in Tables(lambda: spark).summary(settings.ledger_path, None,
+                                                                      None)}
         assert sum(r["delivered"] for r in got.values()) == 3, got
         return got
     got = assert_eventually(rows, timeout_s=30, message="ledger summary of 3 deliveries")

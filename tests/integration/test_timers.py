@@ -185,6 +185,7 @@ def test_a_cancel_finds_its_timer_in_the_cold_tier_in_the_wheel_and_ahead_of_it(
     from pathlib import Path
 
     from streaming.ledger import lookup
+    from streaming.ledger.tables import Tables
     from tests.support import assert_eventually
 
     settings = job_settings(**COLD)
@@ -211,6 +212,7 @@ def test_a_cancel_finds_its_timer_in_the_cold_tier_in_the_wheel_and_ahead_of_it(
     assert sum(s.count("cancelled") for s in summaries) == 3
     assert sum(s.count("cancel_unknown") for s in summaries) == 0
     for key in (waiting.uniq_key, "ahead", rolled.uniq_key):
-        where = lookup.find(spark, key, settings.ledger_path, settings.dead_letter_path,
+        where = lookup.find(Tables(lambda: spark), key, settings.ledger_path,
+                            settings.dead_letter_path,
                             Path(job.checkpoint), settings.cold_path)
         assert where.status == "cancelled", (key, where)

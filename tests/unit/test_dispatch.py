@@ -3,12 +3,13 @@ record, the commit point, a wheel batch's copies, the host clock's offset to the
 their retry (against a stand-in producer)."""
 from types import SimpleNamespace
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError
 
 from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets,
                                       Refired, Row, dead_letter_headers, ready_row)
-from streaming.ledger.records import ledger_chunks, ledger_rows
+from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
 from streaming.dispatch.clock import Skew
 from state import headers as H
 from state.errors import DispatchError
@@ -148,7 +149,8 @@ def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
     rows = [Row(1000, 0, i, i, "real", None, None, b"v", [], 1, 0, f"u{i}") for i in range(4)]
     for row in rows:
         task.offsets[None].read(row.offset, 0)
-    task._unledgered, task._unledgered_since = [(row, 1000, None) for row in rows], 0.0
+    task._unledgered = [(row, 1000, None, (0, i)) for i, row in enumerate(rows)]
+    task._unledgered_since = 0.0
     task._ledger(force=True)
     (first, first_report), (second, _) = task.producer.sent
     first_report(KafkaError(KafkaError._MSG_TIMED_OUT), None)   # the first one refused
@@ -165,7 +167,8 @@ def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
 def _acked(n: int, body: int, dead: bool) -> list:
     reason = "unknown_topic: REAL_TOPIC 'gone' does not exist" if dead else None
     return [(Row(1000 + i, 0, i, i, "gone", None, b"k", b"v" * body, [("trace", b"t")], 1, 0,
-                 f"u{i:06d}"), 1000 + i, reason) for i in range(n)]
+                 f"u{i:06d}"), 1000 + i, reason, None if dead else (3, 500 + i))
+            for i in range(n)]
 
 
 @pytest.mark.parametrize("body,dead,rows", [(1024, True, 3_000), (10, False, 5_000),
@@ -178,10 +181,24 @@ def test_ledger_records_stay_below_the_byte_limit_and_keep_every_row_in_order(bo
     assert all(len(record) <= 1_000_000 for _, record in chunks)
     assert all(len(chunk) <= 2_000 for chunk, _ in chunks)
     keys = [k for _, record in chunks for k in ledger_rows(record).column("uniq_key").to_pylist()]
-    assert keys == [row.uniq_key for row, _, _ in acked]
-    assert [row for chunk, _ in chunks for row in chunk] == [row for row, _, _ in acked]
+    assert keys == [row.uniq_key for row, *_ in acked]
+    assert [row for chunk, _ in chunks for row in chunk] == [row for row, *_ in acked]
     values = [v for _, record in chunks for v in ledger_rows(record).column("value").to_pylist()]
     assert values == [b"v" * body if dead else None] * rows
+
+
+def test_a_ledger_row_names_where_its_message_landed_and_an_older_record_reads_null_there():
+    """The partition is the one the record landed at (the producer's partitioner chose it: no
+    REAL_QID); a record written before the offset column existed reads it as null."""
+    [(_, record)] = ledger_chunks(_acked(2, 10, False), 2_000, 1_000_000)
+    rows = ledger_rows(record).to_pylist()
+    assert [(r["partition"], r["offset"]) for r in rows] == [(3, 500), (3, 501)]
+    table = ledger_rows(record).drop_columns(["offset"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    older = ledger_rows(sink.getvalue().to_pybytes())
+    assert older.schema == ledger_schema() and older.column("offset").to_pylist() == [None] * 2
 
 
 def test_a_dead_letter_too_large_for_any_ledger_record_is_recorded_without_its_message():

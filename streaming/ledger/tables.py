@@ -1,0 +1,87 @@
+"""The Delta tables `delayq ledger` reads: in a local folder by delta-rs in this process, with no
+Spark to start; on a store (hdfs://, s3a://) by a Spark session, opened at its first need (as
+is the one that reads the wheel's state)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+
+from sinks import store
+
+_SUMMARY = """SELECT level, count(*) AS delivered,
+  CAST(round(approx_percentile_cont(lateness_ms, 0.5)) AS BIGINT) AS p50_ms,
+  CAST(round(approx_percentile_cont(lateness_ms, 0.99)) AS BIGINT) AS p99_ms,
+  max(lateness_ms) AS max_ms, sum(CASE WHEN lateness_ms < 0 THEN 1 ELSE 0 END) AS early
+FROM ledger WHERE {where} GROUP BY level ORDER BY level"""
+
+
+class Tables:
+    def __init__(self, session: Callable[[], object]):
+        self._session, self._spark = session, None
+
+    @property
+    def spark(self):
+        """The Spark session, opened now if it is not yet."""
+        if self._spark is None:
+            self._spark = self._session()
+        return self._spark
+
+    def close(self) -> None:
+        if self._spark is not None:
+            self._spark.stop()
+
+    def matching(self, location: str | Path, uniq_key: str) -> list[dict]:
+        """The rows of `uniq_key` in the table at `location` ([] without a table)."""
+        if store.is_local(location):
+            table = _delta_rs(location)
+            if table is None:
+                return []
+            rows = table.scan(predicate=f'"uniq_key" = {_quoted(uniq_key)}')
+            return pa.RecordBatchReader.from_stream(rows).read_all().to_pylist()
+        from pyspark.sql import functions as F
+
+        from sinks.delta import table_exists
+
+        if not table_exists(location):
+            return []
+        rows = self.spark.read.format("delta").load(str(location))
+        return [r.asDict() for r in rows.filter(F.col("uniq_key") == uniq_key).collect()]
+
+    def summary(self, ledger: str | Path, since_ms: int | None,
+                until_ms: int | None) -> list[dict]:
+        """Per level over [since, until): delivered, p50, p99 and max lateness (ms), early."""
+        bounds = [f"sent_ms {op} {int(ms)}" for op, ms in ((">=", since_ms), ("<", until_ms))
+                  if ms is not None]
+        sql = _SUMMARY.format(where=" AND ".join(bounds) or "true")
+        if store.is_local(ledger):
+            from deltalake import QueryBuilder
+
+            table = _delta_rs(ledger)
+            if table is None:
+                return []
+            result = QueryBuilder().register("ledger", table).execute(sql)
+            return pa.RecordBatchReader.from_stream(result).read_all().to_pylist()
+        from sinks.delta import table_exists
+
+        if not table_exists(ledger):
+            return []
+        self.spark.read.format("delta").load(str(ledger)).createOrReplaceTempView("ledger")
+        return [r.asDict() for r in self.spark.sql(sql.replace("approx_percentile_cont",
+                                                              "percentile_approx")).collect()]
+
+
+def _delta_rs(location: str | Path):
+    """The local table at `location` as delta-rs opens it; None without one (or a commit)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(str(store.path(location)))
+    except TableNotFoundError:
+        return None
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
