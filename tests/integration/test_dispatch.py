@@ -344,8 +344,9 @@ def test_ledger_records_the_broker_refuses_are_each_sent_again_until_taken(
     from kafka.admin import ConfigResource, ConfigResourceType
 
     config, write = dispatch
-    config.ledger_topic = new_topic(max_message_bytes="400", **LOG_APPEND)
-    config.ledger_batch = 2   # six rows: three ledger records sent together
+    # six rows: three ledger records sent together
+    config = replace(config, ledger_topic=new_topic(max_message_bytes="400", **LOG_APPEND),
+                     ledger_batch=2)
     now = int(time.time() * 1000)
     write([{"uniq": f"r{i}", "due": now} for i in range(6)])
     thread, result = in_thread(config)
@@ -442,11 +443,10 @@ def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
 
     config, _ = dispatch
     intake = new_topic(partitions=2, **LOG_APPEND)
-    config.intake_topic, config.direct_max_delay_ms = intake, 5000
-    config.rules = Rules((1000, 5000, 10000), intake, config.dlq_topic,
-                         allowed_topics=frozenset(), max_delay_ms=86_400_000,
-                         clock_tolerance_ms=60_000, near_horizon_ms=600_000,
-                         cold_bucket_ms=3_600_000, timer_parts=8)
+    config = replace(config, intake_topic=intake, direct_max_delay_ms=5000, rules=Rules(
+        (1000, 5000, 10000), intake, config.dlq_topic, allowed_topics=frozenset(),
+        max_delay_ms=86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
+        cold_bucket_ms=3_600_000, timer_parts=8))
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
 
     def send(level: bytes, n: int, tag: str, delay_header: str = H.DELAY) -> None:
@@ -511,11 +511,12 @@ def test_a_partition_added_to_the_intake_under_load_is_read_from_its_beginning(
 
     config, _ = dispatch
     intake = new_topic(partitions=1, **LOG_APPEND)
-    config.intake_topic, config.direct_max_delay_ms, config.intake_refresh_s = intake, 1000, 1.0
-    config.gather_s = 0.3   # records read wait longer before they are taken
-    config.rules = Rules((1000, 5000), intake, config.dlq_topic, allowed_topics=frozenset(),
+    # gather_s: records read wait longer before they are taken
+    config = replace(config, intake_topic=intake, direct_max_delay_ms=1000, intake_refresh_s=1.0,
+                     gather_s=0.3, rules=Rules(
+                         (1000, 5000), intake, config.dlq_topic, allowed_topics=frozenset(),
                          max_delay_ms=86_400_000, clock_tolerance_ms=60_000,
-                         near_horizon_ms=600_000, cold_bucket_ms=3_600_000, timer_parts=8)
+                         near_horizon_ms=600_000, cold_bucket_ms=3_600_000, timer_parts=8))
     sent = []
 
     def send(producer, partition: int, n: int, pause_s: float) -> None:
