@@ -1,7 +1,5 @@
 """One typed, frozen settings object: `conf/defaults.toml` < environment (DELAYQ_*) < code.
-
-Credentials are `SecretStr`: printed as '**********', read with `.get_secret_value()`.
-"""
+Credentials are `SecretStr`: printed as '**********', read with `.get_secret_value()`."""
 from __future__ import annotations
 
 from functools import cached_property
@@ -38,7 +36,6 @@ PortOrAny = Annotated[int, Field(ge=0, le=65535)]   # 0: any free port
 
 
 def _ms(setting: str) -> property:
-    """A duration setting in milliseconds."""
     return property(lambda self: parse_duration(getattr(self, setting)))
 
 
@@ -51,12 +48,8 @@ def _in_store(folder: str) -> property:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        toml_file=CONF_DIR / "defaults.toml",
-        frozen=True,
-        extra="forbid",
-    )
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, toml_file=CONF_DIR / "defaults.toml",
+                                      frozen=True, extra="forbid")
 
     bootstrap_servers: str
     intake_topic: str
@@ -144,8 +137,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _direct_levels_are_near(self) -> "Settings":
-        # A level message is cold only when its level's delay exceeds near_horizon; up to it,
-        # whether the dispatch tasks or the wheel take it is a rule of the row alone.
+        # Levels up to near_horizon are never cold: who takes them is a rule of the row alone.
         if self.dispatch_direct_max_delay_ms > self.near_horizon_ms:
             raise ConfigError(
                 f"setting dispatch_direct_max_delay_ms={self.dispatch_direct_max_delay_ms} is "
@@ -154,7 +146,6 @@ class Settings(BaseSettings):
                 f"most near_horizon")
         return self
 
-    # ---- derived values -------------------------------------------------------------
     @cached_property
     def level_delays_ms(self) -> tuple[int, ...]:
         return parse_levels(self.delay_levels)
@@ -181,8 +172,7 @@ class Settings(BaseSettings):
 
     @property
     def intake_retention_needed_ms(self) -> int:
-        """The shortest retention.ms of the intake the job starts on (defaults.toml,
-        downtime_tolerance): a pending message's body must outlive its wait."""
+        """The intake's minimum retention.ms: a pending message's body must outlive its wait."""
         return (self.near_horizon_ms + self.cold_bucket_ms + self.clock_tolerance_ms
                 + self.downtime_tolerance_ms)
 
@@ -192,9 +182,8 @@ class Settings(BaseSettings):
 
     @property
     def heartbeat_partition(self) -> int:
-        """The intake partition after the levels' (level L is partition L-1): the job's
-        heartbeats go there, so a level's partition, and its delayOffset, holds only that
-        level's messages."""
+        """The intake partition after the levels' (level L is partition L-1), for heartbeats, so
+        a level's partition (and its delayOffset) holds only that level's messages."""
         return len(self.level_delays_ms)
 
     @property
@@ -236,7 +225,5 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}{_shown(e)}" for e in exc.errors())
-        raise ConfigError(
-            f"invalid settings: {problems}. Fix conf/defaults.toml or the "
-            f"{ENV_PREFIX}* environment variable."
-        ) from None
+        raise ConfigError(f"invalid settings: {problems}. Fix conf/defaults.toml or the "
+                          f"{ENV_PREFIX}* environment variable.") from None

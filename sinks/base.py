@@ -1,8 +1,5 @@
-"""The batch summary every sink of the wheel query (sinks/ready.py, sinks/cold.py,
-sinks/dead_letters.py) and the metrics share. A sink may be called again with the same batch id
-after a crash (Spark replays a batch whose commit it did not record); each sink documents what
-it guarantees then.
-"""
+"""The batch summary the wheel query's sinks and the metrics share. A sink may get a batch id
+again after a crash (Spark replays an unrecorded batch); each sink documents what it guarantees."""
 from __future__ import annotations
 
 from collections import Counter

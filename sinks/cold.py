@@ -1,17 +1,6 @@
-"""The cold tier: messages due beyond the near horizon wait in a Delta table partitioned by
-due bucket, not in Spark state, so the wheel's per-batch timeout scan stays as small as the
-near horizon whatever the backlog. When a bucket comes within the horizon the driver rolls its
-messages back onto the intake with their due time, level (ROLLED) and UNIQ_KEY, into the wheel.
-
-Never lost: a bucket is marked loaded (a small file in the checkpoint) only after its roll, and
-a message whose bucket is loaded already is rolled at once; the wheel drops a UNIQ_KEY it holds,
-so a roll retried after a crash is held once.
-
-Cancels: a cancel that finds nothing in the wheel (its message waits here or has not come yet)
-is parked while its bucket is not loaded, as a WAITING tombstone beside the bucket's messages in
-the same idempotent append, and the roll leaves out every message one names, counted cancelled.
-A cancel that found its message leaves a DONE tombstone: a record for `delayq ledger`.
-"""
+"""The cold tier: messages due beyond the near horizon wait in a Delta table by due bucket, not in
+Spark state (the wheel's timeout scan stays small), until rolled back onto the intake. Never lost:
+a bucket is marked loaded only after its roll; a message for a loaded bucket is rolled at once."""
 from __future__ import annotations
 
 import json
@@ -30,12 +19,10 @@ from state.timing import bucket_start
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
            "append_ms", "ipart", "ioff")
-# The tombstone column: null on a parked message; on a cancel's row, WAITING (it meets its
-# message when the bucket rolls) or DONE (its message was dropped from the wheel).
+# Null on a message; a cancel's is WAITING (meets its message at the roll) or DONE (found it).
 TOMBSTONE = "tombstone"
 WAITING, DONE = "waiting", "done"
-# What a tombstone keeps of its cancel's row: the key it cancels, where and when it was due,
-# and the cancel's own intake position.
+# What a tombstone keeps of its cancel's row.
 _TOMBSTONE_KEEPS = ("uniq_key", "level", "due_ms", "append_ms", "ipart", "ioff")
 
 
@@ -59,7 +46,7 @@ class ColdTier:
         self.clock = clock
         self.marker = store.path(checkpoint) / "cold" / "loaded_until"
 
-    # ---- the marker: every bucket up to and including it is in the wheel ----------------
+    # The marker: every bucket up to and including it is in the wheel.
     def loaded_until(self) -> int:
         try:
             return int(json.loads(self.marker.read_text())["loaded_until"])
@@ -74,12 +61,10 @@ class ColdTier:
     def _set_loaded(self, bucket: int) -> None:
         store.write_atomic(self.marker, json.dumps({"loaded_until": bucket}))
 
-    # ---- per batch ------------------------------------------------------------------------
     def park(self, batch: DataFrame, bodied: DataFrame | None, summary: BatchSummary) -> None:
-        """The batch's cold rows, with their records read back (`bodied`, the layout of
-        WITH_BODY), to the table (rolled at once if their bucket is loaded), and a tombstone
-        per cancel of `batch`: WAITING for a miss whose bucket is not loaded (no miss yet, so
-        recounted as `cancel_parked`), DONE for a hit."""
+        """The batch's cold rows, records read back (`bodied`, WITH_BODY), to the table (rolled at
+        once if their bucket is loaded), and a tombstone per cancel: WAITING for a miss whose
+        bucket is not loaded (no miss yet: recounted as `cancel_parked`), DONE for a hit."""
         misses, hits = summary.count("cancel_unknown"), summary.count("cancelled")
         if not summary.count("cold") and not misses and not hits:
             return
@@ -116,10 +101,9 @@ class ColdTier:
                     merge_schema=True)
 
     def advance(self, summary: BatchSummary) -> int:
-        """Roll every bucket now within the horizon, in one read of the table and one write to
-        the intake however many are due; returns how many buckets. Messages a tombstone names
-        stay behind, counted in `summary` as cancelled (no longer pending); a tombstone whose
-        message never came counts as a miss."""
+        """Roll every bucket now within the horizon in one table read and one intake write;
+        returns how many buckets. Messages a tombstone names stay behind, counted cancelled; a
+        tombstone whose message never came counts as a miss."""
         loaded, edge = self.loaded_until(), self._horizon_bucket()
         if loaded + self.bucket_ms > edge:
             return 0

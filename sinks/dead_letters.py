@@ -1,5 +1,4 @@
-"""The dead-letter table: every record the wheel rejected, beside the dead-letter topic. (The
-delivery ledger is written by the ledger query, streaming/ledger/query.py.)"""
+"""The dead-letter table: every record the wheel rejected, beside the dead-letter topic."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,9 +22,8 @@ def dead_letter_columns(batch_id: int) -> list:
 
 
 class DeadLetterTable:
-    """Every rejected record, beside the dead-letter topic: the record as it came (key,
-    value, headers), why, and where it was on the intake. Written exactly once per batch: a
-    batch replayed after a crash is skipped by Delta (sinks/delta.py `append_once`)."""
+    """Every rejected record as it came (key, value, headers), why, and where on the intake.
+    Exactly once per batch: Delta skips a replayed batch (sinks/delta.py `append_once`)."""
 
     name = "dead_letters"
     partition_by = ("dead_date",)
@@ -36,8 +34,7 @@ class DeadLetterTable:
         self._app_id: str | None = None
 
     def ensure_table(self, spark, sent_schema) -> None:
-        """Create the (empty) table before the first batch, so that batch pays no Delta
-        table creation on top of its deliveries."""
+        """Create the empty table before the first batch, so that batch pays no table creation."""
         if not table_exists(self.path):
             schema = self.select(spark.createDataFrame([], sent_schema), BatchSummary(-1)).schema
             create_table(spark, self.path, schema, self.partition_by)

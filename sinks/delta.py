@@ -1,9 +1,6 @@
-"""Delta tables written once per micro-batch, exactly once across crashes.
-
-Each write carries Delta's idempotent-write options: `txnAppId` (the streaming query's id,
-stable across restarts of one checkpoint) and `txnVersion` (the batch id). When Spark replays
-a batch after a crash, Delta sees the pair already committed and skips the write.
-"""
+"""Delta tables written exactly once per micro-batch across crashes: each write carries
+`txnAppId` (the query's id, stable across restarts) and `txnVersion` (the batch id), so Delta
+skips a batch Spark replays."""
 from __future__ import annotations
 
 import json
@@ -27,9 +24,8 @@ def query_id(checkpoint: str | Path) -> str:
 
 
 def create_table(spark, path: str, schema, partition_by: tuple[str, ...]) -> None:
-    """An empty Delta table, unless one is there: in a local folder by delta-rs, so the start
-    runs no Spark job for it; on a store (HDFS, S3), by Delta's own builder. Every column
-    nullable, as Spark's writes declare them."""
+    """An empty Delta table unless one is there: locally by delta-rs (no Spark job at start), on
+    a store (HDFS, S3) by Delta's builder. Every column nullable, as Spark's writes declare them."""
     schema = StructType([StructField(f.name, f.dataType, True, f.metadata) for f in schema])
     if store.is_local(path):
         from deltalake import DeltaTable

@@ -27,18 +27,16 @@ def header_struct(name: str, value: F.Column) -> F.Column:
 
 
 def appended_headers(*extra: F.Column) -> F.Column:
-    """The row's `headers` (null: none) followed by the `extra` header structs whose value is
-    not null."""
+    """The row's `headers` (null: none), then the `extra` header structs whose value is not null."""
     return F.concat(
         F.coalesce(F.col("headers"), F.array().cast(HEADERS_TYPE)),
         F.filter(F.array(*extra), lambda h: h["value"].isNotNull()))
 
 
 def intake_bodies(refs: DataFrame, topic: str, options: dict[str, str]) -> DataFrame:
-    """`refs` (rows naming intake records by ipart and ioff; at least one) with each record's
-    key, value and headers, read back in one bounded Kafka read of the offsets they span per
-    partition, in the JVM (the wheel's Python never sees a body), and `found`: true, or null for
-    a record that is gone (its key, value and headers null too)."""
+    """`refs` (naming intake records by ipart and ioff; at least one) with each record's key,
+    value and headers, read back in the JVM in one bounded Kafka read of their offset span per
+    partition, and `found`: true, or null for a record that is gone (its body null too)."""
     spans = refs.groupBy("ipart").agg(F.min("ioff").alias("low"), F.max("ioff").alias("high"))
     spans = spans.collect()
     columns = [*refs.columns, "key", "value", "headers", "found"]
@@ -64,8 +62,7 @@ def sent_schema(batch_schema: StructType) -> StructType:
 
 
 class Counts(AccumulatorParam):
-    """A list accumulator: the values tasks add (lists) concatenated (streaming/ledger/query.py
-    counts its rows with it)."""
+    """A list accumulator: tasks' lists concatenated (streaming/ledger/query.py counts with it)."""
 
     def zero(self, value):
         return []

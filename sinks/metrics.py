@@ -1,7 +1,5 @@
-"""Every Prometheus metric of the service, built in one place on an injected registry
-(DESIGN.md section 7: names are contract). Values come from what the batches really did: the
-batch summary (counts), the sent rows (lateness) and Spark's progress reports (watermark,
-batch duration, offsets)."""
+"""Every Prometheus metric of the service, built in one place on an injected registry (DESIGN.md
+section 7: names are contract), fed by batch summaries, sent rows and Spark's progress reports."""
 from __future__ import annotations
 
 import json
@@ -110,7 +108,7 @@ class Metrics:
                     self._in_wheel[level] + self._in_dispatch.get(level, 0))
 
     def set_dispatch(self, held_by_level: dict[int, int], clock_ms: dict[int, int]) -> None:
-        """What the dispatch tasks' last commits report (streaming/dispatch/supervisor.py reports): the
+        """What the dispatch tasks' last commits report (streaming/dispatch/supervisor.py): the
         messages they hold, by level, and each one's clock offset to the broker's."""
         with self._pending_lock:
             shown = set(self._in_dispatch) | {str(level) for level in held_by_level}
@@ -141,8 +139,7 @@ class Metrics:
 
     def observe_progress(self, progress: dict, late_tolerance_ms: int, intake_topic: str,
                          now: float | None = None, heartbeats: int | None = None) -> None:
-        """A batch's progress; `delayq_delay_offset` for every intake partition but the
-        heartbeats' (`heartbeats`)."""
+        """A batch's progress; `delayq_delay_offset` for every intake partition but `heartbeats`."""
         now = time.time() if now is None else now
         duration = progress.get("durationMs", {}).get("triggerExecution")
         if duration is not None:

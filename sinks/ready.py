@@ -1,16 +1,6 @@
-"""The wheel's Kafka sink: every fired reference goes to the ready topic (`<intake>.READY`),
-for the dispatch tasks (streaming/dispatch/rules.py) to read its body back from the intake and send it at
-its due time; dead letters go to the dead-letter topic with their record read back. A batch
-replayed after a crash is written again (Spark's Kafka sink is at least once): each reference's
-key is its batch's id, by which the dispatch tasks know a copy (streaming/dispatch/rules.py Refired).
-
-A reference's ready partition is its intake partition's, modulo the ready partitions: the
-dispatch task of ready partition p reads back from the intake partitions q with q mod (ready
-partitions) = p, the ones it reads for the short levels too (streaming/dispatch/direct.py), so each intake
-partition has one sender and its reads stay in offset order. A batch writes each ready
-partition from one task, in due order (then intake position): a dispatch task sends overdue rows
-as it reads them (a restart's backlog), so they must come in due order too.
-"""
+"""The wheel's Kafka sink: fired references to the ready topic, keyed by batch id (a replay writes
+again; the dispatch knows a copy by it), and dead letters. Ready partition = intake partition mod
+ready partitions (one sender per intake partition), in due order: overdue rows go out as read."""
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, Observation
@@ -25,17 +15,16 @@ _COUNTED_KINDS = ("deliver", "cold", "cancelled", "cancel_unknown")
 
 
 def reference_value() -> F.Column:
-    """A fired reference as the dispatch reads it (streaming/dispatch/rules.py ready_row): one record
-    value, "<due ms>,<level>,<intake partition>,<intake offset>,<append ms>,<UNIQ_KEY>", with no
-    key and no header (one split to read; four headers cost the task a third of its read)."""
+    """A fired reference as the dispatch reads it (streaming/dispatch/rules.py ready_row): one
+    record value, "<due ms>,<level>,<intake partition>,<intake offset>,<append ms>,<UNIQ_KEY>",
+    no key and no header (one split to read; four headers cost the task a third of its read)."""
     return F.encode(F.concat_ws(",", *(F.col(name).cast("string") for name in (
         "due_ms", "level", "ipart", "ioff", "append_ms", "uniq_key"))), "UTF-8")
 
 
 def observed_counts() -> list[F.Column]:
-    """What a write counts of its batch, as Spark aggregates computed in the write's own job
-    (an Observation): the rows of each kind, each dead letter's reason and each tally row (a
-    few per batch). Counted in the JVM, the rows are never moved to Python and back."""
+    """What a write counts of its batch, as aggregates in the write's own job (an Observation),
+    so rows never move to Python: rows of each kind, dead letters' reasons and tally rows."""
     kind = F.col("kind")
     return [*(F.count_if(kind == name).alias(name) for name in _COUNTED_KINDS),
             F.collect_list(F.when(kind == "dead", F.coalesce("reason", F.lit("")))).alias("dead"),
@@ -70,8 +59,8 @@ class ReadySink:
         self._options = {"kafka.max.request.size": str(max_request_bytes), **options}
 
     def write_batch(self, batch: DataFrame, summary: BatchSummary) -> None:
-        """Fired references to the ready topic, keyed by the batch's id, in the batch's one
-        Spark job, every row counted into `summary` on the way (`observed_counts`)."""
+        """Fired references to the ready topic keyed by batch id, in the batch's one Spark job,
+        every row counted into `summary` on the way (`observed_counts`)."""
         key = F.encode(F.lit(str(summary.batch_id)), "UTF-8").alias("key")
         seen = Observation()
         (batch.observe(seen, *self._counts).filter(F.col("kind") == "deliver")
@@ -81,8 +70,7 @@ class ReadySink:
         add_counts(seen.get, summary)
 
     def write_dead(self, rows: DataFrame) -> None:
-        """Dead letters (rows of WITH_BODY) to the dead-letter topic: their records as they came,
-        then DLQ_REASON."""
+        """Dead letters (WITH_BODY rows) to the dead-letter topic, as they came plus DLQ_REASON."""
         (rows.filter(F.col("kind") == "dead")
          .select("topic", F.lit(None).cast("int").alias("partition"), "key", "value",
                  appended_headers(header_struct(H.DLQ_REASON, F.col("reason"))).alias("headers"))

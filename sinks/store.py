@@ -1,11 +1,6 @@
-"""The data location: checkpoints and Delta tables on this machine's disk or on a distributed
-store (HDFS, S3), and the few small files delayq keeps beside Spark's in a checkpoint.
-
-`path(location)` gives a `pathlib.Path` for a local folder and a `HadoopPath` for a Hadoop URI
-(`hdfs://…`, `s3a://…`), which answers the few Path questions its callers ask through the
-running Spark driver's Hadoop client: the file system, settings and credentials of Spark's own
-checkpoint.
-"""
+"""The data location: checkpoints and Delta tables on local disk or a store (HDFS, S3), and
+delayq's small files in a checkpoint. `path` gives a `Path`, or a `HadoopPath` answering through
+the Spark driver's Hadoop client (the file system and credentials of Spark's own checkpoint)."""
 from __future__ import annotations
 
 import os
@@ -67,8 +62,7 @@ class HadoopPath:
         return HadoopPath(self.uri.rsplit("/", 1)[0])
 
     def _fs(self):
-        """Hadoop's file system of the path with the active session's Hadoop configuration:
-        the credentials and settings Spark itself reads the store with."""
+        """The path's Hadoop file system, with the settings and credentials Spark reads it with."""
         from pyspark.sql import SparkSession
 
         java = jvm(SparkSession.active())

@@ -16,8 +16,7 @@ from state.wheel import BUCKET_COLD, BUCKET_NOW, timer_slots
 
 # The control headers of the common message, parsed for the whole batch at once (`common_rows`).
 _COMMON = (H.REAL_TOPIC, H.UNIQ_KEY, *H.DELAY_HEADERS)
-# A timer's value the batch path reads itself: plain digits, short enough that no sum below
-# leaves int64 (other values, signs and spaces included, take the per-row rules).
+# A timer's value read here: plain digits, so short no sum below leaves int64 (else: per-row).
 _PLAIN_TIMER = "^[0-9]{1,15}$"
 
 
@@ -27,7 +26,6 @@ def _header_of(mask: np.ndarray, row_of: np.ndarray, n: int, rows: np.ndarray) -
     index = np.zeros(n, np.int64)
     index[row_of[at]] = at
     return pa.array(index[rows])
-
 
 
 def _per_value(raw: pa.Array, decide: Callable) -> tuple[np.ndarray, np.ndarray]:
@@ -40,7 +38,6 @@ def _per_value(raw: pa.Array, decide: Callable) -> tuple[np.ndarray, np.ndarray]
             np.array([d is not None for d in decided], dtype=bool)[codes])
 
 
-
 def _printable(edge: pa.Array) -> pa.Array:
     """Whether each binary of at most one byte is one byte of printable ASCII other than space
     (0x21-0x7e): binaries compare byte by byte, and b"" sorts first."""
@@ -48,10 +45,10 @@ def _printable(edge: pa.Array) -> pa.Array:
                    pc.less_equal(edge, pa.scalar(b"\x7e", pa.binary())))
 
 
-
-def common_rows(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array, values: pa.Array,
-            ipart: np.ndarray, ioff: np.ndarray, append: np.ndarray, rules: Rules,
-            slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> dict:
+def common_rows(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array,
+                values: pa.Array, ipart: np.ndarray, ioff: np.ndarray, append: np.ndarray,
+                rules: Rules, slot_ms: int, spread: int, now_ms: int,
+                overdue_before_ms: int) -> dict:
     """`parse`, `group_of` and the overdue rule at once for the batch's common rows: REAL_TOPIC
     once, one delay header, UNIQ_KEY at most once, no other control header, and values the
     per-row rules take as they are. Returns their row numbers ("rows") and ENVELOPE columns;
@@ -64,7 +61,6 @@ def common_rows(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array
                       & (np.bincount(row_of[control], minlength=n) == sum(count.values())))[0]
     if not len(rows):
         return {"rows": rows}
-
     topics, good = _per_value(values.take(_header_of(which[H.REAL_TOPIC], row_of, n, rows)),
                               lambda raw: real_topic_of(raw, rules))
     delay_at = _header_of(np.logical_or.reduce([which[name] for name in H.DELAY_HEADERS]),
@@ -74,21 +70,17 @@ def common_rows(n: int, row_of: np.ndarray, control: np.ndarray, names: pa.Array
     keyed = count[H.UNIQ_KEY][rows] == 1
     uniq = _uniq_keys(values, _header_of(which[H.UNIQ_KEY], row_of, n, rows[keyed]), keyed,
                       ipart[rows], ioff[rows], good)
-
     at = append[rows]
-    # A timer's due time (`state.envelope._due`); one out of bounds takes the per-row rules,
-    # which say why it is dead.
+    # A timer's due time (`state.envelope._due`); out of bounds: the per-row rules say why dead.
     timer_due = np.where(delay_name == H.TIMER_DELIVER_MS, timer_value,
                          at + np.where(delay_name == H.TIMER_DELAY_SEC, timer_value * 1000,
                                        timer_value))
     good &= is_level | ~(beyond_max_delay(timer_due, at, rules.max_delay_ms)
                          | in_the_past(timer_due, at, rules.clock_tolerance_ms))
-
     good = np.nonzero(good)[0]
     return _placed(rows[good], topics[good], uniq[good], at[good], levels[good].astype(np.int64),
                    is_level[good], timer_due[good], ioff, rules, slot_ms, spread, now_ms,
                    overdue_before_ms)
-
 
 
 def _delay_headers(names: pa.Array, values: pa.Array, delay_at: np.ndarray, rules: Rules,
@@ -117,15 +109,11 @@ def _delay_headers(names: pa.Array, values: pa.Array, delay_at: np.ndarray, rule
     return delay_name, is_level, levels, timer_value
 
 
-
 def _uniq_keys(values: pa.Array, key_at: np.ndarray, keyed: np.ndarray, ipart: np.ndarray,
                ioff: np.ndarray, good: np.ndarray) -> np.ndarray:
-    """Each row's UNIQ_KEY: its header's value (at `key_at`, for the rows `keyed`), or the
-    default from its intake position.
-
-    A value is taken only when it is UTF-8 and its first and last bytes are printable ASCII
-    other than space, so `strip()` would not change it (every character it removes starts below
-    0x21 or at 0x80 and above); any other clears the row's `good` for the per-row rules."""
+    """Each row's UNIQ_KEY: its header's value (at `key_at`, for `keyed` rows) or the default.
+    Taken only if UTF-8 with printable non-space ASCII first and last bytes, so `strip()` keeps
+    it; any other value clears the row's `good` for the per-row rules."""
     uniq = np.empty(len(keyed), dtype=object)
     if keyed.any():
         raw = values.take(key_at)
@@ -141,7 +129,6 @@ def _uniq_keys(values: pa.Array, key_at: np.ndarray, keyed: np.ndarray, ipart: n
     uniq[default] = [default_uniq_key(p, o) for p, o in zip(ipart[default].tolist(),
                                                               ioff[default].tolist())]
     return uniq
-
 
 
 def _placed(rows, topics, uniq, at, level, is_level, timer_due, ioff, rules: Rules,

@@ -1,7 +1,5 @@
 """Read one intake record's headers into an Envelope: what to do with it, and why if it is bad.
-
-Pure Python, unit-tested without Spark; state/parse.py applies these rules to Arrow batches.
-"""
+Pure Python, unit-tested without Spark; state/parse.py applies these rules to Arrow batches."""
 from __future__ import annotations
 
 import re
@@ -32,8 +30,7 @@ class Kind(str, Enum):
 
 @dataclass(frozen=True)
 class Rules:
-    """What parsing needs to know of the configuration (conf/defaults.toml, through
-    streaming/stages.py rules_of): no defaults of its own."""
+    """What parsing needs of the configuration (streaming/stages.py rules_of); no defaults."""
     level_delays_ms: tuple[int, ...]
     intake_topic: str
     dlq_topic: str
@@ -41,8 +38,7 @@ class Rules:
     allowed_topics: frozenset[str]
     max_delay_ms: int
     clock_tolerance_ms: int
-    # The wheel holds messages due within near_horizon_ms of their append time; later ones
-    # wait in the cold tier, in buckets of cold_bucket_ms, until their bucket comes near.
+    # Due within near_horizon_ms of append: the wheel; later: cold tier, by cold_bucket_ms.
     near_horizon_ms: int
     cold_bucket_ms: int
     # The groups a timer slot is split into, by UNIQ_KEY (state/groups.py part_of).
@@ -163,7 +159,6 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
         return _cancel(control, present, uniq, append_ms, rules, now_ms)
     if len(present) > 1:
         raise BadInput("several_delay_headers", f"more than one delay header: {', '.join(present)}")
-
     if H.REAL_TOPIC not in control:
         raise BadInput("missing_real_topic", "header REAL_TOPIC is missing")
     topic = _text(H.REAL_TOPIC, control[H.REAL_TOPIC]).strip()
@@ -175,7 +170,6 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
         qid = _integer(H.REAL_QID, control[H.REAL_QID])
         if qid < 0 or qid > 2**31 - 1:
             raise BadInput("not_a_partition", f"header REAL_QID={qid} is not a partition number")
-
     if H.ROLLED in control:
         level = _integer(H.ROLLED, control[H.ROLLED])
         due = _integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS, b"0"))
@@ -190,10 +184,9 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
 
 def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, append_ms: int,
             rules: Rules, now_ms: int) -> Envelope:
-    """A cancel names the pending message (TIMER_DEL_UNIQKEY) and where it waits: its level
-    (DELAY, absent for a timer) and its due time (TIMER_DELIVER_MS, from the send's handle).
-    A cancel with only its original delay header is placed by that header alone, which finds
-    timers with an absolute time; for level messages the client always sends the due time."""
+    """A cancel names its target (TIMER_DEL_UNIQKEY), its level (DELAY; none for a timer) and due
+    time (TIMER_DELIVER_MS). With only its original delay header it is placed by that alone,
+    which finds timers with an absolute time; for levels the client always sends the due time."""
     target = _text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
     if not target:
         raise BadInput("empty_header", "header TIMER_DEL_UNIQKEY is empty")
@@ -228,7 +221,6 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
         delay = rules.level_delays_ms[level - 1]
         return level, correct_deliver_timestamp(now_ms, append_ms + delay, delay,
                                                 rules.clock_tolerance_ms)
-
     value = _integer(name, control[name])
     if name == H.TIMER_DELIVER_MS:
         due = value
@@ -237,15 +229,10 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
     else:
         due = append_ms + value * (1000 if name == H.TIMER_DELAY_SEC else 1)
     if beyond_max_delay(due, append_ms, rules.max_delay_ms):
-        raise BadInput(
-            "beyond_max_delay",
-            f"header {name}={value} is beyond the maximum delay of "
-            f"{rules.max_delay_ms // 1000} s (setting max_delay)"
-        )
+        raise BadInput("beyond_max_delay", f"header {name}={value} is beyond the maximum delay of "
+                       f"{rules.max_delay_ms // 1000} s (setting max_delay)")
     if in_the_past(due, append_ms, rules.clock_tolerance_ms):
-        raise BadInput(
-            "timer_in_past",
-            f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more than "
-            f"the clock tolerance of {rules.clock_tolerance_ms // 1000} s"
-        )
+        raise BadInput("timer_in_past",
+                       f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more "
+                       f"than the clock tolerance of {rules.clock_tolerance_ms // 1000} s")
     return TIMER_LEVEL, max(due, append_ms)

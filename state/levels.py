@@ -1,8 +1,5 @@
 """RocketMQ's `messageDelayLevel` syntax: "1s 5s 10s 30s 1m ... 2h" → delays in milliseconds.
-
-Level L (1-based) delays by the L-th entry. Level 0 means "deliver at once"; a level above
-the last one is clamped to the last (RocketMQ's ScheduleMessageService does the same).
-"""
+Level L (1-based) delays by the L-th entry; level 0 is at once; above the last: clamped to it."""
 from __future__ import annotations
 
 import re
@@ -17,10 +14,8 @@ def parse_duration(token: str) -> int:
     """One duration token ("5s", "2h") in milliseconds; refuses zero and negatives."""
     match = _TOKEN.fullmatch(token.strip())
     if match is None:
-        raise DelayLevelError(
-            f"delay token {token!r} is not a whole number followed by one of "
-            f"s, m, h, d (for example '5s' or '2h')"
-        )
+        raise DelayLevelError(f"delay token {token!r} is not a whole number followed by one of "
+                              f"s, m, h, d (for example '5s' or '2h')")
     millis = int(match.group(1)) * _UNIT_MS[match.group(2)]
     if millis <= 0:
         raise DelayLevelError(f"delay token {token!r} is not positive; every level must delay")
@@ -32,15 +27,13 @@ def parse_levels(spec: str) -> tuple[int, ...]:
     tokens = spec.split()
     if not tokens:
         raise DelayLevelError(
-            "delay_levels is empty; give at least one level, e.g. '1s 5s 10s 30s 1m'"
-        )
+            "delay_levels is empty; give at least one level, e.g. '1s 5s 10s 30s 1m'")
     delays = tuple(parse_duration(token) for token in tokens)
     for index in range(1, len(delays)):
         if delays[index] <= delays[index - 1]:
             raise DelayLevelError(
                 f"delay token {tokens[index]!r} (level {index + 1}) is not longer than "
-                f"{tokens[index - 1]!r} (level {index}); levels must strictly increase"
-            )
+                f"{tokens[index - 1]!r} (level {index}); levels must strictly increase")
     return delays
 
 

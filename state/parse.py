@@ -1,11 +1,6 @@
-"""The parse stage over one Arrow batch of intake records: envelopes and wheel groups.
-
-Arrow in, Arrow out (Spark's mapInArrow): the headers are read once as flat name and value
-lists, and the user headers are cut out of them with array operations. Only the per-record rules
-(`state.envelope`) run per row. The wheel's parse gets no body (no key, no value, only the
-control headers: streaming/wheel/query.py) and returns INDEX_ENVELOPE; the dispatch tasks' parse
-of records they read themselves passes key and value through untouched and returns ENVELOPE.
-"""
+"""The parse stage over one Arrow batch of intake records (mapInArrow): envelopes and wheel
+groups. The wheel's parse gets no body and returns INDEX_ENVELOPE; the dispatch tasks' parse passes
+key and value through and returns ENVELOPE. Only `state.envelope`'s rules run per row."""
 from __future__ import annotations
 
 import time
@@ -87,21 +82,17 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
                 now_ms: int, overdue_before_ms: int = 0, common: bool = True,
                 direct_max_delay_ms: int = -1) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns, or
-    without key and value → INDEX_ENVELOPE columns.
-
-    A level message due before `overdue_before_ms` (the checkpoint's first start) goes out
-    with the immediate ones, so a job started on a backlog sends it as it reads it; held from
-    the first batch on, a level still leaves in due order. Timers and messages rolled in from
-    the cold tier keep to the wheel. `common=False` sends every row through the per-row rules
-    (the tests compare both paths); `direct_max_delay_ms` >= 0 marks the short levels' messages
-    Kind.DIRECT (`_mark_direct`)."""
+    without key and value → INDEX_ENVELOPE columns. A level message due before
+    `overdue_before_ms` (the checkpoint's first start) goes out with the immediate ones, so a
+    backlog is sent as read, still in due order; timers and rolled messages keep to the wheel.
+    `common=False`: every row takes the per-row rules (tests compare both paths);
+    `direct_max_delay_ms` >= 0 marks the short levels' messages Kind.DIRECT (`_mark_direct`)."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
     row_of = np.repeat(np.arange(n), counts)
     starts = np.concatenate(([0], np.cumsum(counts)))
     numbers = {name: batch.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
                for name in ("ipart", "ioff", "append_ms")}
-    # Which of the batch's headers are the contract's control headers (the rest are the user's).
     control = pc.fill_null(pc.is_in(names, value_set=_CONTROL), False).to_numpy(
         zero_copy_only=False)
     fast = common_rows(n, row_of, control, names, values, numbers["ipart"], numbers["ioff"],
@@ -161,5 +152,4 @@ def make_parser(rules: Rules, slot_ms: int, spread: int, overdue_before_ms: int 
         for batch in batches:
             yield parse_batch(batch, rules, slot_ms, spread, int(time.time() * 1000),
                               overdue_before_ms)
-
     return parse_batches

@@ -1,11 +1,6 @@
-"""Where Spark runs a wheel group: the state partition of its (bucket, slot) key.
-
-The stateful operator is planned over `HashPartitioning(bucket, slot)`: a group goes to the
-partition `pmod(murmur3(bucket, slot), partitions)`, Spark's Murmur3 x86 32-bit hash with seed
-42 over the int32 bucket and then the int64 slot (`Murmur3Hash`, `hashInt`, `hashLong`). Spark
-cannot change that rule without breaking every checkpoint's state, so it is computed here, and
-`tests/integration/test_placement.py` checks it against Spark's own placement.
-"""
+"""Where Spark runs a wheel group: `pmod(murmur3(bucket, slot), partitions)`, Spark's Murmur3 x86
+32-bit hash (seed 42, int32 bucket then int64 slot). Spark cannot change it without breaking every
+checkpoint; `tests/integration/test_placement.py` checks it against Spark's own placement."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -65,9 +60,8 @@ def partition_of(bucket: int, slot: int, partitions: int) -> int:
 @lru_cache(maxsize=None)
 def spread_slots(bucket: int, partitions: int) -> tuple[int, ...]:
     """For each state partition in order, the smallest slot number ≥ 0 whose group of `bucket`
-    Spark runs there. Pass-through groups keep no state, so their slot numbers are free; by
-    `ioff % n` the immediate messages would not spread over every partition (for two, slots 0
-    and 1 of the immediate bucket both hash to partition 1)."""
+    Spark runs there (pass-through groups keep no state, so their slots are free). Plain `ioff %
+    n` would not spread: for two, slots 0 and 1 of the immediate bucket both hash to partition 1."""
     slots: dict[int, int] = {}
     slot = 0
     while len(slots) < partitions:
@@ -78,11 +72,10 @@ def spread_slots(bucket: int, partitions: int) -> tuple[int, ...]:
 
 @lru_cache(maxsize=1 << 16)
 def balanced_slot(bucket: int, group: int, partitions: int) -> int:
-    """A slot number for the wheel group `group` of `bucket` that Spark runs on state partition
-    `group % partitions`, so that consecutive groups (a timer slot's parts) take the partitions
-    in turn, not as the hash falls, and no one task holds most of a burst: the smallest
-    `group * BALANCE_WIDTH + j` there. Where no j < BALANCE_WIDTH lands there (for 200 partitions,
-    one group in about 800 million), `group * BALANCE_WIDTH`: placed by the hash."""
+    """A slot for group `group` of `bucket` that Spark runs on partition `group % partitions`, so
+    consecutive groups (a timer slot's parts) take the partitions in turn and no task holds most
+    of a burst: the smallest `group * BALANCE_WIDTH + j` there, else (for 200 partitions, one
+    group in about 800 million) `group * BALANCE_WIDTH`, placed by the hash."""
     seed = _hash_int(bucket, _SEED)
     base, target = group * BALANCE_WIDTH, group % partitions
     for slot in range(base, base + BALANCE_WIDTH):

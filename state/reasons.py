@@ -10,7 +10,7 @@ LABELS = frozenset({
     "several_delay_headers", "beyond_max_delay", "timer_in_past",
     # a send the real topic refused (streaming/dispatch/rules.py, by librdkafka's error code)
     "unknown_topic", "partition_out_of_range", "too_large", "not_authorized", "invalid_record",
-    # a reference whose intake record is gone or is not the one referenced (streaming/dispatch/bodies.py)
+    # a reference whose intake record is gone or replaced (streaming/dispatch/bodies.py)
     "intake_record_gone", "intake_record_replaced",
 })
 

@@ -1,15 +1,6 @@
-"""The wheel: the turn that holds delayed messages (`turn`), run by applyInPandasWithState with
-event-time timeouts (`make_wheel`).
-
-A group is one (bucket, slot): the messages of one level (or of the timer bucket) due in one
-slot of `slot_ms` (a timer slot: one of `timer_parts` parts, by UNIQ_KEY). Its state is an index
-of its pending messages, as RocketMQ's schedule queue is: each one's intake partition and
-offset, append time, due time and UNIQ_KEY (state/columns.py STATE), never its body. Its
-event-time timeout is set `lead_ms` before the earliest of them. On a call it releases every
-message due before the fire horizon (watermark + lead) to the ready topic, whose dispatch tasks
-read each one's body back from the intake and send it at its due time. Pass-through buckets
-(immediate, dead, cold) are emitted on arrival and keep no state.
-"""
+"""The wheel (`turn`), run by applyInPandasWithState with event-time timeouts (`make_wheel`): a
+group (bucket, slot) holds an index of its pending messages, never their bodies, as RocketMQ's
+schedule queue does, and releases those due by the fire horizon to the ready topic."""
 from __future__ import annotations
 
 import json
@@ -28,19 +19,17 @@ from state.placement import balanced_slot, spread_slots
 from state.timing import fire_horizon, slot_of, timer_for
 from state.worker import settle
 
-# The pass-through bucket of each kind that keeps no state in the wheel. Heartbeats travel with
-# immediate messages and are dropped in the wheel: a filter before the stateful operator would
-# be pushed below withWatermark by the optimizer, and the watermark would never see them.
+# Pass-through buckets keep no state. Heartbeats ride with immediate messages and are dropped in
+# the wheel: a filter before it would be pushed below withWatermark, which would never see them.
 _PASS_THROUGH = {Kind.DEAD: BUCKET_DEAD, Kind.COLD: BUCKET_COLD, Kind.NOW: BUCKET_NOW,
                  Kind.HEARTBEAT: BUCKET_NOW}
 
 
 def group_of(kind: str, level: int, due_ms: int, ioff: int, slot_ms: int, spread: int,
              uniq_key: str = "", *, timer_parts: int) -> tuple[int, int]:
-    """(bucket, slot) for an envelope: its wheel group, or a spread pass-through group. A level's
-    slot number is its due slot; a timer's is `timer_slots`' (for a cancel, by the UNIQ_KEY it
-    cancels). Pass-through rows go, by intake offset, to one of `spread` groups that Spark runs
-    on `spread` (the shuffle partitions) different state partitions (state/placement.py)."""
+    """(bucket, slot) for an envelope: its wheel group (a level's due slot; a timer's from
+    `timer_slots`, a cancel's by the UNIQ_KEY it cancels), or for a pass-through row, by intake
+    offset, one of `spread` groups on `spread` different state partitions (state/placement.py)."""
     passing = _PASS_THROUGH.get(kind)
     if passing is not None:
         return passing, spread_slots(passing, spread)[ioff % spread]
@@ -52,9 +41,8 @@ def group_of(kind: str, level: int, due_ms: int, ioff: int, slot_ms: int, spread
 
 def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int,
                 parts: int) -> np.ndarray:
-    """The slot numbers of timers' wheel groups: a due slot's `parts` parts by UNIQ_KEY,
-    each numbered by `balanced_slot` so a slot's parts take the state partitions in turn. The
-    one rule for both of the parse's paths (`group_of` calls it for one timer)."""
+    """Timers' wheel-group slot numbers: a due slot's `parts` parts by UNIQ_KEY, each numbered by
+    `balanced_slot` so the parts take the state partitions in turn (both parse paths use it)."""
     groups = (due_ms // slot_ms) * parts + np.fromiter(
         (part_of(k, parts) for k in uniq_keys), np.int64, len(uniq_keys))
     distinct, back = np.unique(groups, return_inverse=True)
@@ -71,9 +59,8 @@ def real_watermark(spark_watermark_ms: int, config: WheelConfig) -> int:
 
 
 class Held:
-    """A group's state for one call, as `turn` sees it: applyInPandasWithState's GroupState,
-    whose one row (state/columns.py STATE) holds the group's references, read and written
-    whole, and its one event-time timeout."""
+    """A group's GroupState as `turn` sees it: one row (state/columns.py STATE) holding its
+    references, read and written whole, and its one event-time timeout."""
 
     def __init__(self, state):
         self._state = state
@@ -101,9 +88,8 @@ class Held:
 
 
 def _rows(n: int, **columns) -> pd.DataFrame:
-    """A WHEEL_OUT frame of n rows; unnamed columns are null: object arrays of None (`np.empty`,
-    no Python loop), since pandas turns a scalar None into NaN, which Spark cannot convert to a
-    list or string column."""
+    """A WHEEL_OUT frame of n rows; unnamed columns are object arrays of None: pandas turns a
+    scalar None into NaN, which Spark cannot convert to a list or string column."""
     return pd.DataFrame({
         name: (np.empty(n, dtype=object) if name not in columns
                else columns[name].values if isinstance(columns[name], pd.Series)
@@ -117,9 +103,8 @@ def _reference(rows: pd.DataFrame) -> dict:
 
 
 def _deliveries(pending: pd.DataFrame, level: int | pd.Series) -> pd.DataFrame:
-    """References ready for the dispatch at their due time, as the parse set it. The wheel
-    decides on the watermark, the intake broker's clock, so no host's clock corrects a due time
-    here (state/timing.py)."""
+    """References ready for the dispatch at their due time as the parse set it: the wheel decides
+    on the watermark (the broker's clock), so no host clock corrects it (state/timing.py)."""
     n = len(pending)
     levels = level if isinstance(level, pd.Series) else np.full(n, level, dtype=np.int64)
     return _rows(n, kind="deliver", due_ms=pending["due_ms"], level=levels,
@@ -134,15 +119,13 @@ def _tally(levels: dict[int, tuple[int, int]]) -> pd.DataFrame:
 
 
 def _timer(earliest: int, count: int, bucket: int, watermark: int, config: WheelConfig) -> int:
-    """The group's event-time timer: its lead before the earliest due time, in Spark's
-    watermark units (real time minus the delay Spark subtracts)."""
-    return timer_for(earliest, config.lead_for(count, bucket), watermark) - config.watermark_delay_ms
+    """The group's event-time timer, in Spark's watermark units (real time minus its delay)."""
+    return (timer_for(earliest, config.lead_for(count, bucket), watermark)
+            - config.watermark_delay_ms)
 
 
-def _pass_through(bucket: int, rows: pd.DataFrame,
-                  config: WheelConfig) -> Iterator[pd.DataFrame]:
-    """A pass-through group's rows (no state): counted by level, then sent on: to the cold
-    tier, the dead-letter topic or the ready topic."""
+def _pass_through(bucket: int, rows: pd.DataFrame, config: WheelConfig) -> Iterator[pd.DataFrame]:
+    """A pass-through group's rows (no state): counted by level, then sent on."""
     taken = rows[(rows["kind"] != Kind.HEARTBEAT) & ~rows["rolled"].astype(bool)]
     if len(taken):
         counts = taken.groupby("level")["kind"].count()
@@ -163,11 +146,9 @@ def _pass_through(bucket: int, rows: pd.DataFrame,
 
 
 def _arrivals(held_rows: pa.Table, new: pd.DataFrame) -> tuple[pa.Table, pd.DataFrame, int, int]:
-    """A group's new messages beside those it holds: (held, new, received, rolled). A message
-    rolled in twice (a retried roll after a crash) is held once; rolled messages were pending
-    already, in the cold tier, so they count as rolled, not received. Only rolled messages are
-    checked: a producer's resend of a held message is its own message, delivered again, as it is
-    when it lands in another group or batch."""
+    """A group's new messages beside those it holds: (held, new, received, rolled). A roll retried
+    after a crash is held once; rolled messages were pending already, so count as rolled, not
+    received. Only rolled ones are checked: a producer's resend is its own message, sent again."""
     rolled = new["rolled"].astype(bool).to_numpy()
     received = len(new) - int(rolled.sum())
     if rolled.any():
@@ -205,7 +186,6 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
         if rows is not None:
             yield from _pass_through(bucket, rows, config)
         return
-
     held_rows = held.index()
     before = held_rows.num_rows
     received = rolled = 0
@@ -217,7 +197,6 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
         cancels = rows[rows["kind"] == Kind.CANCEL]
         if len(cancels):
             held_rows, new = yield from _cancel(cancels, held_rows, new)
-
     arriving = len(new) if new is not None else 0
     watermark = real_watermark(held.watermark_ms, config)
     horizon = fire_horizon(watermark, config.lead_for(held_rows.num_rows + arriving, bucket))
@@ -236,9 +215,8 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
 
 def _due(held_rows: pa.Table, new: pd.DataFrame | None,
          horizon: int) -> tuple[list[pd.DataFrame], pa.Table]:
-    """The references due by `horizon` (held and new) and the rest. The held ones stay in
-    Arrow: only those that fire are converted. New rows that fire at once (a drain, a delay
-    shorter than the batch) go out as they came."""
+    """The references due by `horizon` (held and new) and the rest. Held ones stay in Arrow (only
+    those that fire are converted); new ones that fire at once go out as they came."""
     due = pc.less_equal(held_rows.column("due_ms"), horizon)
     fired = [held_rows.filter(due).to_pandas()] if held_rows.num_rows else []
     rest = held_rows.filter(pc.invert(due))
@@ -267,5 +245,4 @@ def make_wheel(config: WheelConfig) -> Callable:
     def wheel(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
         settle()
         yield from turn(int(key[0]), incoming(frames), Held(state), config)
-
     return wheel

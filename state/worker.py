@@ -1,13 +1,6 @@
-"""A Python worker's cyclic garbage collector, settled once per worker process.
-
-PySpark reuses a worker process for task after task and runs a full `gc.collect()` after each
-(`pyspark/daemon.py`, when SPARK_REUSE_WORKER is set), which walks every object the process
-tracks, pandas', pyarrow's, numpy's and PySpark's included: every task cost a core that long
-however few its rows. Freezing what the worker holds at its first task (the modules and their
-tables, which live as long as the process) leaves the later collections only the objects made
-since. Frozen objects are still freed by reference counting; only a reference cycle among them
-is never collected, and they were made once.
-"""
+"""Settles a worker's cyclic GC once per process: a reused PySpark worker runs a full
+`gc.collect()` after each task; freezing what it holds at its first task leaves later collections
+only newer objects (frozen ones are still freed by refcount; only their cycles are never freed)."""
 from __future__ import annotations
 
 import gc
@@ -17,9 +10,8 @@ _settled = False
 
 
 def settle() -> None:
-    """Collect once and freeze the objects this process holds, the first time it is called in a
-    reused PySpark worker; elsewhere (the driver, a test) nothing. Each function the job hands
-    to a worker (the parse and the wheel) calls it."""
+    """Collect once and freeze what this process holds, on the first call in a reused PySpark
+    worker; elsewhere (the driver, a test) nothing. The parse and the wheel call it."""
     global _settled
     if _settled:
         return

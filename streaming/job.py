@@ -1,10 +1,6 @@
-"""The streaming job: the wheel query (streaming/wheel/query.py) fires each message into the
-ready topic, the dispatch tasks send it when due (streaming/dispatch/supervisor.py), and the ledger query
-records it (streaming/ledger/query.py). DelayJob starts, watches and stops the three.
-
+"""The streaming job: the wheel query fires each message into the ready topic, the dispatch tasks
+send it when due, the ledger query records it; DelayJob starts, watches and stops the three:
     spark-submit --jars "$(ls .lib/spark/*.jar | paste -sd,)" streaming/cli/main.py run
-
-(`delayq run` does the same in-process; `delayq submit` targets a cluster.)
 """
 from __future__ import annotations
 
@@ -41,8 +37,6 @@ log = logging.getLogger(__name__)
 
 
 class DelayJob:
-    """One running delivery query, its heartbeat and its admin connection."""
-
     def __init__(self, settings: Settings, spark: SparkSession, checkpoint: str | None = None,
                  on_batch: Callable[[BatchSummary], None] | None = None,
                  metrics: Metrics | None = None,
@@ -57,9 +51,8 @@ class DelayJob:
         self._sinks = ([DeadLetterTable(settings.dead_letter_path, self.checkpoint)]
                        if settings.ledger else [])
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
-        self.first_batch_s: dict[str, float] = {}   # the first batch's steps
+        self.first_batch_s: dict[str, float] = {}
         self._direct_was_on = False   # see streaming/wheel/checkpoint.py direct_was_on
-        # What start() starts and stop() stops (the ledger query: ledger topic → Delta).
         self.query = self.ledger_query = self._admin = self._mirror_admin = None
         self._listener = self._heartbeat = self._seeder = None
         self._writer: BatchWriter | None = None
@@ -71,7 +64,7 @@ class DelayJob:
         self._step_t = now
 
     def start(self, first_batch_timeout_s: float = 180.0):
-        """Start the query and return it once its first batch completed."""
+        """Return the query once its first batch completed."""
         self._step_t = time.monotonic()
         largest = self._topics()
         self.settings = sizing.size_partitions(self.spark, self.settings, self.checkpoint)
@@ -80,8 +73,7 @@ class DelayJob:
         partitions, ledger_max = kadmin.ensure_dispatch_topics(self.settings, self._admin, largest)
         sizing.check_slots(self.spark, self.settings, partitions)
         writer = self._writer = self._batch_writer(partitions, largest)
-        # The pending gauge starts from the state as of the last committed batch; the batches
-        # of this run add their deltas on top.
+        # The pending gauge starts from the last committed batch's state; this run adds deltas.
         seed_batch = last_committed_batch(store.path(self.checkpoint))
         self._listen()
         self._step("listeners")
@@ -96,8 +88,7 @@ class DelayJob:
         if failure is not None:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
-        # After the wheel's first batch, so the two first batches do not share the cores; the
-        # ledger topic keeps the dispatch tasks' rows until then.
+        # After the wheel's first batch, so the two first batches do not share the cores.
         self.ledger_query = start_ledger_query(self.spark, self.settings, self.checkpoint,
                                                self.metrics, name=f"{self.query_name}-ledger")
         self._step("ledger")
@@ -106,7 +97,7 @@ class DelayJob:
         return self.query
 
     def _topics(self) -> int:
-        """The intake's and dead-letter topics made and checked; the largest record they take."""
+        """The largest record the intake and dead-letter topics take."""
         self._admin = kadmin.admin_client(self.settings)
         largest = max(kadmin.ensure_topics(self.settings, self._admin), 1_048_576)
         retention_ms = kadmin.check_intake(self.settings, self._admin)
@@ -116,9 +107,8 @@ class DelayJob:
         self._step("topics")
         return largest
 
-    def _start_wheel(self, writer: BatchWriter, started_ms: int, now_ms: int,
-                     timeout_s: float):
-        """The wheel query, waited for until its first batch completed; its error if it failed."""
+    def _start_wheel(self, writer: BatchWriter, started_ms: int, now_ms: int, timeout_s: float):
+        """Waits for the first batch; its error if it failed."""
         self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
                                    # the driver's clock may lead the brokers' by the tolerance
                                    first_watermark_ms=now_ms - self.settings.clock_tolerance_ms
@@ -138,9 +128,8 @@ class DelayJob:
         return failure
 
     def _check_checkpoint(self) -> tuple[int, int]:
-        """The checkpoint's guards (streaming/wheel/checkpoint.py) and its stamp. Returns (started_ms,
-        now_ms): before started_ms level messages pass through for good (a fresh checkpoint:
-        this run's start); now_ms stands in for a new query's first watermark."""
+        """Returns (started_ms: level messages due before it pass through; now_ms: a new query's
+        first watermark)."""
         verdict = ckpt.check(self.settings, self.checkpoint,
                              ckpt.read_group_offsets(self._admin, self.settings),
                              allow_fresh=self._allow_fresh,
@@ -152,15 +141,12 @@ class DelayJob:
         return started_ms, now_ms
 
     def _batch_writer(self, partitions: int, largest: int) -> BatchWriter:
-        """The wheel query's foreachBatch: the ready topic's writer, the cold tier and the other
-        sinks, their Delta tables created before the first batch."""
+        """The wheel query's foreachBatch, its Delta tables created before the first batch."""
         kafka = ReadySink({**producer_options(self.settings), **spark_options(self.settings)},
                           self.settings.ready_topic, partitions, max_request_bytes=largest)
         self._step("dispatch_topics")
         intake = self.settings.intake_topic
-        # The roll reads the driver's clock against due times on the broker's: it rolls a
-        # bucket clock_tolerance early, so a driver whose clock trails by up to that rolls in
-        # time (DESIGN.md section 3).
+        # Rolls clock_tolerance early: the driver's clock may trail the broker's (DESIGN.md 3).
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint, intake,
                         kadmin.topic_partitions(self._admin, [intake])[intake]
                         or len(self.settings.level_delays_ms),
@@ -189,17 +175,15 @@ class DelayJob:
         self._heartbeat.start()
 
     def failure(self) -> str | None:
-        """Why the job cannot go on though its query runs (a dispatch stage that gave up)."""
+        """Why the job cannot go on though its query runs (a dispatch stage gave up)."""
         return self._dispatcher.failure if self._dispatcher is not None else None
 
     def lost_kept_rows(self) -> bool:
-        """Whether the wheel query failed because a batch's kept rows were lost with an
-        executor (streaming/wheel/query.py `kept`): that batch runs again after a restart."""
+        """Whether the query failed because an executor lost a batch's kept rows."""
         return self._writer is not None and self._writer.lost_kept_rows
 
     def restart(self) -> None:
-        """Stop what is left and start anew on the same Spark session, as a restarted driver
-        would: the batch the query failed in is not committed and runs again."""
+        """As a restarted driver would: the failed batch is not committed and runs again."""
         self.stop()
         self.start()
 
@@ -215,9 +199,8 @@ class DelayJob:
 
     def _seed_pending(self, batch_id: int) -> None:
         def seed():
-            # Read once the batch after the first is done too: after a restart the first batch
-            # runs again the one the last run left, and the next one carries the first new
-            # deliveries; the state's read (a Spark job) would share the cores with it.
+            # Wait for the second batch: after a restart the first reruns the last run's, and
+            # the next carries the first new deliveries; the read would share their cores.
             first = self.query.lastProgress["batchId"]
             deadline = time.monotonic() + 60
             while (time.monotonic() < deadline and self.query.isActive
@@ -230,16 +213,14 @@ class DelayJob:
                 log.warning("could not read the pending messages of batch %d from the state: %s",
                             batch_id, e)
                 return
-            log.info("pending gauge seeded from batch %d in %.1f s", batch_id, time.monotonic() - t0)
+            log.info("pending gauge seeded from batch %d in %.1f s", batch_id,
+                     time.monotonic() - t0)
         self._seeder = threading.Thread(target=seed, name="delayq-pending-seed", daemon=True)
         self._seeder.start()
 
     def stop(self, grace_s: float = 30.0, thread_s: float = 30.0) -> None:
-        """A clean stop: the batch under way finishes and is committed (up to `grace_s`), no
-        other begins, then the query stops, interrupting the Spark work of a batch past its
-        grace (that batch runs again after the restart). Python code is not interrupted: a query
-        thread still running `thread_s` later is left to end with the process, and JobError
-        raised once the rest is stopped."""
+        """The batch under way commits (up to `grace_s`), then the query stops. A query thread
+        still running `thread_s` later is left to end with the process; JobError after the rest."""
         stuck = None
         try:
             if self.query is not None:
@@ -247,8 +228,7 @@ class DelayJob:
                 if committed is not None:
                     running.await_parked(self.query, self._writer)
                 stuck = running.stop_query(self.spark, self.query, self._writer, thread_s)
-            # After the wheel: a dispatch task ends once it reads its stop record, and the wheel
-            # writes nothing after it.
+            # After the wheel: a task ends at its stop record, and the wheel writes nothing after.
             if self._dispatcher is not None:
                 self._dispatcher.stop()
                 self._dispatcher = None
@@ -270,5 +250,3 @@ class DelayJob:
                 self._admin.close()
         if stuck is not None:
             raise JobError(stuck)
-
-

@@ -1,12 +1,5 @@
-"""The producer client: send a message to be delivered later, and cancel it.
-
-    with DelayProducer(settings) as producer:
-        handle = producer.send("orders", b"payload", key=b"k", level=3)
-        print(handle.uniq_key)
-
-It writes to the intake topic with the contract's headers: a level-L message goes to intake
-partition L-1, as RocketMQ writes it to queue L-1.
-"""
+"""The producer client: send a message to be delivered later, and cancel it. A level-L message
+goes to intake partition L-1, as RocketMQ writes it to queue L-1."""
 from __future__ import annotations
 
 import uuid
@@ -25,8 +18,6 @@ from streaming.kafka.config import python_client_config
 
 @dataclass(frozen=True)
 class Handle:
-    """What a send returns: the message id, and where the service keeps it until due."""
-
     uniq_key: str
     level: int          # 1..N, 0 for immediate, -1 for a timer
     due_ms: int         # broker append time + delay (the due time the service computes)
@@ -34,7 +25,7 @@ class Handle:
     offset: int
 
     def token(self) -> str:
-        """A string form for `delayq cancel`: uniq_key@due_ms@level."""
+        """For `delayq cancel`: uniq_key@due_ms@level."""
         return f"{self.uniq_key}@{self.due_ms}@{self.level}"
 
     @classmethod
@@ -86,7 +77,7 @@ class DelayProducer:
              level: int = 0, partition: int | None = None,
              headers: Iterable[tuple[str, bytes]] = (), uniq_key: str | None = None,
              deliver_at_ms: int | None = None, delay_ms: int | None = None) -> Handle:
-        """Send one message; block until the broker has it; return its Handle."""
+        """Block until the broker has it."""
         if sum(x is not None for x in (deliver_at_ms, delay_ms)) + (level != 0) > 1:
             raise ValueError("give at most one of level, deliver_at_ms, delay_ms")
         uniq = uniq_key or new_uniq_key()
@@ -103,17 +94,15 @@ class DelayProducer:
             level = TIMER_LEVEL
             wire.append((H.TIMER_DELAY_MS, str(int(delay_ms)).encode()))
         wire.extend((name, bytes(val)) for name, val in headers)
-        meta = self._producer.send(
-            self.settings.intake_topic, key=key, value=value, headers=wire,
-            partition=self.intake_partition(level, uniq),
-        ).get(timeout=self.settings.produce_timeout_s)
+        meta = self._producer.send(self.settings.intake_topic, key=key, value=value, headers=wire,
+                                   partition=self.intake_partition(level, uniq),
+                                   ).get(timeout=self.settings.produce_timeout_s)
         return Handle(uniq, level, self._due(meta.timestamp, level, deliver_at_ms, delay_ms),
                       meta.partition, meta.offset)
 
     def cancel(self, handle: "Handle | str") -> None:
-        """Drop a pending message. A cancel of a message already delivered, or sent later than
-        its due time minus the fire lead, changes nothing and is counted
-        (delayq_cancel_misses_total)."""
+        """Too late (delivered, or past due time minus the fire lead) changes nothing and is
+        counted (delayq_cancel_misses_total)."""
         if isinstance(handle, str):
             handle = Handle.parse(handle)
         wire = [(H.TIMER_DEL_UNIQKEY, handle.uniq_key.encode()),

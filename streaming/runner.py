@@ -1,6 +1,5 @@
 """Run the service in this process: a Spark session and the delivery job with its Prometheus
-endpoint, until Ctrl-C or SIGTERM (the embedded broker, when no Kafka is configured, is started
-around it by the caller: streaming/tools/broker.py `embedded`)."""
+endpoint, until Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import contextlib
@@ -22,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def process_age_s() -> float | None:
-    """Seconds since this process started (Linux /proc), or None where that is not known."""
+    """None where not known."""
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
@@ -33,13 +32,13 @@ def process_age_s() -> float | None:
         return None
 
 
-# Seconds into a stop after which every Python thread's stack is printed (see running_job).
+# A stop takes at most the batch's grace and the thread's wait (30 s each) and Spark's stop;
+# past this, every Python thread's stack is printed to say where it is stuck.
 STOP_REPORT_S = 75
 
 
 @contextlib.contextmanager
 def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
-    """The job with its Prometheus endpoint."""
     from sinks.metrics import build_metrics, serve
 
     metrics = build_metrics()
@@ -58,9 +57,6 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
                          "spark_session": session_s, **job.startup_s}
         yield job
     finally:
-        # A stop takes at most the batch's grace and the query thread's wait (30 s each,
-        # DelayJob.stop) and Spark's own stop; one that takes longer prints the stack of
-        # every Python thread, to say where it is stuck before something kills it.
         faulthandler.dump_traceback_later(STOP_REPORT_S)
         STOPPING.set()
         try:
@@ -74,10 +70,8 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
 
 
 def stop_on_sigterm(stop: threading.Event) -> None:
-    """From the start of `delayq run`: a SIGTERM that comes while the job is still starting
-    (the Spark session, the checkpoint's checks, the first batch) asks for the clean stop,
-    which follows as soon as the job is up, instead of ending the driver where it stands.
-    (SIGINT keeps Python's KeyboardInterrupt until then: the SparkContext installs its own.)"""
+    """A SIGTERM while the job starts asks for the clean stop once it is up, instead of ending the
+    driver where it stands (SIGINT stays KeyboardInterrupt: the SparkContext sets its own)."""
     def handler(signum, frame):
         if not stop.is_set():
             print("delayq: stop asked while starting; stopping once started", flush=True)
@@ -96,8 +90,7 @@ def stop_on_signals(stop: threading.Event) -> None:
 
 def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:
     """Block until stopped by a signal; raise the query's error if it dies. A query that died
-    because an executor took a batch's kept rows with it (a Worker lost, on a cluster) is
-    started again from the checkpoint, up to `job_restarts` times: that batch runs again."""
+    because an executor took a batch's kept rows with it is restarted up to `job_restarts` times."""
     stop_on_signals(stop)  # after the SparkContext, which installs a SIGINT handler of its own
     restarts, most = 0, job.settings.job_restarts
     while not stop.is_set():

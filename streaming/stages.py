@@ -1,6 +1,5 @@
-"""Each stage's frozen config, built from the settings in this one place: the parse's rules
-(state/envelope.py Rules), the wheel's (state/groups.py WheelConfig) and a dispatch task's
-(streaming/dispatch/rules.py DispatchConfig)."""
+"""Each stage's frozen config (parse Rules, WheelConfig, DispatchConfig), built from the settings
+in this one place."""
 from __future__ import annotations
 
 from conf.settings import Settings
@@ -11,45 +10,32 @@ from streaming.kafka.config import dispatch_producer_config, librdkafka_config
 
 
 def rules_of(settings: Settings) -> Rules:
-    return Rules(
-        level_delays_ms=settings.level_delays_ms,
-        intake_topic=settings.intake_topic,
-        dlq_topic=settings.dlq_topic,
-        allowed_topics=settings.allowed_topic_set,
-        max_delay_ms=settings.max_delay_ms,
-        clock_tolerance_ms=settings.clock_tolerance_ms,
-        near_horizon_ms=settings.near_horizon_ms,
-        cold_bucket_ms=settings.cold_bucket_ms,
-        timer_parts=settings.timer_parts,
-    )
+    return Rules(level_delays_ms=settings.level_delays_ms, intake_topic=settings.intake_topic,
+                 dlq_topic=settings.dlq_topic, allowed_topics=settings.allowed_topic_set,
+                 max_delay_ms=settings.max_delay_ms,
+                 clock_tolerance_ms=settings.clock_tolerance_ms,
+                 near_horizon_ms=settings.near_horizon_ms, cold_bucket_ms=settings.cold_bucket_ms,
+                 timer_parts=settings.timer_parts)
 
 
 def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelConfig:
-    return WheelConfig(
-        slot_ms=settings.slot_ms,
-        lead_ms=settings.fire_lead_ms,
-        lead_per_message_us=settings.fire_lead_per_message_us,
-        watermark_delay_ms=settings.late_tolerance_ms,
-        first_watermark_ms=first_watermark_ms,
-        dlq_topic=settings.dlq_topic,
-        timer_parts=settings.timer_parts,
-    )
+    return WheelConfig(slot_ms=settings.slot_ms, lead_ms=settings.fire_lead_ms,
+                       lead_per_message_us=settings.fire_lead_per_message_us,
+                       watermark_delay_ms=settings.late_tolerance_ms,
+                       first_watermark_ms=first_watermark_ms, dlq_topic=settings.dlq_topic,
+                       timer_parts=settings.timer_parts)
 
 
 def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, partitions: int,
                     intake_start: dict[int, int], ledger_max_bytes: int) -> DispatchConfig:
-    """A dispatch task's configuration: `max_request_bytes` is the largest record it sends,
-    `ledger_max_bytes` the ledger topic's max.message.bytes."""
+    """`max_request_bytes`: largest record sent; `ledger_max_bytes`: ledger max.message.bytes."""
     consumer = {"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
                 "enable.partition.eof": False,
-                # fetch.wait.max.ms stays at 500 ms: a fetch returns once a record comes, and
-                # shorter waits made idle tasks cost the broker a fifth of a core.
-                # As the wheel's Kafka source (streaming/wheel/query.py): an intake write a
-                # producer's transaction aborted is never delivered.
+                # fetch.wait.max.ms stays 500: shorter waits cost the broker 1/5 core when idle.
+                # As the wheel's source: an aborted transaction's intake write is never delivered.
                 "isolation.level": "read_committed"}
-    # librdkafka fills a record batch up to batch.size (1,000,000 bytes): no larger than the
-    # ledger topic takes, or a batch of ledger records it refuses would be refused again whole.
+    # batch.size no larger than the ledger topic takes, or a refused batch is refused again whole.
     exactly = settings.delivery == "exactly_once"
     producer = {**dispatch_producer_config(settings, max_request_bytes),
                 "batch.size": min(1_000_000, ledger_max_bytes)}

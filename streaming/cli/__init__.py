@@ -1,1 +1,1 @@
-"""`delayq`: the command line (the one place that also reaches the local tools in streaming/tools/)."""
+"""`delayq`: the command line (the one place that also reaches streaming/tools/)."""

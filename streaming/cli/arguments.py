@@ -1,5 +1,4 @@
-"""What a `delayq` subcommand runs with: its settings (conf/ defaults and DELAYQ_* environment,
-overridden by the connection and folder options given on its command line) and its log lines."""
+"""A `delayq` subcommand's settings (command-line options over DELAYQ_* and conf/) and logging."""
 from __future__ import annotations
 
 import argparse
@@ -28,8 +27,8 @@ PACKAGES = ("conf", "state", "sinks", "streaming")
 
 
 def log_to_stderr(level: str) -> None:
-    """delayq's own loggers at `level`, every other library's at WARNING (kafka-python's
-    INFO is a line per connection), in the shape of Spark's log4j lines."""
+    """delayq's loggers at `level`, other libraries' at WARNING (kafka-python's INFO is a line
+    per connection)."""
     import logging
 
     handler = logging.StreamHandler(sys.stderr)
@@ -40,13 +39,15 @@ def log_to_stderr(level: str) -> None:
     root.setLevel(logging.WARNING)
     for package in PACKAGES:
         logging.getLogger(package).setLevel(level)
-    # kafka-python warns whenever one of its event loop's tasks takes over 100 ms, which a busy
-    # 2-core host causes in the demo's own consumer: a remark on the host, not a fault.
+    # kafka-python warns of any event-loop task over 100 ms, as a busy 2-core host causes.
     logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("connection and folders")
-    group.add_argument("--bootstrap-servers", help=f"Kafka bootstrap servers; empty = embedded local broker [{env_name('bootstrap_servers')}]")
-    group.add_argument("--data-dir", help=f"broker data, checkpoints and tables [{env_name('data_dir')}]")
+    group.add_argument("--bootstrap-servers",
+                       help=f"Kafka bootstrap servers; empty = embedded local broker "
+                            f"[{env_name('bootstrap_servers')}]")
+    group.add_argument("--data-dir",
+                       help=f"broker data, checkpoints and tables [{env_name('data_dir')}]")
     group.add_argument("--intake-topic", help=f"intake topic [{env_name('intake_topic')}]")

@@ -1,5 +1,4 @@
-"""The `delayq` commands that use or inspect a delivery service: produce, cancel, offsets,
-ledger, tables and status (their options are defined in streaming/cli/main.py)."""
+"""The `delayq` commands that use or inspect a delivery service (options: streaming/cli/main.py)."""
 from __future__ import annotations
 
 import argparse
@@ -21,10 +20,10 @@ def cmd_produce(args: argparse.Namespace) -> int:
             raise SystemExit(f"delayq produce: --header {item!r} is not NAME=VALUE")
         headers.append((name, value.encode()))
     with DelayProducer(settings) as producer:
-        handle = producer.send(
-            args.topic, args.value.encode(), key=args.key.encode() if args.key else None,
-            level=args.level, partition=args.partition, headers=headers,
-            deliver_at_ms=args.deliver_at_ms, delay_ms=args.delay_ms)
+        handle = producer.send(args.topic, args.value.encode(),
+                               key=args.key.encode() if args.key else None, level=args.level,
+                               partition=args.partition, headers=headers,
+                               deliver_at_ms=args.deliver_at_ms, delay_ms=args.delay_ms)
     print(f"UNIQ_KEY {handle.uniq_key}\nhandle   {handle.token()}\n"
           f"intake   partition {handle.partition} offset {handle.offset}, due {handle.due_ms}")
     return 0

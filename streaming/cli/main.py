@@ -1,9 +1,5 @@
-"""`delayq`: the one entry point, its parser and the job commands (run, submit); the service
-commands are in streaming/cli/commands.py, the local tools' in streaming/tools/tool_commands.py.
-
-Every option can also be set from the environment as DELAYQ_<NAME> (named in --help);
-the defaults shown come from conf/defaults.toml.
-"""
+"""`delayq`: the one entry point, its parser and the job commands (run, submit); every option
+can also be set from the environment as DELAYQ_<NAME>."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +9,8 @@ import sys
 from state.errors import DelayqError
 from streaming.cli.arguments import STARTED, add_common, env_name, log_to_stderr, \
     setting_overrides, settings_of
-from streaming.cli.commands import cmd_cancel, cmd_ledger, cmd_offsets, cmd_produce, cmd_status, cmd_tables
+from streaming.cli.commands import cmd_cancel, cmd_ledger, cmd_offsets, cmd_produce, cmd_status, \
+    cmd_tables
 from streaming.tools.tool_commands import add_tool_parsers
 
 
@@ -57,24 +54,23 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(" ".join(submit_command(settings, master, **options)))
         return 0
-    # The driver spark-submit starts reads its settings from the environment, like `run`.
+    # The driver spark-submit starts reads its settings from the environment.
     os.environ.update({env_name(k): str(v) for k, v in setting_overrides(args).items()})
     if not master.startswith("local"):
-        # Partitions not set: sized for the cluster at a new checkpoint's first start.
-        unset = [k for k in ("spark_shuffle_partitions", "ready_partitions") if env_name(k) not in os.environ]
+        unset = [k for k in ("spark_shuffle_partitions", "ready_partitions")
+                 if env_name(k) not in os.environ]
         os.environ.update({env_name(k): "0" for k in unset})
         if unset:
             print(f"delayq submit: {' and '.join(unset)} sized for the task slots the job gets "
-                  f"(at a new checkpoint's first start; set {env_name(unset[0])} to choose)", flush=True)
+                  f"(at a new checkpoint's first start; set {env_name(unset[0])} to choose)",
+                  flush=True)
     return submit(settings, master, **options)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="delayq",
-        description="Delay delivery for Kafka on Spark Structured Streaming.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+        prog="delayq", description="Delay delivery for Kafka on Spark Structured Streaming.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     # The order here is the order `delayq --help` lists them in.
     _add_job_parsers(sub)
@@ -85,13 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
-    run = sub.add_parser("run", help="run the delivery job (embedded broker unless Kafka is configured)")
+    run = sub.add_parser(
+        "run", help="run the delivery job (embedded broker unless Kafka is configured)")
     add_common(run)
     run.add_argument("--allow-fresh-checkpoint", action="store_true",
                      help="start a new checkpoint although the consumer group shows an earlier "
                           "run (replays the intake; pending messages of that run are lost)")
     run.add_argument("--allow-config-change", action="store_true",
-                     help="start on a checkpoint written with other level, slot or partition settings")
+                     help="start on a checkpoint written with other level, slot or partition "
+                          "settings")
     run.set_defaults(func=cmd_run)
 
     submit = sub.add_parser("submit", help="run the delivery job through spark-submit on a master")
@@ -99,11 +97,15 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
     submit.add_argument("--master", help="spark://host:port, k8s://https://host:port or local[N] "
                                          "[default: the local cluster of `delayq cluster start`]")
     submit.add_argument("--deploy-mode", choices=("client", "cluster"), default="client",
-                        help="where the driver runs (standalone clusters run Python drivers in client mode)")
-    submit.add_argument("--total-executor-cores", type=int, help="cores the job takes from the cluster")
-    submit.add_argument("--dry-run", action="store_true", help="print the spark-submit command only")
+                        help="where the driver runs (standalone clusters run Python drivers in "
+                             "client mode)")
+    submit.add_argument("--total-executor-cores", type=int,
+                        help="cores the job takes from the cluster")
+    submit.add_argument("--dry-run", action="store_true",
+                        help="print the spark-submit command only")
     for flag in ("--allow-fresh-checkpoint", "--allow-config-change"):
-        submit.add_argument(flag, action="store_true", help="passed to `delayq run` (see run --help)")
+        submit.add_argument(flag, action="store_true",
+                            help="passed to `delayq run` (see run --help)")
     submit.set_defaults(func=cmd_submit)
 
 
@@ -118,25 +120,30 @@ def _add_message_parsers(sub: argparse._SubParsersAction) -> None:
                          help="user header, repeatable")
     timer = produce.add_mutually_exclusive_group()
     timer.add_argument("--deliver-at-ms", type=int, help="absolute deliver time, epoch ms")
-    timer.add_argument("--delay-ms", type=int, help="deliver this long after the broker's append time")
+    timer.add_argument("--delay-ms", type=int,
+                       help="deliver this long after the broker's append time")
     produce.add_argument("value", help="message value (UTF-8)")
     add_common(produce)
     produce.set_defaults(func=cmd_produce)
 
-    cancel = sub.add_parser("cancel", help="cancel a pending message by the handle `produce` printed")
+    cancel = sub.add_parser("cancel",
+                            help="cancel a pending message by the handle `produce` printed")
     cancel.add_argument("handle", help="UNIQ_KEY@DUE_MS@LEVEL")
     add_common(cancel)
     cancel.set_defaults(func=cmd_cancel)
 
 
 def _add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
-    offsets = sub.add_parser("offsets", help="print the delayOffset table of the last committed batch")
-    offsets.add_argument("--checkpoint", help="checkpoint folder [default: <data_dir>/checkpoints/delivery]")
+    offsets = sub.add_parser("offsets",
+                             help="print the delayOffset table of the last committed batch")
+    offsets.add_argument("--checkpoint",
+                         help="checkpoint folder [default: <data_dir>/checkpoints/delivery]")
     add_common(offsets)
     offsets.set_defaults(func=cmd_offsets)
 
-    ledger = sub.add_parser("ledger", help="where is a message: delivered, pending or dead-lettered; or --summary",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ledger = sub.add_parser(
+        "ledger", help="where is a message: delivered, pending or dead-lettered; or --summary",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ledger.add_argument("uniq_key", nargs="?", help="the message's UNIQ_KEY")
     ledger.add_argument("--summary", action="store_true", help="counts and lateness per level")
     ledger.add_argument("--since", help="with --summary: from this ISO time (UTC if no zone)")
@@ -156,7 +163,8 @@ def _add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
     tables.set_defaults(func=cmd_tables)
 
     status = sub.add_parser("status", help="headline figures from the running job's exporter")
-    status.add_argument("--url", help="exporter URL [default: http://<metrics_host>:<metrics_port>/metrics]")
+    status.add_argument("--url",
+                        help="exporter URL [default: http://<metrics_host>:<metrics_port>/metrics]")
     add_common(status)
     status.set_defaults(func=cmd_status)
 

@@ -1,1 +1,1 @@
-"""The dispatch stage: a long-running task per ready partition reads the fired references and the short levels, reads bodies back from the intake, and sends each message to its real topic at its due time."""
+"""The dispatch stage: a task per ready partition sends each fired message to its topic when due."""

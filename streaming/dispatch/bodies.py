@@ -1,19 +1,7 @@
-"""A dispatch task's read-back of message bodies from the intake (DESIGN.md section 4): the
-wheel holds and fires references (intake partition, offset, append time, UNIQ_KEY, due time), as
-RocketMQ's schedule queue holds commit-log offsets, and the task reads each referenced record
-when its reference arrives, a fire lead before it is due.
-
-References are gathered per intake partition and read in offset order: a level's partition holds
-its messages in due order, so a level's references come in runs, read through; a gap of more than
-`fetch_gap` records is skipped by positioning the partition again. The record read must be the
-one referenced, its UNIQ_KEY and append time the reference's: a topic recreated, or an unclean
-leader election, reuses offsets. A record gone (deleted by retention, or an offset that
-read_committed skips) or not the one referenced is dead-lettered with its reason. The message is
-restored by the parse rules of the wheel (state/parse.py, which the dispatch's own intake read
-uses too) and due when its reference says: the due time is never computed again.
-
-No Spark import: it runs in the dispatch task's Python worker.
-"""
+"""A dispatch task's read-back of message bodies from the intake (DESIGN.md section 4): the wheel
+fires references and the task reads each record, in offset order per intake partition. The record
+must be the one referenced (UNIQ_KEY, append time: a recreated topic or unclean leader election
+reuses offsets), else it is dead-lettered; the due time is the reference's. No Spark import."""
 from __future__ import annotations
 
 import heapq
@@ -33,8 +21,8 @@ log = logging.getLogger(__name__)
 
 # How long a pass of `pump` reads at most, so the task's loop keeps sending what is due.
 PUMP_S = 0.02
-# How long a partition's end may stay before a reference before the reference is taken to
-# name no record (a log truncated below it); a new leader's end can trail for a moment.
+# How long a partition's end may stay before a reference before it is taken to name no record
+# (a truncated log); a new leader's end can trail for a moment.
 END_WAIT_S = 10.0
 _NO_PARTITION = (KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART,
                  KafkaError._UNKNOWN_TOPIC)
@@ -57,10 +45,8 @@ class Bodies:
             "enable.partition.eof": True, "isolation.level": "read_committed",
             # A reposition drops what was fetched ahead: fetch ahead a little, not megabytes.
             "max.partition.fetch.bytes": 262_144, "queued.max.messages.kbytes": 8_192,
-            # ... and fetch again as soon as the task has taken some: librdkafka's default waits
-            # a second once that much is queued, and the task waited for bodies
-            # (streaming/tools/bench_readback.py: 18.9 s for 200,000 before, with the changes
-            # of the same commit, against 5.9 s).
+            # ... and fetch again at once: the default waits a second once that much is queued
+            # (bench_readback.py, with its commit's other changes: 18.9 s → 5.9 s for 200,000).
             "fetch.queue.backoff.ms": 5})
         self.wants: dict[int, dict[int, list[Row]]] = {}   # ipart → offset → rows
         self._offsets: dict[int, list[int]] = {}   # ipart → a heap of its wanted offsets
@@ -83,8 +69,8 @@ class Bodies:
             self._back[p] = min(offset, self._back.get(p, offset))
 
     def first_wanted(self) -> tuple | None:
-        """The heap order (due, ipart, ioff) of the earliest reference still without its body:
-        no row due after it is sent before it (one key's order, streaming/dispatch/rules.py Row)."""
+        """The heap order (due, ipart, ioff) of the earliest reference without its body: no row
+        due after it is sent before it (one key's order)."""
         order = self._order
         while order and order[0][2] not in self.wants.get(order[0][1], ()):
             heapq.heappop(order)
@@ -94,9 +80,8 @@ class Bodies:
         return sum(len(offsets) for offsets in self.wants.values())
 
     def pump(self, wait_s: float = 0.0) -> bool:
-        """Read what the consumer has fetched of the wanted records, for up to PUMP_S, having
-        waited up to `wait_s` for the first; then `take` gives the rows read back and the
-        references without their record. Whether there was anything to read."""
+        """Read the wanted records fetched, for up to PUMP_S after waiting up to `wait_s` for the
+        first (`take` gives the results). Whether there was anything to read."""
         self._position()
         reading = bool(self.reading)
         found = []
@@ -135,9 +120,8 @@ class Bodies:
         return heap[0] if heap else None
 
     def _position(self) -> None:
-        """Assign each partition that has references and is not read, at its first one; read
-        again from a reference that came behind the position; drop the partitions that have
-        none left."""
+        """Assign unread partitions with references at their first; seek back to references
+        behind the position; drop partitions with none left."""
         for p, offset in self._back.items():
             if p in self.reading:
                 self._seek(p, offset)
@@ -176,9 +160,8 @@ class Bodies:
         self.reading[p] = offset
 
     def _read(self, p: int, offset: int, msg) -> list:
-        """A record read: the references below it that it passed had no record to read
-        (read_committed skips aborted writes), its own take it; then on to the next wanted,
-        reading through a gap of at most `fetch_gap` records and seeking past a longer one."""
+        """A record read: references it passed had none (read_committed skips aborted writes);
+        then on to the next wanted, seeking past a gap of more than `fetch_gap` records."""
         if p not in self.reading or offset < self.reading[p]:
             return []
         self._passed(p, offset, "was not read (aborted, or removed)")
@@ -197,9 +180,8 @@ class Bodies:
             self.dead.extend((row, gone(row, why)) for row in offsets.pop(low))
 
     def _at_end(self, p: int, offset: int) -> None:
-        """The partition's end reached at `offset`: the references below it were skipped
-        (read_committed skips aborted writes); those past it wait for their records, which
-        the wheel read before it fired them, unless the end stays before them END_WAIT_S."""
+        """The end reached at `offset`: references below it were skipped (aborted writes); those
+        past it wait (the wheel read their records), unless the end stays before them END_WAIT_S."""
         if p not in self.reading:
             return
         self._passed(p, offset, "was not read (aborted, or removed)")
@@ -211,9 +193,8 @@ class Bodies:
             self._out_of_range(p, drop=False)
 
     def _out_of_range(self, p: int, drop: bool = True) -> None:
-        """A position outside the partition, or its end long before a reference: the
-        references below its first record (deleted by retention) and from its end on (a
-        truncated log) have no record."""
+        """A position outside the partition, or its end long before a reference: references
+        below its first record (retention) or from its end on (a truncated log) have none."""
         low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30,
                                                         cached=False)
         offsets = self.wants.get(p, {})
@@ -232,9 +213,8 @@ class Bodies:
             self.consumer.incremental_unassign([TopicPartition(self.topic, p)])
 
     def _restore(self, found: list) -> None:
-        """The records read, parsed at once, each checked against its reference and restored
-        as the wheel would deliver it: the message's own headers, then UNIQ_KEY and DELIVER_MS
-        (the reference's due time)."""
+        """The records read, parsed at once, checked against their references and restored as
+        the wheel delivers them (own headers, then UNIQ_KEY and the reference's DELIVER_MS)."""
         msgs = [msg for msg, _ in found]
         parsed = parse_batch(intake_batch(msgs), self.rules, slot_ms=1000, spread=1,
                              now_ms=int(time.time() * 1000))

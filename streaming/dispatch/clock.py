@@ -14,14 +14,10 @@ log = logging.getLogger(__name__)
 
 
 class Skew:
-    """This host against the broker's clock (DESIGN.md section 3): the broker stamps a record of
-    a LogAppendTime topic (the task's ledger partition) before this host sees its
-    acknowledgement, so this host's time then minus the stamp bounds its offset to the broker's
-    clock from above. The smallest bound of the last window is kept, on the monotonic clock, so
-    that a step of the wall clock (NTP) moves nothing. `broker_ms` reads the broker's clock
-    through it: never ahead of the broker's own, so a row held until then is never early, and a
-    host whose clock trails the broker's sends on time, not that much late. The wall clock's
-    offset (`offset_ms`) is reported, and logged past half of `clock_tolerance_ms`."""
+    """This host against the broker's clock: the broker stamps a LogAppendTime record before this
+    host sees its ack, so local time minus the stamp bounds the offset from above. The last
+    window's smallest bound is kept on the monotonic clock (an NTP step moves nothing), so
+    `broker_ms` is never ahead of the broker's: a row held until it is never early."""
 
     def __init__(self, topic: str, clock_tolerance_ms: int, window_s: float = 60.0,
                  clock: Callable[[], float] = time.time,

@@ -17,13 +17,11 @@ class Committing:
     """The committing part of a dispatch task (streaming/dispatch/task.py `_Task`)."""
 
     def _commit(self, final: bool = False) -> None:
-        """Commit the commit point; a transient failure waits for the next commit. With
-        exactly_once, the transaction first, and the offsets every `offsets_interval_s` and at
-        the end (a crash reads the rows between again, and the ledger skips them)."""
+        """Commit the commit point (a transient failure waits for the next). exactly_once: the
+        transaction first, offsets every `offsets_interval_s` (rows read again: ledger skips)."""
         if self.txn:
             due = final or time.monotonic() - self._offsets_at >= self.config.offsets_interval_s
-            # Taken first, so below what the transaction's commit delivers; only when due (the
-            # commit point is a minimum over every held row).
+            # Taken first, so below what the commit delivers; only when due (a min over held rows).
             commits = self._commit_points() if due else []
             self._commit_transaction()
             if not due:
@@ -40,13 +38,11 @@ class Committing:
                         self.partition, e)
 
     def _commit_points(self) -> list:
-        """Each source's commit point, with the metadata the driver's gauges read."""
         commits = []
         for source, offsets in self.offsets.items():
             point, mark = offsets.commit_point(self.ledger_end)
             meta = {"ledger": mark}
-            if source is None:   # the task's held rows and clock, for the driver's gauges,
-                # and a beat that changes at every commit (the driver's liveness check)
+            if source is None:   # the driver's gauges, and a beat for its liveness check
                 meta["beat"] = time.monotonic_ns() // 1_000_000
                 meta["held"] = {str(k): n for k, n in self.held.items() if n}
                 if self.refired.batch is not None:

@@ -1,15 +1,8 @@
-"""The dispatch tasks' own read of the intake (DESIGN.md section 4, "Short delays").
-
-A message whose level's delay is at most `dispatch_direct_max_delay_ms` (an immediate one too)
-would fire in the wheel batch that reads it, so the wheel's micro-batches would set its
-lateness. Instead, ready partition p's dispatch task also reads the intake partitions q with
-q mod (ready partitions) = p, parses them by the wheel's rules (state/parse.py marks them
-Kind.DIRECT) and holds them like fired rows. Which records are the dispatch's is a rule of the
-headers alone (`is_direct`), which the wheel applies in the JVM before its parse
-(streaming/wheel/query.py `direct_column`), so the short levels' payloads never reach the
-wheel's Python. One intake partition has one sender, so a key's messages keep their intake
-order. No Spark import: it runs in the dispatch task's Python worker.
-"""
+"""The dispatch tasks' own read of the intake (DESIGN.md section 4, "Short delays"): a level
+of at most `dispatch_direct_max_delay_ms` would wait for a wheel micro-batch, so ready partition
+p's task reads intake partitions q with q mod (ready partitions) = p and holds their rows itself.
+`is_direct` looks at headers alone, so the wheel applies it in the JVM (streaming/wheel/query.py
+`direct_column`). One sender per intake partition keeps a key's order. No Spark import."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,14 +14,13 @@ from state.columns import HEADERS
 from state.envelope import Kind, Rules
 from state.parse import parse_batch
 
-# Headers that keep a record with the wheel whatever its DELAY says: timers, cancels, the
-# job's heartbeat and messages rolled back from the cold tier.
+# Headers that keep a record with the wheel whatever its DELAY says.
 WHEEL_HEADERS = frozenset((*H.TIMER_HEADERS, H.TIMER_DEL_UNIQKEY, H.HEARTBEAT, H.ROLLED))
 
 
 def direct_values(rules: Rules, direct_max_delay_ms: int) -> frozenset[bytes]:
-    """The DELAY values, as producers write them ("0", "1", …), of the levels whose delay is
-    at most `direct_max_delay_ms`; none when it is negative."""
+    """The DELAY values ("0", "1", …) of the levels whose delay is at most
+    `direct_max_delay_ms`; none when it is negative."""
     if direct_max_delay_ms < 0:
         return frozenset()
     return frozenset(str(level).encode() for level, delay in
@@ -36,9 +28,8 @@ def direct_values(rules: Rules, direct_max_delay_ms: int) -> frozenset[bytes]:
 
 
 def is_direct(headers: list | None, values: frozenset[bytes]) -> bool:
-    """Whether a dispatch task sends this intake record itself: short-level values on (one
-    or more — twice is a dead letter) DELAY headers, or none at all (an immediate message),
-    and no header of WHEEL_HEADERS. Such a record parses as Kind.DIRECT or Kind.DEAD."""
+    """Whether a dispatch task sends this intake record itself: only short-level DELAY values
+    (several: a dead letter; none: immediate), no WHEEL_HEADERS. Parses as Kind.DIRECT or DEAD."""
     if not values:
         return False
     for name, value in headers or ():
@@ -49,8 +40,7 @@ def is_direct(headers: list | None, values: frozenset[bytes]) -> bool:
 
 def intake_batch(msgs: list, each: list | None = None) -> pa.RecordBatch:
     """Consumed intake records in the layout the wheel's parse reads (streaming/wheel/query.py
-    intake_stream): key, value, ipart, ioff, append_ms (the broker's LogAppendTime), headers
-    (`each`: the records' headers, when read already; the client builds them at every call)."""
+    intake_stream); `each`: their headers if read already (the client builds them per call)."""
     if each is None:
         each = [m.headers() or () for m in msgs]
     flat = [header for headers in each for header in headers]
@@ -71,10 +61,9 @@ def intake_batch(msgs: list, each: list | None = None) -> pa.RecordBatch:
 
 def direct_rows(msgs: list, rules: Rules, direct_max_delay_ms: int, now_ms: int, topic: str
                 ) -> tuple[list[Row], list[tuple[Row, str]], list[tuple[int, int]]]:
-    """The records of `msgs` a dispatch task sends itself (`is_direct`): the good ones as rows
-    to hold (their headers as the wheel delivers them: the message's own, then UNIQ_KEY and
-    DELIVER_MS) and the bad ones as (row, reason) to dead-letter (their headers as they came);
-    and the (partition, offset) of every other record, which the wheel takes care of."""
+    """The records of `msgs` a task sends itself: rows to hold (headers as the wheel delivers
+    them), (row, reason) to dead-letter (headers as they came); and the (partition, offset) of
+    every other record, the wheel's."""
     values = direct_values(rules, direct_max_delay_ms)
     each = [m.headers() or () for m in msgs]
     mine = [is_direct(headers, values) for headers in each]

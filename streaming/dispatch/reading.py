@@ -1,6 +1,5 @@
 """A dispatch task's reading: its ready partition's references, the intake partitions it reads
-itself (streaming/dispatch/direct.py) and the bodies read back (streaming/dispatch/bodies.py),
-each taken into the heap of held rows or skipped when the ledger already holds it."""
+itself (direct.py) and the bodies read back (bodies.py), held or skipped if in the ledger."""
 from __future__ import annotations
 
 import logging
@@ -31,8 +30,7 @@ class Reading:
 
     def _resume(self) -> set[tuple[str, int]]:
         """Where this run starts: its partitions, their commit points, and what the ledger holds
-        from the last commit's mark on (kept for the task's life, a few commit intervals'
-        deliveries: a copy of one read later is a copy still)."""
+        from the last mark on (kept for the task's life: a copy read later is a copy still)."""
         consumer, config = self.consumer, self.config
         self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
         starts, mark, batch = retrying(lambda: committed(consumer, config,
@@ -86,9 +84,8 @@ class Reading:
             for tp in self.intake)])
 
     def _look_for_partitions(self) -> None:
-        """Partitions added to the intake since the start, read from their beginning (so are
-        the wheel's), added alone: the others read on from their fetch position, not from what
-        this task took of them (rows gathered and not yet taken would be fetched twice)."""
+        """Partitions added to the intake since the start, from their beginning, assigned alone:
+        reassigning the others would fetch rows gathered and not yet taken twice."""
         starts = retrying(lambda: added_partitions(self.consumer, self.config, self.partition,
                                                    self.offsets))
         if not starts:
@@ -124,9 +121,8 @@ class Reading:
                 self._dead_letter(row, reason)
 
     def _take(self, msg, done: set[tuple[str, int]]) -> None:
-        """One ready record: the run's stop, a row done before the start (only known, for
-        `Refired`), a message the ledger holds already or a wheel batch's copy (skipped), or a
-        row to hold until due."""
+        """One ready record: the run's stop, a row done before the start (known for `Refired`),
+        one in the ledger or a refired copy (skipped), or a row to hold until due."""
         offset, headers = msg.offset(), msg.headers() or []
         if headers and headers[-1][0] == READY_STOP:
             self.offsets[None].skip(offset)
@@ -149,9 +145,8 @@ class Reading:
             self.bodies.want(row)
 
     def _read_back(self, wait_s: float) -> bool:
-        """The references' bodies read back from the intake: held until due, or, for a record
-        gone or not the one referenced, dead-lettered (with the reference's headers). Waits up
-        to `wait_s` for the first of them; whether it was reading (and so waited)."""
+        """Hold the bodies read back, dead-letter references whose record is gone or replaced;
+        waits up to `wait_s` for the first. Whether it was reading (and so waited)."""
         reading = self.bodies.pump(wait_s)
         restored, dead = self.bodies.take()
         for row in restored:

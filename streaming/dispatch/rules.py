@@ -1,18 +1,7 @@
-"""The dispatch stage's rules and records (its loop is streaming/dispatch/task.py): one long-running
-task per ready partition in a Spark executor (streaming/dispatch/supervisor.py starts and supervises
-them). A task keeps its partition's fired rows in a heap by due time, produces each to its real
-topic at its due time and never before, then its ledger row to the ledger topic, and commits the
-ready partition's offset only below the lowest row not yet done (its send and its ledger row
-acknowledged). No Spark import: the loop runs in a plain Python worker.
-
-A restart reads the partition again from the committed offset and skips a row whose message the
-ledger topic already holds: the commit's metadata names the ledger offset from which the ledger
-rows of every row above the commit point lie (`Offsets`), and the start reads the ledger from
-there (streaming/dispatch/start.py in_ledger). A wheel batch fired again after a crash writes its
-references again: each carries its batch's id, and a copy of one already read is skipped
-(`Refired`). At least once, what is sent twice is what was delivered but not yet in the ledger
-when the task died; exactly once, nothing (streaming/dispatch/txn.py).
-"""
+"""The dispatch stage's rules and records (its loop: streaming/dispatch/task.py). A task sends
+each held row at its due time, never before, then its ledger row, and commits only below the
+lowest row not yet done; a restart skips what the ledger holds (`Offsets`) and a refired wheel
+batch's copies (`Refired`). No Spark import: the loop runs in a plain Python worker."""
 from __future__ import annotations
 
 import logging
@@ -55,29 +44,25 @@ class DispatchConfig:
     ledger_bytes: int                 # a ledger record's bytes at most (`ledger_chunks`)
     clock_tolerance_ms: int           # a clock off the broker's by half of this is logged
     intake_refresh_s: float           # how often a task looks for new intake partitions
-    # The intake read of streaming/dispatch/direct.py: its rules, which levels (-1: none), the partitions'
-    # count of the ready topic (which intake partitions each task reads), and where to start
-    # an intake partition this task never committed (the wheel's position; else the earliest).
+    # The intake read (direct.py): its rules, which levels (-1: none), the ready topic's partition
+    # count (which intake partitions a task reads), where an uncommitted one starts (else earliest).
     intake_topic: str = ""
     rules: object = None
     direct_max_delay_ms: int = -1
     ready_partitions: int = 1
     intake_start: dict = field(default_factory=dict)
-    # The read-back of references' bodies (streaming/dispatch/bodies.py): a gap of more wanted records than
-    # this is skipped by positioning the partition again rather than read through.
+    # The read-back (bodies.py): a gap of more wanted records than this is seeked past, not read.
     fetch_gap: int = 500
-    # delivery = "exactly_once": the prefix of each task's transactional.id (streaming/dispatch/txn.py;
-    # the task adds its ready partition), a transaction every `commit_interval_s` and the offsets
-    # every `offsets_interval_s`; empty: at least once, no transactions.
+    # exactly_once: the transactional.id's prefix (txn.py; the task adds its partition), offsets
+    # committed every `offsets_interval_s`; empty: at least once, no transactions.
     transactional_id: str = ""
     offsets_interval_s: float = 1.0
 
 
 class Row:
-    """A message held by a dispatch task; `offset` is its offset in `source`: None for the
-    task's ready partition, (intake topic, partition) for a message it read from the intake
-    itself (streaming/dispatch/direct.py). `body` is False for a reference whose record the task has not
-    read back yet (streaming/dispatch/bodies.py): topic, key, value and its own headers unknown."""
+    """A held message at `offset` in `source`: None for the ready partition, (intake topic,
+    partition) for one read from the intake itself (direct.py). `body` False: a reference not yet
+    read back (bodies.py), its topic, key, value and headers unknown."""
 
     __slots__ = ("due_ms", "ipart", "ioff", "offset", "topic", "partition", "key", "value",
                  "headers", "level", "append_ms", "uniq_key", "source", "body")
@@ -95,19 +80,15 @@ class Row:
 
 
 def identity(uniq_key: str, due_ms: int) -> tuple[str, int]:
-    """A delivered message as the restart's skip knows it: its UNIQ_KEY and due time (a
-    producer's resend of a message is due at another time and is sent again)."""
+    """A delivered message as the restart's skip knows it (a producer's resend is due at
+    another time, and is sent again)."""
     return uniq_key, due_ms
 
 
 class Refired:
-    """Copies of a wheel batch fired again. Spark's Kafka sink is at least once: a wheel batch
-    run again after a crash, or a task of it retried, writes its references to the ready
-    partition again, after its first ones and before any of the next batch's. Each reference
-    carries its batch's id as its key (sinks/ready.py); the identities of the newest batch's
-    references are kept, and one seen before in that batch is a copy. The commit's metadata
-    names that batch and its first ready offset, from where a restart reads to know them again.
-    """
+    """Copies of a wheel batch fired again (Spark's Kafka sink is at least once). A reference's
+    key is its batch's id (sinks/ready.py); one seen before in the newest batch is a copy. The
+    commit's metadata names that batch and its first offset, where a restart reads from."""
 
     def __init__(self, batch: int | None = None, start: int | None = None):
         self.batch, self.start = batch, start   # the newest batch, its first offset here
@@ -128,10 +109,8 @@ class Refired:
 
 
 def ready_row(offset: int, key, value, headers: list | None) -> Row:
-    """A fired row from its ready record: a reference, its value as sinks/ready.py
-    reference_value writes it and no header (`body` False, no headers until its record is read
-    back), or, as a version before 6 wrote them, a whole message (its own headers with UNIQ_KEY
-    and DELIVER_MS, as delivered, then the restore headers the wheel appended)."""
+    """A fired row from its ready record: a reference (value as sinks/ready.py reference_value
+    writes it, no header), or as versions before 6 wrote it, a whole message with READY_HEADERS."""
     if not headers:
         due, level, ipart, ioff, append_ms, uniq = value.split(b",", 5)
         return Row(int(due), int(ipart), int(ioff), offset, None, None, None, None, [],
@@ -157,12 +136,10 @@ def ready_row(offset: int, key, value, headers: list | None) -> Row:
 
 
 class Offsets:
-    """One source's rows read and not yet done, and its commit point: the lowest of them with
-    the ledger's end noted when it was read (the ledger rows of it and of every later row lie at
-    or past that offset), or, with none open, the next offset to read and the ledger's end now.
-    After a restart, rows above the start that an earlier run delivered have their ledger rows
-    from the start's mark on, lower than that: until the commit point passes the last of them
-    (`earlier`), its mark stays at the start's (`floor`)."""
+    """One source's open rows and its commit point: the lowest open row with the ledger's end
+    when it was read (its and later rows' ledger rows lie past it), else the next offset and the
+    ledger's end now. After a restart the mark stays at the start's (`floor`) until the point
+    passes the last row an earlier run delivered (`earlier`): their ledger rows lie below."""
 
     def __init__(self, position: int, floor: int = 0, earlier: int = -1):
         self.position = position
@@ -207,9 +184,8 @@ _PERMANENT = {
 
 
 def refusal(err, row: Row) -> str | None:
-    """The dead-letter reason of a send failure that is permanent, by the client's error code;
-    None for a transient one (retried). A fatal producer error is raised: the task restarts
-    with a new producer."""
+    """The dead-letter reason of a permanent send failure; None for a transient one (retried).
+    A fatal producer error is raised: the task restarts with a new producer."""
     if err.fatal():
         raise KafkaException(err)
     known = _PERMANENT.get(err.code())
@@ -225,9 +201,8 @@ INTAKE_RECORD = "DELAYQ_INTAKE_RECORD"
 
 
 def dead_letter_headers(row: Row, reason: str) -> list:
-    """A refused row's headers, its real topic and partition back, then DLQ_REASON; a row
-    without a topic is bad input (streaming/dispatch/direct.py), its headers all there as they came; a
-    reference without its record names the record it referenced."""
+    """A refused row's headers, its real topic and partition back, then DLQ_REASON; bad input
+    (no topic) keeps its headers as they came; a reference without its record names it."""
     if not row.body:
         return [(H.UNIQ_KEY, row.uniq_key.encode()), (H.DELIVER_MS, str(row.due_ms).encode()),
                 (INTAKE_RECORD, f"{row.ipart}-{row.ioff}".encode()),

@@ -1,8 +1,6 @@
-"""A dispatch task's sends and their acknowledgements (its loop is streaming/dispatch/task.py): a
-row to its real topic, stamped with the broker's clock and never before its due time; a refusal
-classified by the client's error code, retried when transient and dead-lettered when not (in a
-transaction, streaming/dispatch/txn.py, the transaction is lost instead); what was acknowledged
-sent on in ledger records; the probe that measures the clock. No Spark import."""
+"""A dispatch task's sends and their acks: a row to its real topic, stamped with the broker's
+clock and never before its due time; a refusal retried if transient, else dead-lettered (in a
+transaction, txn.py, the transaction is lost); acked rows into ledger records. No Spark import."""
 from __future__ import annotations
 
 import logging
@@ -22,8 +20,7 @@ class Sending:
     task's producer, clock (`_now_ms`), retries (`_later`) and counters."""
 
     def __init__(self):
-        # Acknowledged, ledger row not yet sent: (row, sent_ms, dead letter's reason or None,
-        # (partition, offset) it landed at).
+        # Acked, ledger row not yet sent: (row, sent_ms, reason or None, (partition, offset)).
         self._unledgered: list[tuple] = []
         self._unledgered_since = 0.0   # when the first of them was acknowledged (monotonic)
         self._sender = [(SENDER, sender())]
@@ -48,7 +45,7 @@ class Sending:
             self.in_transaction = True
         return True
 
-    # ---- acknowledgements (called from producer.poll) ---------------------------------------
+    # Acknowledgements, called from producer.poll.
     def _delivered(self, err, msg, row: Row, sent_ms: int) -> None:
         if err is None:
             self.sent += 1
@@ -59,8 +56,7 @@ class Sending:
             return
         reason = refusal(err, row)
         if err.code() in TOO_LARGE and (row.source, row.offset) not in self.refusals.alone:
-            # The broker refuses a whole record batch too large for the topic: a row may only
-            # have shared one with a larger one. Sent again alone, it is refused only when it
+            # The broker refuses a whole batch too large: sent alone, a row is refused only if it
             # is too large itself (Kafka's Java producer splits such a batch the same way).
             self.refusals.alone.add((row.source, row.offset))
             self._later(lambda: self._send_alone(row), 0.0)
@@ -108,12 +104,9 @@ class Sending:
             self._unledgered_since = time.monotonic()
         self._unledgered.append((row, sent_ms, reason, landed))
 
-    # ---- the ledger: a record of rows per send cycle, and the clock's probe ------------------
     def _ledger(self, force: bool = False) -> None:
-        """The ledger rows of what was acknowledged, as records of up to `ledger_batch` rows
-        and `ledger_bytes` bytes (streaming/dispatch/rules.py ledger_chunks), once `gather_s` has passed
-        since the first of them or `ledger_batch` are waiting; their rows are done once the
-        ledger has them."""
+        """Send the ledger rows of what was acked (`ledger_chunks`), once `gather_s` has passed
+        since the first or `ledger_batch` are waiting; rows are done once the ledger has them."""
         batch = self.config.ledger_batch
         if not self._unledgered or not force and len(self._unledgered) < batch \
                 and time.monotonic() - self._unledgered_since < self.config.gather_s:
@@ -129,8 +122,7 @@ class Sending:
         def send() -> bool:
             try:
                 self.producer.produce(
-                    self.ledger.topic, value=record, partition=self.partition,
-                    headers=self._sender,
+                    self.ledger.topic, value=record, partition=self.partition, headers=self._sender,
                     on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
             except BufferError:
                 return False
@@ -164,8 +156,8 @@ class Sending:
             self.held[row.level] -= 1
 
     def _probe(self, wait: bool = False) -> None:
-        """A record on the ledger partition whose acknowledgement measures the clock (Skew), which
-        the ledger query ignores; at the start, nothing is sent until then. Lost: not sent again."""
+        """An empty ledger record whose ack measures the clock (Skew); the ledger query ignores
+        it; at the start, nothing is sent until then. Lost: not sent again."""
         self._last_ack = time.monotonic()
         try:
             self.producer.produce(self.ledger.topic, value=b"", headers=[(PROBE, b"1")],

@@ -1,8 +1,5 @@
-"""Where a dispatch task (streaming/dispatch/task.py) starts: the partitions it reads, their
-committed offsets and metadata, and the messages its ledger partition already holds, which a
-restart skips (streaming/dispatch/rules.py says why). Plain Kafka calls on the task's consumer, with `retrying` for a
-cluster still starting.
-"""
+"""Where a dispatch task starts: its partitions, their committed offsets and metadata, and the
+messages its ledger partition holds, which a restart skips. `retrying` waits for a cluster."""
 from __future__ import annotations
 
 import json
@@ -43,8 +40,7 @@ def transient(e: KafkaException) -> bool:
 
 
 def owned_partitions(consumer, config: DispatchConfig, task: int) -> list:
-    """The intake partitions ready partition `task`'s dispatch task reads itself (none when no
-    level is direct)."""
+    """The intake partitions task `task` reads itself (none when no level is direct)."""
     if config.direct_max_delay_ms < 0:
         return []
     topic = consumer.list_topics(config.intake_topic, timeout=60).topics[config.intake_topic]
@@ -63,10 +59,9 @@ def added_partitions(consumer, config: DispatchConfig, task: int, known: dict) -
 
 
 def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int | None, list]:
-    """Where each of `parts` starts (its committed offset; else the ready partition's
-    beginning, an intake partition's `intake_start` or beginning), by Row.source; the earliest
-    ledger mark of their commits (None: none committed); and the newest wheel batch the ready
-    partition's commit names, with its first offset there (streaming/dispatch/rules.py Refired), or []."""
+    """Where each of `parts` starts by Row.source (committed, else `intake_start` or the
+    beginning); the earliest ledger mark of their commits (None: none); and the newest wheel
+    batch the ready commit names with its first offset there (rules.py Refired), or []."""
     starts, marks, batch = {}, [], []
     for tp in consumer.committed(parts, timeout=60):
         source = None if tp.topic == config.ready_topic else (tp.topic, tp.partition)
@@ -86,11 +81,9 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
 
 def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
               ) -> tuple[set[tuple[str, int]], dict, int]:
-    """The messages (`identity`) the task's ledger partition `ledger` holds from the last
-    commit's ledger mark (from its beginning when nothing was committed yet) to its end: what
-    was delivered of the rows above the commit point, which a restart skips; the last row each
-    source (Row.source) delivered there, whose offset the commits' marks wait for
-    (streaming/dispatch/rules.py Offsets); and the partition's end."""
+    """From the ledger mark (or the beginning) to the end of `ledger`: the messages delivered
+    (`identity`), which a restart skips; each source's last row delivered there, which the
+    commits' marks wait for (rules.py Offsets); and the partition's end."""
     low, high = consumer.get_watermark_offsets(ledger, timeout=60)
     position = low if mark is None else max(low, min(mark, high))
     done: set[tuple[str, int]] = set()

@@ -1,12 +1,7 @@
-"""The dispatch stage's supervisor, in the driver: each ready partition runs as its own
-one-task Spark job (streaming/dispatch/task.py run_partition), started again here with a back-off
-when it fails, as Spark does not retry tasks in `local[N]` and, on a cluster, a task that never
-ends would add its failures up to `spark.task.maxFailures` and abort the job. Past
-`dispatch_max_failures` within `dispatch_failure_window` the stage gives up (`failure`).
-
-A clean stop, after the wheel's, writes a stop record for this run to every ready partition:
-each task then sends what is in flight, commits and ends.
-"""
+"""The dispatch stage's supervisor, in the driver: each ready partition runs as its own one-task
+Spark job (task.py run_partition), restarted here with a back-off: Spark does not retry tasks in
+`local[N]`, and a never-ending task's failures would add up to `spark.task.maxFailures`. A clean
+stop writes a stop record for this run to every ready partition."""
 from __future__ import annotations
 
 import json
@@ -49,8 +44,7 @@ class Dispatcher:
         self._threads: list[threading.Thread] = []
         self._reader = None   # the commits' reader (a consumer never subscribed)
         self._on_commits = on_commits   # called with `reports()` once per commit interval
-        # The liveness check: each running task's last commit metadata and since when it is
-        # unchanged (monotonic), from its start at the latest.
+        # The liveness check: each running task's last commit metadata, unchanged since when.
         self._beats: dict[int, tuple[str | None, float]] = {}
 
     def start(self) -> "Dispatcher":
@@ -59,13 +53,11 @@ class Dispatcher:
                                       name=f"delayq-dispatch-{partition}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        threading.Thread(target=self._report, name="delayq-dispatch-reports",
-                         daemon=True).start()
+        threading.Thread(target=self._report, name="delayq-dispatch-reports", daemon=True).start()
         return self
 
     def _report(self) -> None:
-        """The tasks' reports to `on_commits` and the liveness check after each commit
-        interval, off the batches."""
+        """Reports to `on_commits` and the liveness check every commit interval."""
         interval = self.settings.dispatch_commit_interval_ms / 1000
         while not self._stopping.wait(interval):
             try:
@@ -82,9 +74,8 @@ class Dispatcher:
                     log.warning("could not report the dispatch tasks' commits: %s", exc)
 
     def _alive(self, partition: int, metadata: str | None) -> None:
-        """The liveness check of a running task: commits stopped for
-        `dispatch_liveness_timeout` (its worker paused, its executor cut off) cancel its job,
-        and its supervisor starts it again, fencing the one that stopped."""
+        """A task whose commits stopped for `dispatch_liveness_timeout` (worker paused, executor
+        cut off) has its job cancelled; its supervisor starts it again, fencing the old one."""
         if partition not in self._beats:
             return   # between two runs of the task
         now = time.monotonic()
@@ -101,10 +92,9 @@ class Dispatcher:
             self.spark.sparkContext.cancelJobGroup(self._group(partition))
 
     def reports(self) -> tuple[dict[int, int], dict[int, int]]:
-        """What the tasks' last commits say (each commit's metadata carries its task's figures):
-        the messages they have read and not yet finished, by level (the part of the pending
-        messages that has left the wheel), and each task's clock offset to the broker's in ms,
-        by ready partition (streaming/dispatch/rules.py Skew). One request, whatever the message rate."""
+        """From the tasks' last commits' metadata (one request, whatever the rate): messages read
+        and not yet finished, by level, and each task's clock offset to the broker's in ms (Skew),
+        by ready partition."""
         from confluent_kafka import Consumer, TopicPartition
 
         if self._reader is None:

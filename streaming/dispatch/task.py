@@ -22,22 +22,18 @@ from streaming.dispatch.txn import Aborted, Refusals, Transactions
 
 log = logging.getLogger(__name__)
 
-# The task's Python collects cycles after this many allocations (CPython's default: 700). A task
-# holds hundreds of thousands of rows, each a few objects, and allocates several per message:
-# at the default, collecting took about a third of its CPU (streaming/tools/bench_readback.py,
-# 200,000 references: 73 µs a message against 41, the last sent 4.8 s after the due time
-# against 2.7 s). Its rows form no cycles; what it frees, reference counting frees.
+# Cycles collected after this many allocations (default 700 took a third of the CPU: 200,000
+# references in bench_readback.py, 73 µs a message against 41). The rows form no cycles.
 GC_THRESHOLD = (50_000, 20, 100)
 
 
 def run_partition(config: DispatchConfig, partition: int,
                   clock: Callable[[], float] = time.time) -> Iterator[dict]:
-    """The task's whole life: dispatch `partition` until its stop record for this run, then
-    yield what it did ({"partition", "sent", "dead", "skipped"}). Raises on a failure that a
-    new task must take over (the supervisor starts it again from the committed offset)."""
+    """Dispatch `partition` until this run's stop record, then yield what it did. Raises on a
+    failure a new task must take over (the supervisor restarts it from the committed offset)."""
     gc.set_threshold(*GC_THRESHOLD)   # the worker runs this task alone, for its whole life
     refusals, done = Refusals(), Counter()
-    while True:   # again from the last commit after an aborted transaction (streaming/dispatch/txn.py)
+    while True:   # again from the last commit after an aborted transaction (txn.py)
         task = _Task(config, partition, clock, refusals)
         try:
             task.run()
@@ -84,7 +80,6 @@ class _Task(Reading, Sending, Committing, Transactions):
         Sending.__init__(self)
         Transactions.__init__(self, refusals)
 
-    # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> None:
         config = self.config
         if self.txn:   # first: what an earlier run left open is aborted before anything is read
@@ -95,9 +90,8 @@ class _Task(Reading, Sending, Committing, Transactions):
         last_commit = looked = time.monotonic()
         while not self.stopping:
             self._release()
-            # The loop waits for records in the consumer that has work: the read-back's while
-            # references wait for their bodies (the ready partition's records are taken as they
-            # come, without waiting), else the task's own.
+            # Wait in the consumer that has work: the read-back's while references wait for their
+            # bodies (ready records are taken as they come), else the task's own.
             wait_s = self._wait_s()
             if self._read_back(wait_s):
                 wait_s = 0.0
@@ -120,9 +114,8 @@ class _Task(Reading, Sending, Committing, Transactions):
         self._finish()
 
     def _finish(self) -> None:
-        """A clean stop: what was handed to the producer is acknowledged (and its ledger row
-        with it) before the commit, so the next run skips it; rows not yet due stay above
-        the commit point and are read again."""
+        """A clean stop: what the producer holds is acked, with its ledger row, before the commit
+        (the next run skips it); rows not yet due stay above the commit point."""
         for _ in range(3):
             self.producer.flush(30)
             self._ledger(force=True)
@@ -188,5 +181,3 @@ class _Task(Reading, Sending, Committing, Transactions):
         for send in due:
             if send() is False:
                 self._later(send, 0.05)
-
-

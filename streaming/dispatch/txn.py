@@ -1,27 +1,9 @@
-"""A dispatch task's transactions (delivery = "exactly_once"; its loop is streaming/dispatch/task.py):
-Kafka's consume-transform-produce. The task's producer has a transactional.id of its own, the
-same in every run (`<prefix>.<ready partition>`), so a task started again fences the one before
-it, and a task lost but still alive (a long pause) can write nothing more. One transaction holds
-what the task sent in an interval, to the real topics and the dead-letter topic, and the ledger
-rows of all of it: a read_committed consumer sees a message once its transaction commits, and
-never twice. The task then commits its input offsets as before, below every row not yet in a
-committed transaction's ledger rows. After a crash the new task reads again from there and skips
-what the ledger holds (streaming/dispatch/start.py): exactly what committed transactions delivered;
-what an aborted one sent is invisible to a read_committed reader, and sent again. (The offsets
-are not part of the transaction: librdkafka 2.16's send_offsets_to_transaction waited forever
-once the broker had restarted, past its own timeout, and the task with it; issues #5456, #5511.
-An offset a fenced task still commits lies below what it delivered, which the ledger covers.)
-
-A refusal aborts the whole transaction (librdkafka's rule): the task starts again from its last
-commit in the same worker, and the refused row, read again, is dead-lettered with its reason
-instead, or sent alone first when the broker refused its record batch as too large (the
-at-least-once path does the same without an abort: streaming/dispatch/send.py). So a row to a topic
-that does not exist is not sent at all: its topic is looked up first, and the row waits aside
-for the topic as long as the producer would (`topic.metadata.propagation.max.ms`), then is
-dead-lettered; sent, it would hold the transaction's commit that long and then abort it. A
-partition out of range, or a record larger than the producer takes, is refused before it is
-queued, and dead-lettered without an abort. No Spark import.
-"""
+"""A dispatch task's transactions (delivery = "exactly_once"): consume-transform-produce.
+Its transactional.id (`<prefix>.<ready partition>`) is the same in every run: a restart fences
+the one before. One transaction holds an interval's sends and their ledger rows; the offsets
+are committed outside it (librdkafka 2.16's send_offsets_to_transaction hung after a broker
+restart: #5456, #5511), and a restart skips what the ledger holds. A refusal aborts the whole
+transaction; the row, read again, is dead-lettered or sent alone. No Spark import."""
 from __future__ import annotations
 
 import logging
@@ -39,9 +21,8 @@ class Aborted(Exception):
 
 
 class Refusals:
-    """What the broker refused, by (Row.source, Row.offset): kept across the task's restarts
-    in its worker, so the row is handled otherwise when read again (at least once, `alone` is
-    what is being sent again alone at once)."""
+    """What the broker refused, by (Row.source, Row.offset), kept across the task's restarts in
+    its worker so the row is handled otherwise when read again."""
 
     def __init__(self):
         self.reasons: dict[tuple, str] = {}   # dead-lettered with this reason
@@ -65,8 +46,8 @@ class Transactions:
         self._missing: dict[str, tuple[float, float]] = {}
 
     def _topic_ready(self, row: Row) -> bool:
-        """Whether `row`'s topic exists, as the producer's metadata says; if not, the row is
-        put aside to be tried again, or dead-lettered once the producer's wait has passed."""
+        """Whether `row`'s topic exists; if not, the row waits aside, then is dead-lettered after
+        the producer's own wait (sent, it would hold the commit that long, then abort it)."""
         topic = row.topic
         if topic in self._topics:
             return True
@@ -86,14 +67,13 @@ class Transactions:
         return False
 
     def _begin(self) -> None:
-        """Fence every earlier producer of this transactional.id (aborting what it left open)
-        and open the first transaction."""
+        """Fence earlier producers of this transactional.id (aborting what they left open)."""
         self.producer.init_transactions(60)
         self.producer.begin_transaction()
 
     def _refused_in_transaction(self, row: Row | None, err) -> None:
-        """A send refused: the transaction is lost, and the row's refusal is remembered for
-        its next read (a fatal error is raised: a fenced task ends here)."""
+        """A send refused: the transaction is lost; the row's refusal is kept for its next read
+        (a fatal error is raised: a fenced task ends here)."""
         self.doomed = self.doomed or str(err)
         if row is None:
             return
@@ -106,15 +86,12 @@ class Transactions:
             self.refusals.reasons[where] = why
 
     def _commit_transaction(self) -> None:
-        """Commit what was queued since the last commit and the ledger rows of all of it, and
-        open the next transaction. The rows' acknowledgements come first, so that each ledger
-        row names the partition and offset its message landed at; then the ledger rows, whose
-        acknowledgements the commit waits for. A refusal aborts it."""
+        """Commit what was queued and its ledger rows, then open the next transaction. The rows'
+        acks come first, so each ledger row names where its message landed."""
         for _ in range(100):   # records the full queue put back, queued before the commit
             self._release(force=True)
             while self.producer.flush(30) and not self.doomed:   # the broker away: it resumes
-                log.warning("dispatch %d: records unacknowledged for 30 s; waiting",
-                            self.partition)
+                log.warning("dispatch %d: records unacknowledged for 30 s; waiting", self.partition)
             self._ledger(force=True)
             if not self.retry:
                 break
@@ -130,9 +107,8 @@ class Transactions:
         self.producer.begin_transaction()
 
     def _until_done(self, call) -> None:
-        """A transaction call, called again while it fails for a reason that passes (the broker
-        away: librdkafka resumes where it was); an abortable failure aborts, a fatal one (the task
-        fenced) is raised."""
+        """Call `call` again while it fails retriably (librdkafka resumes); an abortable failure
+        aborts, a fatal one (the task fenced) is raised."""
         while True:
             try:
                 return call()

@@ -1,5 +1,4 @@
-"""Topic administration: create the intake and dead-letter topics, check the intake's time
-rule, and look up how many partitions a topic has."""
+"""Topic administration: create delayq's topics, check the intake's settings, count partitions."""
 from __future__ import annotations
 
 import socket
@@ -18,27 +17,21 @@ from streaming.kafka.config import python_client_config
 log = logging.getLogger(__name__)
 
 LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
-# Room for what the service adds to a record on its way out (DLQ_REASON, UNIQ_KEY, DELIVER_MS
-# and Kafka's batch framing), so whatever the intake took, the dead-letter topic takes too.
+# Room for the service's headers and batch framing: what the intake took, the DLQ takes too.
 DLQ_HEADROOM_BYTES = 16_384
-# Kafka's broker default for message.max.bytes (and a topic's max.message.bytes).
 KAFKA_DEFAULT_MAX_MESSAGE = 1_048_588
-# How long a start waits for a topic's altered setting to show (`ensure_log_append_time`).
 ALTER_WAIT_S = 30.0
-# Kafka's broker default for log.retention.ms (7 days): a new intake keeps at least this.
 KAFKA_DEFAULT_RETENTION_MS = 7 * 24 * 3_600_000
 
 
 def intake_configs(settings: Settings) -> dict[str, str]:
-    """A new intake's settings: the broker's append time, and records kept, never compacted,
-    at least as long as a pending message's body is needed (`check_intake`)."""
+    """Records kept, never compacted, at least as long as a pending body is needed."""
     keep = max(KAFKA_DEFAULT_RETENTION_MS, settings.intake_retention_needed_ms)
     return {**LOG_APPEND_TIME, "cleanup.policy": "delete", "retention.ms": str(keep)}
 
 
 def admin_client(settings: Settings) -> KafkaAdminClient:
-    """An admin client, or a JobError of one line when no broker answers: kafka-python's own
-    lines for each failed try of its bootstrap (tens of them) are held back meanwhile."""
+    """A one-line JobError when no broker answers, instead of kafka-python's tens of lines."""
     client_log = logging.getLogger("kafka")
     level = client_log.level
     client_log.setLevel(logging.CRITICAL)
@@ -60,8 +53,8 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 def unreachable_reason(settings: Settings, exc: Exception) -> str:
-    """Why a client could not bootstrap: nothing listens, or the handshake failed (kafka-python
-    reports a failed SASL login or TLS handshake only as a bootstrap timeout)."""
+    """Nothing listens, or the handshake failed (kafka-python reports a failed SASL login or TLS
+    handshake only as a bootstrap timeout)."""
     who = f"security_protocol={settings.security_protocol}"
     if settings.security_protocol.startswith("SASL"):
         who += f", sasl_mechanism={settings.sasl_mechanism}, user {settings.sasl_username!r}"
@@ -81,7 +74,7 @@ def unreachable_reason(settings: Settings, exc: Exception) -> str:
 
 def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
                  configs: dict[str, str] | None = None) -> bool:
-    """Create a topic; False if it already existed."""
+    """False if it already existed."""
     try:
         # One replica on a single broker, else the broker's default (-1).
         replicas = 1 if len(admin.describe_cluster().get("brokers", [])) <= 1 else -1
@@ -95,7 +88,6 @@ def create_topic(admin: KafkaAdminClient, name: str, partitions: int,
 
 
 def unprepared(admin: KafkaAdminClient, topic: str, what: str, exc: Exception) -> str:
-    """One line for a topic the start could not prepare: which, where, why, what to check."""
     servers = ",".join(admin.config.get("bootstrap_servers") or [])
     return (f"topic {topic} {what} on Kafka at {servers}: {type(exc).__name__}: "
             f"{str(exc).strip() or 'no detail'}. Check that the brokers are up and healthy (their "
@@ -104,7 +96,6 @@ def unprepared(admin: KafkaAdminClient, topic: str, what: str, exc: Exception) -
 
 
 def _grow(admin: KafkaAdminClient, topic: str, partitions: int) -> None:
-    """At least `partitions` partitions for an existing topic (Kafka adds, never removes)."""
     have = topic_partitions(admin, [topic])[topic]
     if have is not None and have < partitions:
         try:
@@ -116,10 +107,8 @@ def _grow(admin: KafkaAdminClient, topic: str, partitions: int) -> None:
 
 
 def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> int:
-    """The intake (one partition per level and the heartbeats', LogAppendTime; an intake with
-    fewer gets the partitions it lacks) and the dead-letter topic, which takes any record the
-    intake took plus the headers the service adds. Returns the largest record the service
-    must be able to write (the dead-letter topic's limit)."""
+    """The intake (a partition per level and the heartbeats', grown if fewer) and dead-letter
+    topics; returns the largest record the service must write (the dead-letter topic's limit)."""
     with closing(admin_client(settings)) if admin is None else nullcontext(admin) as admin:
         wanted_parts = settings.heartbeat_partition + 1
         if not create_topic(admin, settings.intake_topic, wanted_parts, intake_configs(settings)):
@@ -132,18 +121,13 @@ def ensure_topics(settings: Settings, admin: KafkaAdminClient | None = None) -> 
 
 def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient,
                            largest: int) -> tuple[int, int]:
-    """The ready and ledger topics, `ready_partitions` each (the ledger topic LogAppendTime: its
-    acknowledgements time the dispatch tasks' clocks; an existing one with another timestamp
-    type is altered, `ensure_log_append_time`). The ready topic takes the largest record the
-    service writes plus its restore headers. Returns the number of ready partitions (an
-    existing topic's own count: the dispatch follows the topic) and the ledger topic's
-    max.message.bytes, which bounds the dispatch tasks' ledger records."""
+    """The ready and ledger topics (LogAppendTime: its acks time the dispatch tasks' clocks);
+    returns the ready partitions (an existing topic's own) and the ledger's max.message.bytes."""
     create_topic(admin, settings.ready_topic, settings.ready_partitions,
                  {"max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)})
     if not create_topic(admin, settings.ledger_topic, settings.ready_partitions, LOG_APPEND_TIME):
         ensure_log_append_time(admin, settings.ledger_topic)
-    # Just created, a topic may be unknown to the broker that answers for a moment (seen on a
-    # 3-broker cluster: "LEDGER None"): asked again until connect_timeout.
+    # A new topic may be unknown to the answering broker for a moment (seen on 3 brokers).
     deadline = time.monotonic() + settings.connect_timeout_s
     while None in (parts := topic_partitions(admin, [settings.ready_topic, settings.ledger_topic])
                    ).values() and time.monotonic() < deadline:
@@ -157,9 +141,7 @@ def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient,
 
 
 def ensure_log_append_time(admin: KafkaAdminClient, topic: str) -> None:
-    """An existing topic of delayq's own whose records must carry the broker's time: altered to
-    LogAppendTime when it has another timestamp type (said in the log), refused when the
-    broker does not allow that."""
+    """Alter a delayq topic to LogAppendTime if needed; refused where the broker disallows it."""
     kind = topic_config(admin, topic, "message.timestamp.type")
     if kind == "LogAppendTime":
         return
@@ -189,7 +171,7 @@ def ensure_log_append_time(admin: KafkaAdminClient, topic: str) -> None:
 
 
 def topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str | None:
-    """One effective topic setting (its own value, else the broker's default)."""
+    """Its own value, else the broker's default."""
     try:
         answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)],
                                         config_filter="all").get("topic", {})
@@ -205,10 +187,8 @@ def max_message_bytes(admin: KafkaAdminClient, topic: str) -> int | None:
 
 
 def check_intake(settings: Settings, admin: KafkaAdminClient) -> int:
-    """Refuse an intake topic whose record times are not the broker's append time, or that may
-    delete a record before its pending message is delivered: the wheel holds references to the
-    intake's records, not their bodies (conf/defaults.toml, downtime_tolerance). Returns its
-    retention.ms (-1: kept for ever)."""
+    """Refuse an intake without LogAppendTime, or that may delete a record before it is due (the
+    wheel holds references, not bodies). Returns its retention.ms (-1: kept for ever)."""
     topic = settings.intake_topic
     fix = f"Fix: kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config"
     kind = topic_config(admin, topic, "message.timestamp.type")
@@ -236,7 +216,7 @@ def check_intake(settings: Settings, admin: KafkaAdminClient) -> int:
 
 
 def topic_partitions(admin: KafkaAdminClient, topics: list[str]) -> dict[str, int | None]:
-    """Partition counts of `topics`, None for one that does not exist."""
+    """None for a topic that does not exist."""
     try:
         described = admin.describe_topics(topics)
     except KafkaError:   # UnknownTopicOrPartitionError among them: one by one

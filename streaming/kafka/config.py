@@ -1,6 +1,5 @@
-"""Kafka client settings, one source for every client: kafka-python (producer, admin),
-librdkafka (heartbeat, dispatch tasks) and Spark's Kafka source and sink (options prefixed
-`kafka.`)."""
+"""Kafka client settings, one source for every client: kafka-python, librdkafka and Spark's
+Kafka source and sink."""
 from __future__ import annotations
 
 from conf.settings import Settings
@@ -13,34 +12,26 @@ _JAAS_MODULE = {
 
 
 def python_client_config(settings: Settings) -> dict[str, object]:
-    config: dict[str, object] = {
-        "bootstrap_servers": settings.bootstrap.split(","),
-        "security_protocol": settings.security_protocol,
-    }
+    config: dict[str, object] = {"bootstrap_servers": settings.bootstrap.split(","),
+                                 "security_protocol": settings.security_protocol}
     if settings.security_protocol.startswith("SASL"):
-        config.update(
-            sasl_mechanism=settings.sasl_mechanism,
-            sasl_plain_username=settings.sasl_username,
-            sasl_plain_password=settings.sasl_password.get_secret_value(),
-        )
+        config.update(sasl_mechanism=settings.sasl_mechanism,
+                      sasl_plain_username=settings.sasl_username,
+                      sasl_plain_password=settings.sasl_password.get_secret_value())
     if settings.ssl_cafile:
         config["ssl_cafile"] = settings.ssl_cafile
     return config
 
 
 def spark_options(settings: Settings) -> dict[str, str]:
-    options = {
-        "kafka.bootstrap.servers": settings.bootstrap,
-        "kafka.security.protocol": settings.security_protocol,
-    }
+    options = {"kafka.bootstrap.servers": settings.bootstrap,
+               "kafka.security.protocol": settings.security_protocol}
     if settings.security_protocol.startswith("SASL"):
         user = settings.sasl_username.replace('"', '\\"')
         password = settings.sasl_password.get_secret_value().replace('"', '\\"')
         options["kafka.sasl.mechanism"] = settings.sasl_mechanism
-        options["kafka.sasl.jaas.config"] = (
-            f'{_JAAS_MODULE[settings.sasl_mechanism]} required '
-            f'username="{user}" password="{password}";'
-        )
+        options["kafka.sasl.jaas.config"] = (f'{_JAAS_MODULE[settings.sasl_mechanism]} required '
+                                             f'username="{user}" password="{password}";')
     if settings.ssl_cafile:
         options["kafka.ssl.truststore.type"] = "PEM"
         options["kafka.ssl.truststore.location"] = settings.ssl_cafile
@@ -48,8 +39,6 @@ def spark_options(settings: Settings) -> dict[str, str]:
 
 
 def librdkafka_config(settings: Settings) -> dict[str, object]:
-    """The same connection for librdkafka (confluent-kafka): the dispatch tasks, the cold
-    tier and the admin tools."""
     config: dict[str, object] = {"security.protocol": settings.security_protocol}
     if settings.security_protocol.startswith("SASL"):
         config.update({"sasl.mechanism": settings.sasl_mechanism,
@@ -61,11 +50,8 @@ def librdkafka_config(settings: Settings) -> dict[str, object]:
 
 
 def dispatch_producer_config(settings: Settings, max_request_bytes: int) -> dict[str, object]:
-    """librdkafka's settings for a dispatch task's producer: send each row as soon as it is
-    due, wait for every in-sync replica, keep one partition's order across retries
-    (idempotence), take the largest record the service writes, place keyed rows without
-    REAL_QID as Kafka's Java client does (murmur2), and wait `dispatch_topic_wait_ms` for an
-    unknown REAL_TOPIC before the row is dead-lettered."""
+    """Keyed rows without REAL_QID are placed as Kafka's Java client does (murmur2); an unknown
+    REAL_TOPIC is awaited `dispatch_topic_wait_ms` before the row is dead-lettered."""
     return {"bootstrap.servers": settings.bootstrap, "linger.ms": 1, "acks": "all",
             "message.max.bytes": max_request_bytes, "enable.idempotence": True,
             "partitioner": "murmur2_random",

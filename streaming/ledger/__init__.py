@@ -1,1 +1,1 @@
-"""The delivery ledger: its records (written by the dispatch tasks), the query that copies them into Delta, its upkeep and `delayq ledger`."""
+"""The delivery ledger: the dispatch tasks' records, their Delta query, upkeep, `delayq ledger`."""

@@ -1,8 +1,5 @@
-"""`delayq ledger`: where is a message? Delivered (the Delta ledger, or the ledger topic for
-the rows the ledger query has not appended yet), dead-lettered (dead-letter table), cancelled
-(cold tier), still pending (the ready topic, the intake above the dispatch tasks' commits for a
-short level's message, or the wheel's state, read with Spark's state data source), or unknown.
-And `--summary`: counts and lateness percentiles per level over a time range."""
+"""`delayq ledger`: where is a message? Delivered, dead-lettered, cancelled (cold tier), still
+pending (ready topic, intake, or the wheel's state) or unknown; `--summary`: lateness per level."""
 from __future__ import annotations
 
 import time
@@ -41,8 +38,7 @@ def _iso(ms: int | None) -> str:
 def _delivered(r) -> Whereabouts:
     return Whereabouts("delivered", {
         "topic": r["topic"], "partition": r["partition"], "offset": r.get("offset"),
-        "level": r["level"],
-        "due": _iso(r["due_ms"]), "delivered": _iso(r["sent_ms"]),
+        "level": r["level"], "due": _iso(r["due_ms"]), "delivered": _iso(r["sent_ms"]),
         "lateness_ms": r["lateness_ms"], "batch_id": r["batch_id"],
         "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
 
@@ -80,8 +76,7 @@ def _find(tables, uniq_key, ledger, dead, checkpoint, cold, recent) -> Whereabou
         return _delivered(rows[0])
     if rows := tables.matching(dead, uniq_key):
         return _dead(rows[0])
-    # Cancelled: every cancel that found its message leaves a tombstone in the cold tier, as
-    # does one that waits for it there.
+    # Cancelled: a cancel leaves a tombstone in the cold tier, found its message or not.
     if cold is not None:
         rows = tables.matching(cold, uniq_key)
         if tomb := next((r for r in rows if r.get(TOMBSTONE)), None):
@@ -93,8 +88,7 @@ def _find(tables, uniq_key, ledger, dead, checkpoint, cold, recent) -> Whereabou
     return _pending(tables, uniq_key, store.path(checkpoint)) or Whereabouts("unknown", {})
 
 
-def _pending(tables: Tables, uniq_key: str,
-             checkpoint: Path | HadoopPath) -> Whereabouts | None:
+def _pending(tables: Tables, uniq_key: str, checkpoint: Path | HadoopPath) -> Whereabouts | None:
     """A message held in the wheel's state, read with Spark's state data source."""
     if not (checkpoint / "state").is_dir():
         return None
@@ -110,11 +104,9 @@ def _pending(tables: Tables, uniq_key: str,
 
 
 def in_topics(settings, uniq_key: str) -> Whereabouts | None:
-    """A message between the wheel and the tables: sent or dead-lettered by a dispatch task
-    and in the ledger topic, not yet in the Delta tables (the ledger query appends once per
-    `ledger_interval`: the records of the last three intervals are read); or fired into the
-    ready topic and not yet done (from each ready partition's committed offset, the dispatch
-    group's, to its end)."""
+    """A message between the wheel and the tables: in the ledger topic, not yet appended (the
+    last three `ledger_interval`s are read); or in the ready topic above the dispatch group's
+    commits."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                          "group.id": f"delayq.{settings.intake_topic}.dispatch",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
@@ -127,7 +119,8 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
                 continue
             rows = [r for r in ledger_rows(msg.value()).to_pylist() if r["uniq_key"] == uniq_key]
             if rows:
-                r = {**rows[0], "intake_partition": rows[0]["ipart"], "intake_offset": rows[0]["ioff"]}
+                r = {**rows[0], "intake_partition": rows[0]["ipart"],
+                     "intake_offset": rows[0]["ioff"]}
                 if r["status"] == "delivered":
                     return _delivered({**r, "lateness_ms": r["sent_ms"] - r["due_ms"],
                                        "batch_id": "- (in the ledger topic)"})
@@ -148,8 +141,8 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
 
 
 def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
-    """A short level's message a dispatch task read from the intake itself (streaming/dispatch/direct.py)
-    and has not finished: from each intake partition's offset the dispatch group committed."""
+    """A short level's message a dispatch task read from the intake itself (dispatch/direct.py)
+    and has not finished: from the dispatch group's commits on."""
     if settings.dispatch_direct_max_delay_ms < 0:
         return None
     wanted = (H.UNIQ_KEY, uniq_key.encode())

@@ -1,7 +1,5 @@
-"""Table maintenance for the ledger and the dead-letter table: compaction (OPTIMIZE),
-retention (DELETE old partitions) and VACUUM of the files that no longer belong to the table.
-
-Run it while the job runs or not; Delta's optimistic concurrency keeps both consistent."""
+"""Upkeep of the ledger and dead-letter tables: OPTIMIZE, retention (DELETE) and VACUUM; safe
+while the job runs (Delta's optimistic concurrency)."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone

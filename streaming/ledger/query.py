@@ -1,9 +1,6 @@
-"""The ledger query: the dispatch tasks' ledger topic → the Delta ledger and dead-letter tables
-(unless `ledger` is off) every `ledger_interval`, and the delivery metrics from its batches. A
-ledger record is an Arrow IPC stream of rows (streaming/dispatch/rules.py), decoded and counted on the way,
-so a batch is one Spark job. Appends are idempotent on (query id, batch id); a message is in the
-ledger topic once (a starting dispatch task skips what its ledger partition holds), so no state.
-"""
+"""The ledger query: the ledger topic → the Delta ledger and dead-letter tables (unless `ledger`
+is off) every `ledger_interval`, and the delivery metrics. Appends are idempotent on (query id,
+batch id); a message is in the ledger topic once (a restart skips what it holds), so no state."""
 from __future__ import annotations
 
 import logging
@@ -22,15 +19,14 @@ from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.kafka.config import spark_options
 
 log = logging.getLogger(__name__)
-# A ledger row's group in the counts; "direct": a message the dispatch read from the intake
-# itself (streaming/dispatch/direct.py), which the wheel never saw, so it is counted as received here.
+# A ledger row's group in the counts; "direct": read from the intake by the dispatch itself
+# (dispatch/direct.py), never seen by the wheel, so counted as received here.
 _GROUP = ("status", "level", "reason", "direct")
 
 
 def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
-    """The ledger topic's records that hold rows (a probe is empty), as committed: a dispatch
-    task's transaction that aborted (a crash, a refusal) sent ledger rows of messages no
-    read_committed consumer sees, which a later transaction sends again."""
+    """The ledger topic's records that hold rows (a probe is empty), read_committed: an aborted
+    transaction's ledger rows are sent again by a later one."""
     raw = (spark.readStream.format("kafka").options(**spark_options(settings))
            .option("subscribe", settings.ledger_topic).option("startingOffsets", "earliest")
            .option("kafka.isolation.level", "read_committed")
@@ -66,7 +62,8 @@ def _count(table, pc) -> list[dict]:
     keyed = (table.select(list(_GROUP[:-1])).append_column(
         "direct", pc.is_null(table.column("ready_offset"))).append_column("lateness", lateness))
     for i, bound in enumerate(LATENESS_BUCKETS):
-        keyed = keyed.append_column(f"le{i}", pc.cast(pc.less_equal(lateness, int(bound * 1000)), "int64"))
+        keyed = keyed.append_column(
+            f"le{i}", pc.cast(pc.less_equal(lateness, int(bound * 1000)), "int64"))
     aggs = [([], "count_all"), ("lateness", "sum")] + [
         (f"le{i}", "sum") for i in range(len(LATENESS_BUCKETS))]
     return keyed.group_by(list(_GROUP), use_threads=False).aggregate(aggs).to_pylist()
@@ -130,7 +127,8 @@ class LedgerWriter:
         append_once(rows.filter(F.col("status") == "delivered").select(
             "uniq_key", "topic", "partition", "offset", "level",
             F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),
-            "append_ms", "due_ms", "sent_ms", (F.col("sent_ms") - F.col("due_ms")).alias("lateness_ms"),
+            "append_ms", "due_ms", "sent_ms",
+            (F.col("sent_ms") - F.col("due_ms")).alias("lateness_ms"),
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.lit(now_ms).cast("long").alias("batch_time"),
             F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("sent_date")),
@@ -166,10 +164,8 @@ class LedgerQuery:
         return getattr(self.query, name)
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """A clean stop: the batch under way ends (up to `grace_s`), then the query stops. A
-        batch the stop interrupts is not committed; it runs again at the next start (its appends
-        are idempotent), and py4j's log of the interruption is dropped as the stop's
-        (streaming/wheel/query.py)."""
+        """A clean stop: the batch under way ends (up to `grace_s`), then the query stops; an
+        interrupted batch runs again at the next start (its appends are idempotent)."""
         self.writer.stopping = True
         self.writer.idle.wait(grace_s)
         self.query.stop()
@@ -180,8 +176,7 @@ def start_ledger_query(spark: SparkSession, settings: Settings, checkpoint: str,
     location = checkpoint.rstrip("/") + "-ledger"   # the ledger query's, beside the wheel's
     writer = LedgerWriter(spark, settings, location, metrics)
     return LedgerQuery(ledger_stream(spark, settings).writeStream
-                       .queryName(name)
-                       .foreachBatch(writer)
+                       .queryName(name).foreachBatch(writer)
                        .option("checkpointLocation", location)
                        .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")
                        .start(), writer)

@@ -34,20 +34,16 @@ def ledger_schema():
         ("headers", HEADERS), ("offset", pa.int64())])
 
 
-# What a ledger row costs besides its strings and a dead letter's message (its fixed columns,
-# offsets and validity bits), and a ledger record besides its rows (the Arrow stream's schema
-# and buffer padding, Kafka's record framing and the SENDER header), in bytes, with room.
+# Bytes, with room, of a ledger row besides its strings and message (fixed columns, offsets,
+# validity) and of a record besides its rows (Arrow schema and padding, Kafka framing, SENDER).
 _LEDGER_ROW_BYTES = 128
 _LEDGER_RECORD_BYTES = 8192
 
 
 def ledger_chunks(acked: list[tuple], most_rows: int, most_bytes: int):
-    """`acked`, each (row, sent_ms, dead letter's reason or None, (partition, offset) it landed
-    at or None), as ledger records of at most `most_rows` rows and `most_bytes` bytes (the
-    ledger topic's max.message.bytes, read at the start, and the producer's): (rows, record)
-    pairs, in order. A dead letter's row carries its message for the dead-letter table, unless
-    the row could not fit a record even alone: then its message is left out (the dead-letter
-    topic has it)."""
+    """`acked` (row, sent_ms, reason or None, landed (partition, offset) or None) as (rows,
+    record) pairs of at most `most_rows` rows and `most_bytes` bytes, in order. A dead letter's
+    row carries its message unless it could not fit a record alone (the DLQ topic has it)."""
     room = most_bytes - _LEDGER_RECORD_BYTES
     chunk: list = []
     size = 0
@@ -69,9 +65,8 @@ def ledger_chunks(acked: list[tuple], most_rows: int, most_bytes: int):
 
 
 def ledger_record(sent: list[tuple[Row, int, str | None, tuple | None, bool]]) -> bytes:
-    """The ledger rows (`ledger_schema`) of sent rows, each (row, sent_ms, reason, landed,
-    with its message): a delivered row names the partition and offset it landed at, a dead
-    letter its reason (and its message), as one Arrow IPC stream built a column at a time."""
+    """One Arrow IPC stream of ledger rows (`ledger_schema`) from (row, sent_ms, reason, landed,
+    with its message) tuples, built a column at a time."""
     rows, sent_ms, reasons, landed, wholes = (list(column) for column in zip(*sent))
     dead = [row if whole else None for row, whole in zip(rows, wholes)]
     columns = {name: list(map(attrgetter(name), rows)) for name in (

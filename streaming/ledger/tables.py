@@ -1,6 +1,5 @@
-"""The Delta tables `delayq ledger` reads: in a local folder by delta-rs in this process, with no
-Spark to start; on a store (hdfs://, s3a://) by a Spark session, opened at its first need (as
-is the one that reads the wheel's state)."""
+"""The Delta tables `delayq ledger` reads: a local folder by delta-rs in this process (no Spark
+to start); a store (hdfs://, s3a://) by a Spark session opened at its first need."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,7 +22,6 @@ class Tables:
 
     @property
     def spark(self):
-        """The Spark session, opened now if it is not yet."""
         if self._spark is None:
             self._spark = self._session()
         return self._spark
@@ -49,8 +47,7 @@ class Tables:
         rows = self.spark.read.format("delta").load(str(location))
         return [r.asDict() for r in rows.filter(F.col("uniq_key") == uniq_key).collect()]
 
-    def summary(self, ledger: str | Path, since_ms: int | None,
-                until_ms: int | None) -> list[dict]:
+    def summary(self, ledger: str | Path, since_ms: int | None, until_ms: int | None) -> list[dict]:
         """Per level over [since, until): delivered, p50, p99 and max lateness (ms), early."""
         bounds = [f"sent_ms {op} {int(ms)}" for op, ms in ((">=", since_ms), ("<", until_ms))
                   if ms is not None]

@@ -1,1 +1,1 @@
-"""Spark plumbing: the session, its jars and class data archive, progress listeners, spark-submit."""
+"""Spark plumbing: the session, its jars and class data archive, listeners, spark-submit."""

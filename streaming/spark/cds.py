@@ -1,10 +1,5 @@
-"""A class data sharing archive for the Spark driver JVM: the classes a delayq JVM loads, stored
-once by `deploy/setup.sh` (`python -m streaming.tools.cds_train`) and mapped by every later JVM
-instead of being loaded and verified from the jars again, which starts the job faster.
-
-It is JDK 17's dynamic archive (`-XX:ArchiveClassesAtExit`), only valid for the Java and the
-jars it was made with, so its name carries a digest of both; a JVM given one that does not match
-ignores it (`-Xshare:auto`)."""
+"""The driver JVM's class data sharing archive (made by streaming.tools.cds_train), which starts
+the job faster; valid only for the Java and jars it was made with, so its name digests both."""
 from __future__ import annotations
 
 import hashlib
@@ -25,7 +20,7 @@ def _java() -> Path | None:
 
 
 def archive_path(settings: Settings) -> Path | None:
-    """Where the archive for this Java and these jars lives (None without a Java)."""
+    """None without a Java."""
     import pyspark
 
     java = _java()
@@ -40,7 +35,7 @@ def archive_path(settings: Settings) -> Path | None:
 
 
 def java_options(settings: Settings) -> str:
-    """Driver JVM options that map the archive, or "" when there is none."""
+    """Driver JVM options mapping the archive, "" if none (-Xshare:auto ignores a mismatch)."""
     try:
         archive = archive_path(settings)
     except Exception:   # no jars yet: the session reports that itself

@@ -1,5 +1,5 @@
-"""The JVM jars deploy/setup.sh resolves with Maven into the jars folder: Spark's connectors and
-their dependencies (`spark/`), and delayq's Hadoop local file system (`localfs/`)."""
+"""The jars deploy/setup.sh resolves with Maven: Spark's connectors (`spark/`) and delayq's
+Hadoop local file system (`localfs/`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,9 +13,8 @@ REQUIRED_JARS = (CONNECTOR, "delta-spark_", "kafka-clients-")
 
 
 def spark_jars(settings: Settings, spark_version: str | None = None) -> list[Path]:
-    """The jars of `<jars_dir>/spark`, refused when one the job needs is missing or the Kafka
-    connector was built for another Spark than the running pyspark (`spark_version`, by
-    default pyspark's own): Spark's internal interfaces change between releases."""
+    """Refused when a required jar is missing or the Kafka connector was built for another Spark
+    than `spark_version` (default: pyspark's): Spark's internals change between releases."""
     folder = settings.jars_path / "spark"
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     for prefix in REQUIRED_JARS:

@@ -1,5 +1,4 @@
-"""Spark's progress reports → metrics and the consumer group: StreamingQueryListeners for one
-query, each report read as Spark's own JSON."""
+"""Spark's progress reports → metrics and the consumer group."""
 from __future__ import annotations
 
 import json
@@ -13,9 +12,8 @@ log = logging.getLogger(__name__)
 
 
 class ProgressJsonListener(StreamingQueryListener):
-    """One query's progress reports, each read once as Spark's own JSON and handed to each of
-    `observers`: PySpark converts a report field by field, a JVM call a field, for every
-    listener registered, so one listener serves them all."""
+    """Reads each report once as JSON for all `observers`: PySpark converts a report with a JVM
+    call per field for every listener registered."""
 
     def __init__(self, query_name: str, *observers):
         self._name = query_name
@@ -42,8 +40,6 @@ class ProgressJsonListener(StreamingQueryListener):
 
 
 class ProgressMetrics:
-    """Each report into the metrics."""
-
     failure = "could not read a progress report into metrics"
 
     def __init__(self, metrics: Metrics, late_tolerance_ms: int, intake_topic: str,
@@ -59,8 +55,8 @@ class ProgressMetrics:
 
 
 class OffsetMirror:
-    """After each batch, the intake offsets it committed go to the job's consumer group:
-    lag shows in standard Kafka tools, and a lost checkpoint is noticed at the next start."""
+    """Committed intake offsets go to the consumer group: lag shows in Kafka tools, and a lost
+    checkpoint is noticed at the next start."""
 
     failure = "could not mirror the intake offsets to the consumer group"
 

@@ -1,13 +1,5 @@
-"""`delayq submit`: the delivery job through spark-submit, on any master.
-
-    delayq submit --master spark://127.0.0.1:7077     # a standalone cluster (client mode)
-    delayq submit --master local[2]                   # the same path on one machine
-
-The project's Python packages are zipped into `<data_dir>/dist/delayq-py.zip` and shipped
-with --py-files, so executors need no installed copy; the Maven-resolved jars go with --jars.
-Settings reach the driver through the environment (every DELAYQ_* variable, as for
-`delayq run`), so a submitted job reads the same configuration as a local one.
-"""
+"""`delayq submit --master spark://host:7077`: the job through spark-submit, the packages zipped
+for --py-files; settings reach the driver through the DELAYQ_* environment."""
 from __future__ import annotations
 
 import os
@@ -23,7 +15,6 @@ from streaming.spark.session import DRIVER_STACK_OPTION, LOG4J_OPTION
 
 
 def build_zip(settings: Settings) -> Path:
-    """The project's packages (code and conf files) as one zip for --py-files."""
     target = settings.data_path / "dist" / "delayq-py.zip"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
@@ -41,16 +32,12 @@ def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
                    py_zip: Path | None = None) -> list[str]:
     local_fs = str(local_fs_jar(settings))
     command = [
-        str(spark_home() / "bin" / "spark-submit"),
-        "--master", master,
-        "--deploy-mode", deploy_mode,
-        "--name", settings.spark_app_name,
+        str(spark_home() / "bin" / "spark-submit"), "--master", master,
+        "--deploy-mode", deploy_mode, "--name", settings.spark_app_name,
         "--jars", ",".join(str(j) for j in spark_jars(settings)),
-        # The local file system class must be on the JVMs' class path from their start
-        # (streaming/spark/session.py); the job's session names it once the driver runs.
+        # The local file system class must be on the JVMs' class path from their start.
         "--driver-class-path", local_fs,
-        # The driver's JVM starts before the job's session: what spark_conf gives it in
-        # `delayq run` goes here (the executors' options still come from the session).
+        # The driver's JVM starts before the session: its options (spark_conf's in `run`) go here.
         "--driver-java-options", f"{LOG4J_OPTION} {DRIVER_STACK_OPTION}",
         "--conf", f"spark.executor.extraClassPath={local_fs}",
         "--py-files", str(py_zip or build_zip(settings)),
@@ -74,8 +61,7 @@ def submit_env(settings: Settings, master: str) -> dict[str, str]:
 
 
 def submit(settings: Settings, master: str, **kwargs) -> int:
-    """Run spark-submit until it exits; its exit code. A SIGTERM or Ctrl-C here becomes the
-    driver's clean stop (streaming/spark/supervise.py)."""
+    """spark-submit's exit code; a SIGTERM or Ctrl-C here becomes the driver's clean stop."""
     command = submit_command(settings, master, **kwargs)
     print("delayq submit:", " ".join(command), flush=True)
     return supervise.run(command, submit_env(settings, master))

@@ -1,15 +1,5 @@
-"""spark-submit under a parent that turns a stop into the driver's clean stop.
-
-    python -m streaming.spark.supervise <spark-submit command…>
-
-Under spark-submit the Spark JVM is the parent of the Python driver, and a signal reaching
-that JVM stops the query mid-batch: the batch runs again after the restart, sending it again.
-So spark-submit runs here as a child, in a session of its own (out of a terminal's Ctrl-C's
-reach) and killed if this process dies; a SIGTERM or SIGINT here goes on as SIGTERM to the
-Python driver alone, whose clean stop (streaming/job.py) ends the JVM. Before the driver has
-started, and on a second signal, the JVM gets it instead. `delayq submit` and
-deploy/docker/entrypoint.sh run spark-submit this way.
-"""
+"""`python -m streaming.spark.supervise <spark-submit …>`: a signal to the JVM would stop the
+query mid-batch (resent after restart), so SIGTERM/SIGINT go to the driver's clean stop instead."""
 from __future__ import annotations
 
 import ctypes
@@ -24,7 +14,6 @@ PR_SET_PDEATHSIG = 1
 
 
 def children(pid: int) -> list[int]:
-    """The live processes whose parent is `pid` (Linux /proc)."""
     found = []
     for child in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
         try:
@@ -43,8 +32,7 @@ def _die_with_parent() -> None:
 
 
 def driver_of(jvm: int) -> int | None:
-    """The Python driver spark-submit's JVM started: its child running the main file (not
-    one of the Python workers it also starts in local mode)."""
+    """The JVM's child running the main file (not a Python worker of local mode)."""
     for pid in children(jvm):
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -56,9 +44,9 @@ def driver_of(jvm: int) -> int | None:
 
 
 def run(command: list[str], env: dict[str, str] | None = None) -> int:
-    """Run `command` (spark-submit) and return its exit code, passing stops on as above."""
-    proc = subprocess.Popen(command, env=env, start_new_session=True,
-                            preexec_fn=_die_with_parent)
+    """spark-submit's exit code. It runs in its own session (out of Ctrl-C's reach), dies with
+    this process; a second signal, or one before the driver starts, goes to the JVM."""
+    proc = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     asked = []
 
     def forward(signum, frame) -> None:
@@ -66,7 +54,8 @@ def run(command: list[str], env: dict[str, str] | None = None) -> int:
         asked.append(signum)
         what = ("the driver (its batch under way finishes first); a second signal stops at once"
                 if driver else "spark-submit")
-        print(f"delayq: {signal.Signals(signum).name}: stopping {what}", file=sys.stderr, flush=True)
+        print(f"delayq: {signal.Signals(signum).name}: stopping {what}", file=sys.stderr,
+              flush=True)
         try:
             os.kill(driver or proc.pid, signal.SIGTERM)
         except ProcessLookupError:

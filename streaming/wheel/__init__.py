@@ -1,1 +1,1 @@
-"""The wheel query: intake → parse → wheel (state/) → the ready topic; its checkpoint, delayOffset, heartbeat and partition sizing."""
+"""The wheel query: intake → parse → wheel (state/) → the ready topic, and its checkpoint."""

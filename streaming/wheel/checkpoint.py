@@ -1,12 +1,5 @@
-"""Guarding the checkpoint: it holds the pending messages and the delayOffset, so one that is
-missing, unreadable or written under other settings is refused with its reason, never silently
-reset (which would replay or drop everything).
-
-The stamp `<checkpoint>/delayq.json` holds the settings that shape the checkpoint; Spark's own
-files must be readable; the consumer group `delayq.<intake>` mirrors the checkpoint's intake
-offsets (so Kafka tools show the job's lag), and offsets there beside an empty checkpoint mean
-the checkpoint was lost or moved.
-"""
+"""Guarding the checkpoint (pending messages, delayOffset): one missing, unreadable or written
+under other settings is refused with its reason, never silently reset (replaying or dropping)."""
 from __future__ import annotations
 
 import json
@@ -25,23 +18,19 @@ from streaming.wheel.offsets import latest_batch
 log = logging.getLogger(__name__)
 
 STAMP = "delayq.json"
-# Settings frozen into the checkpoint: the wheel's grouping (levels, slot width, timer parts),
-# Spark's state partitioning, the watermark's delay, the cold tier's bucket layout, and which
-# messages the dispatch tasks read from the intake themselves (the wheel leaves those out; a held
-# one read again after a restart must be judged as it was, so what makes a message bad is frozen
-# too).
+# Settings frozen into the checkpoint; with the direct dispatch's, what makes a message bad too:
+# a held one read again after a restart must be judged as it was.
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "timer_parts",
            "spark_shuffle_partitions", "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms",
            "dispatch_direct_max_delay_ms", "allowed_topics", "dlq_topic")
-# Shaping settings that were fixed values before they were settings: a stamp that lacks one was
-# written under that value.
+# A stamp that lacks one of these was written under this value (fixed before it was a setting).
 FORMERLY_FIXED = {"timer_parts": 8}
-# The Spark line of stamps that do not say: every delayq before the key ran Spark 4.1 or older.
+# Stamps that do not say: every delayq before the key ran Spark 4.1 or older.
 FIRST_SPARK = "4.1"
 
 
 class CheckpointError(JobError):
-    """The checkpoint cannot be used as it is; the message says why and what to do."""
+    """The message says why and what to do."""
 
 
 def group_id(settings: Settings) -> str:
@@ -49,13 +38,12 @@ def group_id(settings: Settings) -> str:
 
 
 def fingerprint(settings: Settings) -> dict:
-    """The shaping settings as the stamp's JSON holds them (tuples as lists)."""
     values = {key: getattr(settings, key) for key in SHAPING}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 def spark_line() -> str:
-    """The running pyspark's major.minor: a checkpoint resumes only on the line that wrote it."""
+    """major.minor: a checkpoint resumes only on the line that wrote it."""
     from pyspark import __version__
 
     return ".".join(__version__.split(".")[:2])
@@ -136,8 +124,8 @@ def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change
 
 def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
           allow_fresh: bool = False, allow_config_change: bool = False) -> str:
-    """Decide whether the job may start on `checkpoint`. Returns "fresh" or "resume";
-    raises CheckpointError with the reason and the way out otherwise."""
+    """"fresh" or "resume"; raises CheckpointError otherwise. Group offsets beside an empty
+    checkpoint mean it was lost or moved."""
     path = store.path(checkpoint)
     fresh = not path.exists() or (path.is_dir() and latest_batch(path / "offsets") is None)
     if fresh and group_offsets and not allow_fresh:
@@ -159,14 +147,12 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
 
 def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> None:
     store.write_atomic(store.path(checkpoint) / STAMP, json.dumps(
-        {"settings": fingerprint(settings), "state_format": STATE_FORMAT,
-         "spark": spark_line(), "started_ms": started_ms},
-        indent=1) + "\n")
+        {"settings": fingerprint(settings), "state_format": STATE_FORMAT, "spark": spark_line(),
+         "started_ms": started_ms}, indent=1) + "\n")
 
 
 def _stamp(path: Path | HadoopPath, read=lambda stamp: stamp):
-    """`read(stamp)` of the checkpoint's stamp, None where it has none; an unreadable stamp
-    refuses the checkpoint."""
+    """None without a stamp; an unreadable one refuses the checkpoint."""
     stamp_file = path / STAMP
     if not stamp_file.exists():
         return None
@@ -177,31 +163,27 @@ def _stamp(path: Path | HadoopPath, read=lambda stamp: stamp):
 
 
 def direct_was_on(checkpoint: str, verdict: str) -> bool:
-    """Whether the dispatch tasks read the short levels from the intake in this checkpoint's
-    earlier runs (its stamp, before this run writes it): if so, a task starts an intake
-    partition it never committed at its beginning, else at the wheel's position, as the wheel
-    sent what lies before it."""
+    """Whether the dispatch tasks read short levels from the intake in earlier runs: if so, a task
+    starts an uncommitted partition at its beginning, else at the wheel's position."""
     stamp = _stamp(store.path(checkpoint)) if verdict == "resume" else None
-    return stamp is not None and stamp.get("settings", {}).get("dispatch_direct_max_delay_ms", -1) >= 0
+    return stamp is not None and \
+        stamp.get("settings", {}).get("dispatch_direct_max_delay_ms", -1) >= 0
 
 
 def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
-    """When the checkpoint's query first started (epoch ms): `now_ms` when fresh, the stamp's
-    when resumed, 0 (unknown) without one. A level message due before it passes the wheel
-    without state (`state.parse`), which keeps due order only if that held from the first batch."""
+    """When the query first started (0: unknown). Level messages due before it pass the wheel
+    without state, which keeps due order only if that held from the first batch."""
     if verdict == "fresh":
         return now_ms
     return _stamp(store.path(checkpoint), lambda stamp: int(stamp.get("started_ms", 0))) or 0
 
 
-# ---- the consumer-group mirror of the checkpoint's offsets ------------------------------
-
-# How long a start waits for the group coordinator (a fresh broker makes it on first use).
+# The consumer group mirrors the checkpoint's offsets. A fresh broker makes its coordinator on use.
 GROUP_READ_WAIT_S = 15.0
 
 
 def read_group_offsets(admin, settings: Settings) -> dict[int, int]:
-    """Intake partition → committed offset of the job's consumer group ({} when none)."""
+    """Intake partition → the group's committed offset ({} when none)."""
     from kafka.errors import KafkaError
 
     group = group_id(settings)
@@ -221,7 +203,6 @@ def read_group_offsets(admin, settings: Settings) -> dict[int, int]:
 
 
 def mirror_offsets(admin, settings: Settings, offsets: dict[int, int]) -> None:
-    """Commit the checkpoint's intake offsets to the job's consumer group."""
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 

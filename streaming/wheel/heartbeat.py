@@ -1,13 +1,6 @@
-"""The job's own clock: a heartbeat record on the intake every `heartbeat_ms`, in the intake's
-partition after the levels' (`heartbeat_partition`).
-
-Spark's watermark moves only when records arrive, and event-time timers fire only when it
-moves. The heartbeat is stamped by the broker (LogAppendTime) like every intake record, so it
-advances time to the broker's clock and no further; the parse stage drops it.
-
-It is sent by librdkafka, whose producer thread costs the driver far less CPU than
-kafka-python's.
-"""
+"""The job's clock: a broker-stamped heartbeat on the intake's `heartbeat_partition` every
+`heartbeat_ms`, since Spark's watermark (and so its timers) moves only when records arrive.
+Sent by librdkafka, which costs the driver far less CPU than kafka-python."""
 from __future__ import annotations
 
 import logging

@@ -1,11 +1,5 @@
-"""The delayOffset view of a checkpoint: RocketMQ's `delayOffset.json`, read from Spark's
-own record of the last committed micro-batch.
-
-    {"offsetTable": {"1": 2, "3": 17}}
-
-Level L is intake partition L-1 (the heartbeats' partition, after the levels', is not shown);
-the number is the next offset of that partition the job will read: everything before it is in
-the wheel's state or already delivered. Pure file reading: no Spark, no broker."""
+"""RocketMQ's `delayOffset.json` ({"offsetTable": {"1": 2}}) read from a checkpoint's last commit:
+level L is intake partition L-1, mapped to the next offset the job will read."""
 from __future__ import annotations
 
 import json
@@ -15,7 +9,6 @@ from state.errors import JobError
 
 
 def latest_batch(folder: Path) -> int | None:
-    """The highest batch id among a Spark log folder's files (named by batch), None if none."""
     if not folder.is_dir():
         return None
     return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=None)
@@ -42,6 +35,6 @@ def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
 
 def delay_offset_table(checkpoint: Path, topic: str,
                        heartbeats: int | None = None) -> dict[str, dict[str, int]]:
-    """The view, without the heartbeats' partition (`Settings.heartbeat_partition`)."""
+    """Without the heartbeats' partition (`Settings.heartbeat_partition`)."""
     offsets = committed_offsets(checkpoint, topic)
     return {"offsetTable": {str(p + 1): o for p, o in sorted(offsets.items()) if p != heartbeats}}

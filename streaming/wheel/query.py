@@ -1,12 +1,8 @@
-"""The wheel query: intake → parse → wheel (applyInPandasWithState, state/wheel.py) → the
-ready topic (streaming/wheel/writer.py), and the reads of its state. The wheel's Python sees
-each record's position, append time and control headers, never its key, value or user headers.
-"""
+"""The wheel query: intake → parse → wheel (applyInPandasWithState) → the ready topic, and the
+reads of its state."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout
@@ -22,9 +18,6 @@ from streaming.kafka.config import spark_options
 from streaming.stages import rules_of, wheel_config_of
 from streaming.wheel.schema import INDEX_ENVELOPE_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
 
 
@@ -34,29 +27,22 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
               .option("subscribe", settings.intake_topic)
               .option("startingOffsets", "earliest")
               .option("includeHeaders", "true")
-              # A producer's transaction that aborted its intake writes: never delivered (the
-              # dispatch tasks' intake reads are read_committed too, streaming/dispatch/supervisor.py).
+              # Intake writes of an aborted transaction are never delivered (dispatch: likewise).
               .option("kafka.isolation.level", "read_committed")
               # Intake data deleted before it was read is a loss: stop and say so.
               .option("failOnDataLoss", "true"))
     if settings.max_offsets_per_trigger > 0:
         reader = reader.option("maxOffsetsPerTrigger", settings.max_offsets_per_trigger)
-    return reader.load().select(
-        "key", "value",
-        F.col("partition").alias("ipart"),
-        F.col("offset").alias("ioff"),
-        F.unix_millis("timestamp").alias("append_ms"),
-        "headers",
-    )
+    return reader.load().select("key", "value", F.col("partition").alias("ipart"),
+                                F.col("offset").alias("ioff"),
+                                F.unix_millis("timestamp").alias("append_ms"), "headers")
 
 
 def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None,
                  overdue_before_ms: int = 0, first_watermark_ms: int = 0) -> DataFrame:
-    """The fired output of the wheel: rows of the WHEEL_OUT layout, once per batch. `source`,
-    in the layout of `intake_stream`, replaces the intake topic (the class data training).
-    Level messages due before `overdue_before_ms` pass through without state (the
-    checkpoint's first start: `streaming.wheel.checkpoint.started_ms`); `first_watermark_ms` stands
-    in for a new query's missing watermark (`WheelConfig`). Both 0: neither."""
+    """The wheel's fired WHEEL_OUT rows. `source` replaces the intake topic; level messages due
+    before `overdue_before_ms` pass through without state; `first_watermark_ms` stands in for a
+    new query's missing watermark. Both 0: neither."""
     spread = settings.spark_shuffle_partitions
     source = intake_stream(spark, settings) if source is None else source
     rules = rules_of(settings)
@@ -73,16 +59,15 @@ def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | No
 
 
 def index_of(intake: DataFrame) -> DataFrame:
-    """What the wheel's parse reads of an intake record: its position, append time and control
-    headers (the contract's; the user's are left in the JVM), no key and no value."""
+    """Position, append time and control headers: key, value and user headers stay in the JVM."""
     control = sorted(H.CONTROL_HEADERS)
     return intake.select("ipart", "ioff", "append_ms",
                          F.filter("headers", lambda h: h["key"].isin(*control)).alias("headers"))
 
 
 def direct_column(values: frozenset[bytes]) -> F.Column:
-    """streaming/dispatch/direct.py `is_direct` as a Spark column over the intake's headers: the records
-    the dispatch tasks send themselves, which the wheel leaves out before its parse."""
+    """`is_direct` (streaming/dispatch/direct.py) as a column: the records the dispatch tasks
+    send themselves, left out of the wheel."""
     texts = sorted(v.decode() for v in values)
     wheel = F.exists("headers", lambda h: h["key"].isin(*sorted(WHEEL_HEADERS)) | (
         (h["key"] == H.DELAY) & ~F.coalesce(h["value"].cast("string").isin(*texts), F.lit(False))))
@@ -91,9 +76,7 @@ def direct_column(values: frozenset[bytes]) -> F.Column:
 
 def pending_by_level(spark: SparkSession, checkpoint: str,
                      batch_id: int | None = None) -> dict[int, int]:
-    """Messages held in the checkpoint's wheel per level (bucket) as of committed batch
-    `batch_id` (the last one when None), read with Spark's state data source; {} for a
-    checkpoint without state."""
+    """Messages held per level as of committed batch `batch_id` (None: the last); {} if none."""
     root = store.path(checkpoint)
     if not (root / "state" / "0").is_dir() or not (root / "commits").is_dir():
         return {}
@@ -104,9 +87,8 @@ def pending_by_level(spark: SparkSession, checkpoint: str,
 
 def wheel_state(spark: SparkSession, checkpoint: str, batch_id: int | None = None,
                 references: bool = True) -> DataFrame:
-    """The checkpoint's wheel state read with Spark's state data source, one row per group:
-    bucket, slot, count and, with `references`, the group's references, a list per column
-    (state/columns.py STATE and REFERENCE)."""
+    """One row per group: bucket, slot, count and, with `references`, a list per reference
+    column (state/columns.py)."""
     spark.streams.active  # the state reader needs the state store coordinator
     reader = spark.read.format("statestore")
     if batch_id is not None:

@@ -1,5 +1,5 @@
-"""The wheel query's first batch and its clean stop (DelayJob.start and DelayJob.stop): the
-batch under way is committed, no other begins, then the query stops."""
+"""The wheel query's first batch and clean stop: the batch under way is committed, no other
+begins, then the query stops."""
 from __future__ import annotations
 
 import logging
@@ -26,8 +26,7 @@ def first_batch(query, timeout_s: float):
 
 
 def finish_batch(query, writer: BatchWriter | None, grace_s: float) -> int | None:
-    """Let no batch begin its work and wait for the one under way to be committed; its
-    id once it is (None: no batch began, or the wait ended first)."""
+    """Let no batch begin; wait for the one under way to commit: its id (None: none, or timeout)."""
     last = writer.close() if writer is not None else None
     if last is None:
         return None
@@ -47,20 +46,16 @@ def finish_batch(query, writer: BatchWriter | None, grace_s: float) -> int | Non
 
 
 def await_parked(query, writer: BatchWriter) -> None:
-    """Wait (up to PARK_WAIT_S) for the next batch to park in the writer: the stop's
-    interruption ends a parked thread cleanly, but one still planning the batch has Spark
-    log its interrupted work as an error."""
+    """Wait for the next batch to park in the writer: the stop's interruption ends a parked
+    thread cleanly, one still planning the batch has Spark log an error."""
     deadline = time.monotonic() + PARK_WAIT_S
-    while (query.isActive and time.monotonic() < deadline
-           and not writer.parked.wait(0.1)):
+    while query.isActive and time.monotonic() < deadline and not writer.parked.wait(0.1):
         pass
 
 
 def stop_query(spark, query, writer: BatchWriter | None, thread_s: float) -> str | None:
-    """Stop the query, waiting up to `thread_s` for its thread to end (Spark's
-    `spark.sql.streaming.stopTimeout`, read from this session when the stop is asked; left
-    at 0, a thread that does not end holds the stop forever). None once it has ended;
-    otherwise what to raise, after logging the thread's stack from Spark's time-out."""
+    """Stop the query, waiting up to `thread_s` for its thread (stopTimeout; at 0 a stuck thread
+    holds the stop forever). None once it has ended, else the error to raise."""
     spark.conf.set("spark.sql.streaming.stopTimeout", str(max(1, int(thread_s * 1000))))
     if writer is not None:
         writer.stopping = time.monotonic()

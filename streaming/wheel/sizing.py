@@ -1,10 +1,5 @@
-"""Partitions sized for the cluster the job runs on.
-
-`spark_shuffle_partitions` (the wheel's state) and `ready_partitions` are frozen at a
-checkpoint's first start; at 0 (what `delayq submit` passes unless set) they are sized from the
-job's task slots: a quarter (at least 2) for dispatch tasks, one for the intake and the ledger
-query, the rest for the wheel's state. A resumed checkpoint keeps what Spark recorded in it.
-"""
+"""Partitions left at 0 sized from the job's task slots at a checkpoint's first start; a resumed
+checkpoint keeps what Spark recorded in it."""
 from __future__ import annotations
 
 import json
@@ -20,9 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def task_slots(conf: dict[str, str], default_parallelism: int) -> int:
-    """The task slots the job was given: `spark.cores.max` (spark-submit's
-    --total-executor-cores), else executor instances × cores, else Spark's default parallelism
-    (the cores of the executors registered so far, or of `local[N]`)."""
+    """`spark.cores.max`, else executor instances × cores, else Spark's default parallelism."""
     if conf.get("spark.cores.max"):
         return int(conf["spark.cores.max"])
     if conf.get("spark.executor.instances"):
@@ -31,14 +24,13 @@ def task_slots(conf: dict[str, str], default_parallelism: int) -> int:
 
 
 def sized(slots: int) -> tuple[int, int]:
-    """(state partitions, ready partitions) for `slots` task slots."""
+    """(state, ready): 1/4 (at least 2) for dispatch, one for intake and ledger, the rest state."""
     ready = max(2, slots // 4)
     return max(1, slots - ready - 1), ready
 
 
 def recorded_partitions(checkpoint) -> int | None:
-    """The shuffle partitions Spark recorded in the checkpoint's latest offset log (it uses
-    them for the checkpoint's whole life), or None before its first batch."""
+    """The shuffle partitions Spark recorded (for the checkpoint's life); None before a batch."""
     batch = latest_batch(checkpoint / "offsets")
     if batch is None:
         return None
@@ -68,8 +60,7 @@ def resolve(settings: Settings, checkpoint, slots: int) -> Settings:
 
 
 def size_partitions(spark, settings: Settings, checkpoint: str) -> Settings:
-    """Partitions set to 0: the checkpoint's own, or sized for the slots the job was
-    given (streaming/wheel/sizing.py), before the checkpoint's check compares them."""
+    """Sizes partitions set to 0 before the checkpoint's check compares them."""
     context = spark.sparkContext
     slots = task_slots(dict(context.getConf().getAll()), context.defaultParallelism)
     settings = resolve(settings, store.path(checkpoint), slots)
@@ -78,8 +69,8 @@ def size_partitions(spark, settings: Settings, checkpoint: str) -> Settings:
 
 
 def check_slots(spark, settings: Settings, partitions: int) -> None:
-    """The dispatch tasks hold a task slot each for good: refuse to start where they would
-    leave the wheel's stages none (DESIGN.md section 4)."""
+    """Refuse to start where the dispatch tasks, each holding a slot for good, would leave the
+    wheel's stages none (DESIGN.md section 4)."""
     need = partitions + settings.spark_shuffle_partitions + 1
     deadline = time.monotonic() + settings.executor_slots_wait_s
     slots = spark.sparkContext.defaultParallelism
@@ -87,11 +78,10 @@ def check_slots(spark, settings: Settings, partitions: int) -> None:
         time.sleep(1)
         slots = spark.sparkContext.defaultParallelism
     if slots < need:
-        raise JobError(
-            f"delayq needs {need} task slots ({partitions} dispatch tasks, "
-            f"{settings.spark_shuffle_partitions} wheel state partitions and one more "
-            f"for the intake and the ledger query) and Spark has {slots}: give it more "
-            f"(spark_master = \"local[{need}]\", or more executor cores)")
+        raise JobError(f"delayq needs {need} task slots ({partitions} dispatch tasks, "
+                       f"{settings.spark_shuffle_partitions} wheel state partitions and one more "
+                       f"for the intake and the ledger query) and Spark has {slots}: give it more "
+                       f"(spark_master = \"local[{need}]\", or more executor cores)")
     conf = spark.sparkContext.getConf()
     for key in ("spark.speculation", "spark.dynamicAllocation.enabled"):
         if conf.get(key, "false").lower() == "true":

@@ -1,6 +1,5 @@
-"""The wheel query's batch: written once per micro-batch by `BatchWriter` (its references to the
-ready topic, then dead letters and cold parks), kept so the wheel runs once, and held back when
-it begins after a stop was asked."""
+"""The wheel query's foreachBatch: each batch kept so the wheel runs once, written to the ready
+topic, dead letters and cold tier, and held back when it begins after a stop was asked."""
 from __future__ import annotations
 
 import contextlib
@@ -29,10 +28,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class BatchWriter:
-    """foreachBatch: the batch kept (`kept`), its references written to the ready topic and
-    every row counted in one Spark job; then, when it has dead letters or cold parks, their
-    records read back from the intake (`with_bodies`) for the dead-letter topic, the cold tier
-    and every other sink."""
+    """References go to the ready topic in one Spark job; dead letters and cold parks get their
+    bodies read back from the intake (`with_bodies`) for the other sinks."""
 
     kafka: ReadySink
     intake: tuple[str, dict[str, str], str]   # the intake, Spark's Kafka options, the DLQ
@@ -40,17 +37,16 @@ class BatchWriter:
     observers: list[Callable[[BatchSummary], None]] = field(default_factory=list)
     cold: "ColdTier | None" = None
     first: tuple[float, dict] | None = None   # the first call's start and step timings
-    # For DelayJob.stop: the last batch begun, whether no other may begin, when the query's
-    # stop was called (time.monotonic), and whether a batch waits for it.
+    # For DelayJob.stop (`stopping`: when the query's stop was called, time.monotonic).
     begun: int | None = None
     closed: bool = False
     stopping: float | None = None
     parked: threading.Event = field(default_factory=threading.Event, repr=False)
-    lost_kept_rows: bool = False   # a batch failed as its kept rows were lost (`kept`)
+    lost_kept_rows: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def close(self) -> int | None:
-        """No batch begins its work after this call: the id of the last that did, or None."""
+        """No batch begins after this call: the id of the last that did, or None."""
         with self._lock:
             self.closed = True
             return self.begun
@@ -87,8 +83,6 @@ class BatchWriter:
 
     def _write(self, batch: DataFrame, summary: BatchSummary, lap: Callable[[str], None],
                releases: list) -> None:
-        # The batch's one Spark job: it computes the batch, writes what fired and counts
-        # every row for the sinks and the metrics (sinks/ready.py).
         self.kafka.write_batch(batch, summary)
         lap("kafka")
         bodied = None
@@ -115,10 +109,8 @@ class BatchWriter:
 
     def with_bodies(self, batch: DataFrame,
                     summary: BatchSummary) -> tuple[DataFrame, Callable[[], None]]:
-        """The batch's dead and cold rows with their intake records read back, kept (`kept`):
-        the dead-letter topic, the cold tier and the dead-letter table read them. A cold row
-        whose record is gone already (the intake's retention) becomes a dead letter
-        (`intake_record_gone`), counted so in `summary`: no empty message is parked."""
+        """Dead and cold rows with their intake records, kept. A cold row whose record is gone
+        becomes a dead letter (`intake_record_gone`, so counted): no empty message is parked."""
         topic, options, dlq = self.intake
         rows = intake_bodies(batch.filter(F.col("kind").isin("dead", "cold")), topic, options)
         lost = (F.col("kind") == "cold") & F.col("found").isNull()
@@ -138,9 +130,7 @@ class BatchWriter:
         return bodied, release
 
 
-# How long a batch begun after a stop was asked waits for it (DelayJob.stop asks for it within
-# its grace period; past this the batch fails, having sent nothing), the slices it sleeps in, and
-# how long into the stop it interrupts itself (wait_for_the_stop).
+# Past STOP_WAIT_MS the batch fails, having sent nothing (the stop comes within its grace).
 STOP_WAIT_MS = 10 * 60 * 1000
 STOP_SLICE_MS = 500
 STOP_INTERRUPT_AFTER_S = 1.0
@@ -149,14 +139,9 @@ STOP_INTERRUPT_AFTER_S = 1.0
 def wait_for_the_stop(spark: SparkSession, batch_id: int,
                       stopping: Callable[[], float | None] = lambda: None,
                       clock: Callable[[], float] = time.monotonic) -> None:
-    """A batch that began after a stop was asked sends nothing: it waits in the JVM, on the
-    query's own thread (PySpark pins a callback's JVM calls to it), until the query's stop
-    interrupts it. Spark takes that interruption as a clean stop (SPARK-39218); the batch is
-    not committed, and runs again after the restart.
-
-    Spark interrupts the thread once, and that can land while the thread is elsewhere; so the
-    wait sleeps in slices and, once `stopping()` (when the query's stop was called, by `clock`)
-    is STOP_INTERRUPT_AFTER_S old, interrupts itself: the same clean stop."""
+    """Wait in the JVM, on the query's thread, until the stop interrupts it: Spark takes that as
+    a clean stop (SPARK-39218), the batch not committed. Spark interrupts once, maybe while the
+    thread is elsewhere, so it also interrupts itself STOP_INTERRUPT_AFTER_S after `stopping()`."""
     jvm = store.jvm(spark)
     deadline = clock() + STOP_WAIT_MS / 1000
     try:
@@ -172,8 +157,7 @@ def wait_for_the_stop(spark: SparkSession, batch_id: int,
 
 
 class _QuietStop(logging.Filter):
-    """py4j logs, at ERROR with its traceback, the interruption a batch waiting for the stop
-    ends with: the expected end of a clean stop, not an error."""
+    """py4j logs a clean stop's interruption at ERROR with its traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -184,21 +168,15 @@ logging.getLogger("py4j.clientserver").addFilter(_QuietStop())
 
 
 def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
-    """The batch computed once by its first action and kept for the next, and the call that
-    drops it. The wheel must not run twice for one batch, so every sink reads the rows kept.
-
-    They are kept as whole rows (a lazy local checkpoint, in memory and spilled to disk), not
-    in Spark's cache, which copies every payload twice to build its columns. Unlike a cached
-    batch, a kept one is never computed again: a job that finds its blocks lost (an executor
-    gone) fails, and the batch runs again from the checkpoint (BatchWriter.lost_kept_rows)."""
+    """The batch computed once and kept (the wheel must not run twice), and its release. A lazy
+    local checkpoint, not the cache (which copies payloads twice); never recomputed: lost blocks
+    fail the job and the batch runs again from the checkpoint."""
     kept = batch.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
-    # PySpark cannot release a local checkpoint; its RDD through the JVM can (5b2c265: drain
-    # 13.1-15.8k msg/s against 9.9-11.8k for persist/unpersist, three pairs).
+    # Released via its RDD, as PySpark cannot (5b2c265: 13.1-15.8k msg/s vs 9.9-11.8k persisting).
     rows = kept._jdf.queryExecution().logical().rdd()
 
     def release() -> None:
-        # Best effort: the batch is sent, and failing it for a stop's interruption of this RPC
-        # would send it all again after the restart.
+        # Best effort: failing a sent batch for a stop's interruption would resend it all.
         try:
             rows.unpersist(False)
         except Exception as e:
@@ -206,16 +184,12 @@ def kept(batch: DataFrame) -> tuple[DataFrame, Callable[[], None]]:
     return kept, release
 
 
-# The Spark error condition of a kept batch whose blocks are gone (`kept`).
 LOST_KEPT_ROWS = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
 
 
 def error_conditions(error) -> set[str]:
-    """The Spark error conditions (SparkThrowable's error classes) of an error as PySpark
-    raises it in the driver: along the causes of a Py4JJavaError's JVM throwable (a failed
-    Spark job's SparkException, which PySpark passes on as it is), or a converted Spark
-    exception's own (PySpark keeps its causes in private fields). A foreachBatch function
-    must read them itself: past it, its error reaches the query as a Python traceback's text."""
+    """Spark error conditions along a Py4JJavaError's JVM causes, or a converted exception's
+    own. foreachBatch must read them: past it, the error is only a traceback's text."""
     java = getattr(error, "java_exception", None)   # a Py4JJavaError's JVM throwable
     if java is None:
         with contextlib.suppress(Exception):   # not a converted Spark exception

@@ -248,3 +248,26 @@ def test_the_bench_s_own_analysis_is_not_counted_as_the_driver_s():
     after = peaks.cpu_seconds()
     assert after["bench_analysis"] == 5.0
     assert after["bench_python"] < before["bench_python"] - 4.5
+
+
+def test_the_burst_plot_shows_deliveries_after_the_due_second(tmp_path):
+    """The burst's panel is deliveries over time after its one due second, with the lateness
+    percentiles marked, not a scatter over due times (all equal)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from streaming.tools import bench_figures
+
+    late = np.arange(0, 3_000, 3, dtype=np.int64)   # 1,000 deliveries over 3 s
+    fig, ax = plt.subplots()
+    bench_figures._plot_burst(ax, late)
+    bars = sum(patch.get_height() for patch in ax.patches)
+    marks = sorted(text.get_text() for text in ax.get_legend().get_texts())
+    plt.close(fig)
+    assert bars == 1_000
+    assert marks == ["max 3.00 s", "p50 1.50 s", "p99 2.97 s"]
+    result = Result(plan={}, machine={}, scenarios={"burst": {"_series": (
+        np.full(len(late), 10**12), late)}})
+    bench_figures.write(result, tmp_path / "b.json", tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 10_000
