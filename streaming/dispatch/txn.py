@@ -86,13 +86,12 @@ class Transactions:
             self.refusals.reasons[where] = why
 
     def _commit_transaction(self) -> None:
-        """Commit what was queued and its ledger rows, then open the next transaction. The rows'
-        acks come first, so each ledger row names where its message landed."""
+        """Commit what was queued and its ledger rows, then open the next transaction. A ledger
+        row names where its message landed, so it follows the row's ack: the acked rows' ledger
+        records go while the rest are still in flight, then the last ones."""
         for _ in range(100):   # records the full queue put back, queued before the commit
             self._release(force=True)
-            while self.producer.flush(30) and not self.doomed:   # the broker away: it resumes
-                log.warning("dispatch %d: records unacknowledged for 30 s; waiting", self.partition)
-            self._ledger(force=True)
+            self._await_acks()
             if not self.retry:
                 break
         else:
@@ -105,6 +104,18 @@ class Transactions:
         self.in_transaction = False
         self.at_commit = (self.sent, self.dead)
         self.producer.begin_transaction()
+
+    def _await_acks(self) -> None:
+        """Every queued record acknowledged and every acked row's ledger record queued (the broker
+        away: librdkafka resumes, and this waits)."""
+        self._ledger(force=True)
+        waited = time.monotonic()
+        while self.producer.flush(0.1) and not self.doomed:
+            self._ledger(force=True)
+            if time.monotonic() - waited >= 30:
+                log.warning("dispatch %d: records unacknowledged for 30 s; waiting", self.partition)
+                waited = time.monotonic()
+        self._ledger(force=True)
 
     def _until_done(self, call) -> None:
         """Call `call` again while it fails retriably (librdkafka resumes); an abortable failure
