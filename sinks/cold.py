@@ -15,12 +15,12 @@ from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id, table_exists
 from sinks.kafka import appended_headers, header_struct
 from state import headers as H
+from state.columns import TOMBSTONE
 from state.timing import bucket_start
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
            "append_ms", "ipart", "ioff")
-# Null on a message; a cancel's is WAITING (meets its message at the roll) or DONE (found it).
-TOMBSTONE = "tombstone"
+# TOMBSTONE: null on a message; a cancel's is WAITING (meets its message at the roll) or DONE.
 WAITING, DONE = "waiting", "done"
 # What a tombstone keeps of its cancel's row.
 _TOMBSTONE_KEEPS = ("uniq_key", "level", "due_ms", "append_ms", "ipart", "ioff")

@@ -69,5 +69,7 @@ WHEEL_OUT = pa.schema([
 WITH_BODY = pa.schema([*WHEEL_OUT, ("key", pa.binary()), ("value", pa.binary()),
                        ("headers", HEADERS)])
 
+# The cold tier's column that marks a cancel (sinks/cold.py): null on a message, a cancel's state.
+TOMBSTONE = "tombstone"
 # Bumped whenever STATE or the wheel's operator change: a checkpoint of another format is refused.
 STATE_FORMAT = 6

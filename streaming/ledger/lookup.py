@@ -13,14 +13,13 @@ from confluent_kafka import Consumer, TopicPartition
 from sinks import store
 from sinks.store import HadoopPath
 from state import headers as H
+from state.columns import TOMBSTONE
 from state.envelope import default_uniq_key
 from streaming.dispatch.rules import READY_STOP, ready_row
 from streaming.kafka.config import librdkafka_config
 from streaming.ledger.records import ledger_rows
 from streaming.ledger.tables import Tables
 
-# The cold tier's column that marks a cancel (sinks/cold.py TOMBSTONE; not imported: Spark).
-TOMBSTONE = "tombstone"
 
 
 @dataclass

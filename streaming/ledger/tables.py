@@ -10,8 +10,8 @@ import pyarrow as pa
 from sinks import store
 
 _SUMMARY = """SELECT level, count(*) AS delivered,
-  CAST(round(approx_percentile_cont(lateness_ms, 0.5)) AS BIGINT) AS p50_ms,
-  CAST(round(approx_percentile_cont(lateness_ms, 0.99)) AS BIGINT) AS p99_ms,
+  CAST(round({percentile}(lateness_ms, 0.5)) AS BIGINT) AS p50_ms,
+  CAST(round({percentile}(lateness_ms, 0.99)) AS BIGINT) AS p99_ms,
   max(lateness_ms) AS max_ms, sum(CASE WHEN lateness_ms < 0 THEN 1 ELSE 0 END) AS early
 FROM ledger WHERE {where} GROUP BY level ORDER BY level"""
 
@@ -49,15 +49,15 @@ class Tables:
 
     def summary(self, ledger: str | Path, since_ms: int | None, until_ms: int | None) -> list[dict]:
         """Per level over [since, until): delivered, p50, p99 and max lateness (ms), early."""
-        bounds = [f"sent_ms {op} {int(ms)}" for op, ms in ((">=", since_ms), ("<", until_ms))
-                  if ms is not None]
-        sql = _SUMMARY.format(where=" AND ".join(bounds) or "true")
+        where = " AND ".join(f"sent_ms {op} {int(ms)}" for op, ms in (
+            (">=", since_ms), ("<", until_ms)) if ms is not None) or "true"
         if store.is_local(ledger):
             from deltalake import QueryBuilder
 
             table = _delta_rs(ledger)
             if table is None:
                 return []
+            sql = _SUMMARY.format(where=where, percentile="approx_percentile_cont")   # DataFusion
             result = QueryBuilder().register("ledger", table).execute(sql)
             return pa.RecordBatchReader.from_stream(result).read_all().to_pylist()
         from sinks.delta import table_exists
@@ -65,8 +65,8 @@ class Tables:
         if not table_exists(ledger):
             return []
         self.spark.read.format("delta").load(str(ledger)).createOrReplaceTempView("ledger")
-        return [r.asDict() for r in self.spark.sql(sql.replace("approx_percentile_cont",
-                                                              "percentile_approx")).collect()]
+        sql = _SUMMARY.format(where=where, percentile="percentile_approx")
+        return [r.asDict() for r in self.spark.sql(sql).collect()]
 
 
 def _delta_rs(location: str | Path):

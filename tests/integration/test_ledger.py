@@ -169,3 +169,39 @@ def test_the_ledger_query_reads_only_what_committed_transactions_sent(
     query.awaitTermination(120)
     got = [bytes(r.value) for r in spark.table(table).collect()]
     assert got == [b"committed"]
+
+
+def test_a_ledger_table_from_before_the_offset_column_gains_it_at_the_next_append(
+        job_settings, spark):
+    """An upgrade: the ledger query's first append adds `offset` to a table the version before
+    wrote without it; the older rows read it as null, the new ones have it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from streaming.dispatch.rules import Row
+    from streaming.ledger.query import LedgerWriter
+    from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
+
+    settings = job_settings()
+    writer = LedgerWriter(spark, settings, str(settings.data_path / "ckpt"), None)
+    writer._app_id = "upgrade-test"
+
+    def decoded(keys, landed):
+        acked = [(Row(1_000, 0, i, i, "orders", None, None, b"v", [], 1, 900, key), 1_005, None,
+                  landed) for i, key in enumerate(keys)]
+        [(_, record)] = ledger_chunks(acked, 100, 1_000_000)
+        return spark.createDataFrame(ledger_rows(record).to_pandas(),
+                                     from_arrow_schema(ledger_schema()))
+
+    # The table as the version before wrote it: the same columns but `offset`.
+    (decoded(["old-1", "old-2"], None).select(
+        "uniq_key", "topic", "partition", "level", F.col("ipart").alias("intake_partition"),
+        F.col("ioff").alias("intake_offset"), "append_ms", "due_ms", "sent_ms",
+        (F.col("sent_ms") - F.col("due_ms")).alias("lateness_ms"),
+        F.lit(0).cast("long").alias("batch_id"), F.lit(0).cast("long").alias("batch_time"),
+        F.lit("1970-01-01").alias("sent_date"))
+     .write.format("delta").partitionBy("sent_date").save(str(settings.ledger_path)))
+    writer._append(decoded(["new-1"], (3, 77)), 1, 2_000)
+    got = {r["uniq_key"]: (r["partition"], r["offset"]) for r in
+           spark.read.format("delta").load(str(settings.ledger_path)).collect()}
+    assert got == {"old-1": (None, None), "old-2": (None, None), "new-1": (3, 77)}

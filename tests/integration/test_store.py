@@ -97,3 +97,31 @@ def test_the_ledger_and_dead_letter_tables_are_created_empty_as_spark_writes_the
         detail = spark.sql(f"DESCRIBE DETAIL delta.`{table.path}`").first()
         assert detail["partitionColumns"] == [column] and detail["numFiles"] == 0
         assert spark.sql(f"DESCRIBE HISTORY delta.`{table.path}`").count() == 1, "created once"
+
+
+def test_the_ledger_lookup_reads_a_table_on_hdfs_through_spark_as_delta_rs_reads_it_locally(
+        location, spark, tmp_path):
+    """`delayq ledger` on a store goes through Spark, on a local folder through delta-rs: the
+    same rows give the same answer and the same summary either way."""
+    from streaming.ledger.tables import Tables
+
+    rows = [(f"k{i}", "orders", i % 2, 100 + i, 1 + i % 2, 1_000 + i, 1_000 + i + i * 7,
+             i * 7, "2026-12-03") for i in range(40)]
+    frame = spark.createDataFrame(rows, "uniq_key string, topic string, partition int, "
+                                        "offset long, level int, due_ms long, sent_ms long, "
+                                        "lateness_ms long, sent_date string")
+    answers = []
+    for where in (f"{location}/ledger", str(tmp_path / "ledger")):
+        frame.write.format("delta").partitionBy("sent_date").save(where)
+        tables = Tables(lambda: spark)
+        found = tables.matching(where, "k7")
+        answers.append(([(r["partition"], r["offset"], r["lateness_ms"]) for r in found],
+                        [(r["level"], r["delivered"], r["max_ms"], r["early"])
+                         for r in tables.summary(where, 1_010, None)],
+                        tables.matching(where, "missing")))
+    assert answers[0][0] == [(1, 107, 49)]
+    # Sent from 1,010 ms on: rows 2-39, levels 1 (even rows) and 2 (odd rows), 19 each.
+    assert answers[0][1] == [(1, 19, 266, 0), (2, 19, 273, 0)]
+    assert answers[0] == answers[1]
+    assert Tables(lambda: spark).matching(f"{location}/none", "k7") == []
+    assert Tables(lambda: spark).summary(str(tmp_path / "none"), None, None) == []
