@@ -6,7 +6,7 @@ from conf.settings import Settings
 from state.envelope import Rules
 from state.groups import WheelConfig
 from streaming.dispatch.rules import DispatchConfig
-from streaming.kafka.config import dispatch_producer_config, librdkafka_config
+from streaming.kafka.config import librdkafka_config
 
 
 def rules_of(settings: Settings) -> Rules:
@@ -31,14 +31,19 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
     """`max_request_bytes`: largest record sent; `ledger_max_bytes`: ledger max.message.bytes."""
     consumer = {"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
-                "enable.partition.eof": False,
                 # fetch.wait.max.ms stays 500: shorter waits cost the broker 1/5 core when idle.
                 # As the wheel's source: an aborted transaction's intake write is never delivered.
                 "isolation.level": "read_committed"}
-    # batch.size no larger than the ledger topic takes, or a refused batch is refused again whole.
     exactly = settings.delivery == "exactly_once"
-    producer = {**dispatch_producer_config(settings, max_request_bytes),
-                "batch.size": min(1_000_000, ledger_max_bytes)}
+    # Keyed rows without REAL_QID are placed as Kafka's Java client does (murmur2); an unknown
+    # REAL_TOPIC is awaited `dispatch_topic_wait_ms` before the row is dead-lettered; batch.size
+    # no larger than the ledger topic takes, or a refused batch is refused again whole.
+    producer = {"bootstrap.servers": settings.bootstrap, "linger.ms": 1, "acks": "all",
+                "message.max.bytes": max_request_bytes, "enable.idempotence": True,
+                "partitioner": "murmur2_random", "batch.size": min(1_000_000, ledger_max_bytes),
+                "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_097_151,
+                "topic.metadata.propagation.max.ms": settings.dispatch_topic_wait_ms,
+                **librdkafka_config(settings)}
     return DispatchConfig(consumer=consumer, producer=producer,
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
                           dlq_topic=settings.dlq_topic, run_id=run_id,

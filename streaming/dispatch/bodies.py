@@ -37,10 +37,9 @@ class Bodies:
     """The references a task waits for the bodies of, by intake partition, and the consumer
     that reads them (never committed: the task's ready partition's commit covers them)."""
 
-    def __init__(self, consumer_config: dict, topic: str, rules: Rules, fetch_gap: int,
-                 consumer=None):
+    def __init__(self, consumer_config: dict, topic: str, rules: Rules, fetch_gap: int):
         self.topic, self.rules, self.gap = topic, rules, fetch_gap
-        self.consumer = consumer or Consumer({
+        self.consumer = Consumer({
             **consumer_config, "enable.auto.commit": False, "auto.offset.reset": "error",
             "enable.partition.eof": True, "isolation.level": "read_committed",
             # A reposition drops what was fetched ahead: fetch ahead a little, not megabytes.

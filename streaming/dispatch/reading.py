@@ -9,9 +9,8 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from streaming.dispatch.bodies import Bodies
 from streaming.dispatch.direct import direct_rows
-from streaming.dispatch.rules import READY_STOP, Offsets, Refired, identity, ready_row
-from streaming.dispatch.start import (added_partitions, committed, in_ledger, owned_partitions,
-                                      retrying)
+from streaming.dispatch.rules import READY_STOP, Offsets, Refired, ready_row
+from streaming.dispatch.start import committed, in_ledger, owned_partitions, retrying
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +85,12 @@ class Reading:
     def _look_for_partitions(self) -> None:
         """Partitions added to the intake since the start, from their beginning, assigned alone:
         reassigning the others would fetch rows gathered and not yet taken twice."""
-        starts = retrying(lambda: added_partitions(self.consumer, self.config, self.partition,
-                                                   self.offsets))
-        if not starts:
+        new = [tp for tp in retrying(lambda: owned_partitions(self.consumer, self.config,
+                                                              self.partition))
+               if (tp.topic, tp.partition) not in self.offsets]
+        if not new:
             return
+        starts = retrying(lambda: committed(self.consumer, self.config, new))[0]
         self.offsets.update({source: Offsets(start) for source, start in starts.items()})
         added = [TopicPartition(topic, part, start) for (topic, part), start in starts.items()]
         self.intake.extend(added)
@@ -109,7 +110,7 @@ class Reading:
             self.offsets[(self.config.intake_topic, part)].skip(offset)
         for row, reason in [*((row, None) for row in rows), *dead]:
             offsets = self.offsets[row.source]
-            if done and identity(row.uniq_key, row.due_ms) in done:
+            if done and (row.uniq_key, row.due_ms) in done:
                 offsets.skip(row.offset)
                 self.skipped += 1
                 continue
@@ -122,27 +123,24 @@ class Reading:
 
     def _take(self, msg, done: set[tuple[str, int]]) -> None:
         """One ready record: the run's stop, a row done before the start (known for `Refired`),
-        one in the ledger or a refired copy (skipped), or a row to hold until due."""
+        one in the ledger or a refired copy (skipped), or one whose body to read back."""
         offset, headers = msg.offset(), msg.headers() or []
         if headers and headers[-1][0] == READY_STOP:
             self.offsets[None].skip(offset)
             if offset >= self._known_below and (msg.value() or b"").decode() == self.config.run_id:
                 self.stopping = True
             return
-        row = ready_row(offset, msg.key(), msg.value(), headers)
-        copy = not headers and self.refired.copy(msg.key(), offset, row)
+        row = ready_row(offset, msg.value())
+        copy = self.refired.copy(msg.key(), offset, row)
         if offset < self._known_below:
             return
-        if copy or (done and identity(row.uniq_key, row.due_ms) in done):
+        if copy or (done and (row.uniq_key, row.due_ms) in done):
             self.offsets[None].skip(offset)
             self.skipped += 1
             return
         self.offsets[None].read(offset, self.ledger_end)
         self.held[row.level] += 1
-        if row.body:
-            self._hold(row)
-        else:
-            self.bodies.want(row)
+        self.bodies.want(row)
 
     def _read_back(self, wait_s: float) -> bool:
         """Hold the bodies read back, dead-letter references whose record is gone or replaced;

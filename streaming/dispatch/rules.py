@@ -4,7 +4,6 @@ lowest row not yet done; a restart skips what the ledger holds (`Offsets`) and a
 batch's copies (`Refired`). No Spark import: the loop runs in a plain Python worker."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException
@@ -12,14 +11,6 @@ from confluent_kafka import KafkaError, KafkaException
 from state import headers as H
 from state.reasons import reason
 
-log = logging.getLogger(__name__)
-
-# Headers the wheel appends to a fired row after the message's own, removed here.
-READY_TOPIC = "DELAYQ_READY_TOPIC"
-READY_QID = "DELAYQ_READY_QID"
-READY_LEVEL = "DELAYQ_READY_LEVEL"
-READY_FROM = "DELAYQ_READY_FROM"      # "<intake partition>-<intake offset>-<append ms>"
-READY_HEADERS = (READY_TOPIC, READY_QID, READY_LEVEL, READY_FROM)
 # The stop record the driver writes to every ready partition; its value is the run's id.
 READY_STOP = "DELAYQ_READY_STOP"
 
@@ -79,12 +70,6 @@ class Row:
         return (self.due_ms, self.ipart, self.ioff, self.offset)
 
 
-def identity(uniq_key: str, due_ms: int) -> tuple[str, int]:
-    """A delivered message as the restart's skip knows it (a producer's resend is due at
-    another time, and is sent again)."""
-    return uniq_key, due_ms
-
-
 class Refired:
     """Copies of a wheel batch fired again (Spark's Kafka sink is at least once). A reference's
     key is its batch's id (sinks/ready.py); one seen before in the newest batch is a copy. The
@@ -94,45 +79,23 @@ class Refired:
         self.batch, self.start = batch, start   # the newest batch, its first offset here
         self._seen: set[tuple[str, int]] = set()
 
-    def copy(self, key: bytes | None, offset: int, row: "Row") -> bool:
+    def copy(self, key: bytes, offset: int, row: "Row") -> bool:
         """Whether the reference `row` at `offset` (its record's `key`) is a copy."""
-        if key is None:   # a whole message as a version before 6 wrote it, or a test's
-            return False
         batch = int(key)
         if batch != self.batch:   # the next batch (or a new checkpoint's, numbered again)
             self.batch, self.start, self._seen = batch, offset, set()
-        known = identity(row.uniq_key, row.due_ms)
+        known = row.uniq_key, row.due_ms   # a resend is due at another time: not a copy
         if known in self._seen:
             return True
         self._seen.add(known)
         return False
 
 
-def ready_row(offset: int, key, value, headers: list | None) -> Row:
-    """A fired row from its ready record: a reference (value as sinks/ready.py reference_value
-    writes it, no header), or as versions before 6 wrote it, a whole message with READY_HEADERS."""
-    if not headers:
-        due, level, ipart, ioff, append_ms, uniq = value.split(b",", 5)
-        return Row(int(due), int(ipart), int(ioff), offset, None, None, None, None, [],
-                   int(level), int(append_ms), uniq.decode(), body=False)
-    headers = list(headers)
-    extra = {}
-    while headers and headers[-1][0] in READY_HEADERS:
-        name, raw = headers.pop()
-        extra[name] = raw
-    uniq = due = None
-    for name, raw in reversed(headers):   # the wheel writes UNIQ_KEY and DELIVER_MS last
-        if name == H.DELIVER_MS and due is None:
-            due = int(raw)
-        elif name == H.UNIQ_KEY and uniq is None:
-            uniq = raw.decode()
-        if uniq is not None and due is not None:
-            break
-    ipart, ioff, append_ms = (int(x) for x in extra[READY_FROM].split(b"-"))
-    qid = extra.get(READY_QID)
-    return Row(due, ipart, ioff, offset, extra[READY_TOPIC].decode(),
-               int(qid) if qid else None, key, value, headers, int(extra[READY_LEVEL]),
-               append_ms, uniq)
+def ready_row(offset: int, value: bytes) -> Row:
+    """A fired reference from its ready record's value (sinks/ready.py reference_value)."""
+    due, level, ipart, ioff, append_ms, uniq = value.split(b",", 5)
+    return Row(int(due), int(ipart), int(ioff), offset, None, None, None, None, [],
+               int(level), int(append_ms), uniq.decode(), body=False)
 
 
 class Offsets:

@@ -9,20 +9,28 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from streaming.dispatch.rules import DispatchConfig, identity
+from streaming.dispatch.rules import DispatchConfig
 from streaming.ledger.records import ledger_rows
 
 log = logging.getLogger(__name__)
 
 
+class Aborted(Exception):
+    """The task's open transaction cannot commit: it starts again from its last commit."""
+
+
 def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: float = 1.0):
     """`call()`, again after a pause while it raises a transient Kafka error (a coordinator
-    still loading, a broker restarting) and `timeout_s` has not passed."""
+    still loading, a broker restarting) and `timeout_s` has not passed; a transaction's
+    abortable failure raises `Aborted`."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return call()
         except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if isinstance(err, KafkaError) and err.txn_requires_abort():
+                raise Aborted(str(err)) from e
             if not transient(e) or time.monotonic() > deadline:
                 raise
             log.info("dispatch: %s; retrying", e)
@@ -50,14 +58,6 @@ def owned_partitions(consumer, config: DispatchConfig, task: int) -> list:
             if q % config.ready_partitions == task]
 
 
-def added_partitions(consumer, config: DispatchConfig, task: int, known: dict) -> dict:
-    """The intake partitions task `task` reads that are not among `known` (by Row.source),
-    with where each starts (`committed`): partitions added to the intake since its start."""
-    new = [tp for tp in owned_partitions(consumer, config, task)
-           if (tp.topic, tp.partition) not in known]
-    return committed(consumer, config, new)[0] if new else {}
-
-
 def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int | None, list]:
     """Where each of `parts` starts by Row.source (committed, else `intake_start` or the
     beginning); the earliest ledger mark of their commits (None: none); and the newest wheel
@@ -82,7 +82,7 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
 def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
               ) -> tuple[set[tuple[str, int]], dict, int]:
     """From the ledger mark (or the beginning) to the end of `ledger`: the messages delivered
-    (`identity`), which a restart skips; each source's last row delivered there, which the
+    (UNIQ_KEY, due), which a restart skips; each source's last row delivered there, which the
     commits' marks wait for (rules.py Offsets); and the partition's end."""
     low, high = consumer.get_watermark_offsets(ledger, timeout=60)
     position = low if mark is None else max(low, min(mark, high))
@@ -102,7 +102,7 @@ def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
             rows = ledger_rows(msg.value())
             for key, due, ready, ipart, ioff in zip(*(rows.column(name).to_pylist() for name in (
                     "uniq_key", "due_ms", "ready_offset", "ipart", "ioff"))):
-                done.add(identity(key, due))
+                done.add((key, due))   # a resend, due at another time, is sent
                 source, offset = (None, ready) if ready is not None else \
                     ((intake_topic, ipart), ioff)
                 last[source] = max(last.get(source, -1), offset)

@@ -11,6 +11,8 @@ import time
 import uuid
 from collections import deque
 
+from confluent_kafka import Consumer, Producer, TopicPartition
+
 from conf.settings import Settings
 from streaming.dispatch.rules import READY_STOP
 from streaming.dispatch.task import run_partition
@@ -95,8 +97,6 @@ class Dispatcher:
         """From the tasks' last commits' metadata (one request, whatever the rate): messages read
         and not yet finished, by level, and each task's clock offset to the broker's in ms (Skew),
         by ready partition."""
-        from confluent_kafka import Consumer, TopicPartition
-
         if self._reader is None:
             self._reader = Consumer(self.config.consumer)
         held: dict[int, int] = {}
@@ -110,9 +110,6 @@ class Dispatcher:
             if meta.get("clock_ms") is not None:
                 clocks[got.partition] = meta["clock_ms"]
         return held, clocks
-
-    def held_by_level(self) -> dict[int, int]:
-        return self.reports()[0]
 
     def _group(self, partition: int) -> str:
         return f"delayq-dispatch-{self.settings.ready_topic}-{partition}"
@@ -158,8 +155,6 @@ class Dispatcher:
     def stop(self, timeout_s: float = 30.0) -> None:
         """Ask every task to end (a stop record per ready partition), wait up to `timeout_s`,
         then cancel the jobs of those that did not."""
-        from confluent_kafka import Producer
-
         self._stopping.set()
         producer = Producer({k: v for k, v in self.config.producer.items()
                              if k != "topic.metadata.propagation.max.ms"})

@@ -1,5 +1,5 @@
 """The dispatch task's loop: read (reading.py), hold until due, send (send.py) and commit
-(commit.py, txn.py). No Spark import: it runs in a plain Python worker."""
+(txn.py). No Spark import: it runs in a plain Python worker."""
 from __future__ import annotations
 
 import gc
@@ -13,12 +13,11 @@ from typing import Callable, Iterator
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streaming.dispatch.clock import Skew
-from streaming.dispatch.commit import Committing
 from streaming.dispatch.reading import Reading
 from streaming.dispatch.rules import DispatchConfig, Offsets, Row
 from streaming.dispatch.send import Sending
-from streaming.dispatch.start import retrying
-from streaming.dispatch.txn import Aborted, Refusals, Transactions
+from streaming.dispatch.start import Aborted, retrying
+from streaming.dispatch.txn import Refusals, Transactions
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +46,10 @@ def run_partition(config: DispatchConfig, partition: int,
             task.close()
             done.update(sent=task.sent, dead=task.dead, skipped=task.skipped)
         time.sleep(config.retry_backoff_s)
-    yield {"partition": partition, "sent": done["sent"], "dead": done["dead"],
-           "skipped": done["skipped"]}
+    yield {"partition": partition, **done}
 
 
-class _Task(Reading, Sending, Committing, Transactions):
+class _Task(Reading, Sending, Transactions):
     """One run of a dispatch task over its ready partition (see `run_partition`)."""
 
     def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float],

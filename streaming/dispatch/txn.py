@@ -6,18 +6,17 @@ restart: #5456, #5511), and a restart skips what the ledger holds. A refusal abo
 transaction; the row, read again, is dead-lettered or sent alone. No Spark import."""
 from __future__ import annotations
 
+import json
 import logging
+import math
 import time
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streaming.dispatch.rules import TOO_LARGE, Row, refusal
+from streaming.dispatch.start import Aborted, retrying, transient
 
 log = logging.getLogger(__name__)
-
-
-class Aborted(Exception):
-    """The task's open transaction cannot commit: it starts again from its last commit."""
 
 
 class Refusals:
@@ -34,7 +33,8 @@ _LOOK_AGAIN_S = 0.5
 
 
 class Transactions:
-    """The transaction part of streaming/dispatch/task.py's _Task, which it is mixed into."""
+    """The commits and transactions of streaming/dispatch/task.py's _Task, mixed into it: each
+    source's commit point with the metadata a restart and the driver's gauges read."""
 
     def __init__(self, refusals: Refusals):
         # Refusals, the open transaction's first failure, whether it holds a record.
@@ -100,7 +100,7 @@ class Transactions:
             raise Aborted(self.doomed)
         if not self.in_transaction:
             return   # an idle task commits no empty transactions
-        self._until_done(lambda: self.producer.commit_transaction(30))
+        retrying(lambda: self.producer.commit_transaction(30), timeout_s=math.inf)
         self.in_transaction = False
         self.at_commit = (self.sent, self.dead)
         self.producer.begin_transaction()
@@ -117,18 +117,39 @@ class Transactions:
                 waited = time.monotonic()
         self._ledger(force=True)
 
-    def _until_done(self, call) -> None:
-        """Call `call` again while it fails retriably (librdkafka resumes); an abortable failure
-        aborts, a fatal one (the task fenced) is raised."""
-        while True:
-            try:
-                return call()
-            except KafkaException as e:
-                err = e.args[0] if e.args else None
-                if err is not None and err.txn_requires_abort():
-                    raise Aborted(str(err)) from e
-                if err is None or not err.retriable():
-                    raise
-                log.warning("dispatch %d: committing its transaction: %s; retrying",
-                            self.partition, err)
+    def _commit(self, final: bool = False) -> None:
+        """Commit the commit point (a transient failure waits for the next). exactly_once: the
+        transaction first, offsets every `offsets_interval_s` (rows read again: ledger skips)."""
+        if self.txn:
+            due = final or time.monotonic() - self._offsets_at >= self.config.offsets_interval_s
+            # Taken first, so below what the commit delivers; only when due (a min over held rows).
+            commits = self._commit_points() if due else []
+            self._commit_transaction()
+            if not due:
+                return
+            self._offsets_at = time.monotonic()
+        else:
+            commits = self._commit_points()
+        try:
+            self.consumer.commit(offsets=commits, asynchronous=False)
+        except KafkaException as e:
+            if not transient(e):
+                raise
+            log.warning("dispatch %d: commit failed (%s); the next one retries it",
+                        self.partition, e)
 
+    def _commit_points(self) -> list:
+        commits = []
+        for source, offsets in self.offsets.items():
+            point, mark = offsets.commit_point(self.ledger_end)
+            meta = {"ledger": mark}
+            if source is None:   # the driver's gauges, and a beat for its liveness check
+                meta["beat"] = time.monotonic_ns() // 1_000_000
+                meta["held"] = {str(k): n for k, n in self.held.items() if n}
+                if self.refired.batch is not None:
+                    meta["batch"] = [self.refired.batch, self.refired.start]
+                if self.skew.measured:
+                    meta["clock_ms"] = round(self.skew.offset_ms())
+            topic, part = (self.ready.topic, self.partition) if source is None else source
+            commits.append(TopicPartition(topic, part, point, metadata=json.dumps(meta)))
+        return commits

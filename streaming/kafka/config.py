@@ -48,13 +48,3 @@ def librdkafka_config(settings: Settings) -> dict[str, object]:
         config["ssl.ca.location"] = settings.ssl_cafile
     return config
 
-
-def dispatch_producer_config(settings: Settings, max_request_bytes: int) -> dict[str, object]:
-    """Keyed rows without REAL_QID are placed as Kafka's Java client does (murmur2); an unknown
-    REAL_TOPIC is awaited `dispatch_topic_wait_ms` before the row is dead-lettered."""
-    return {"bootstrap.servers": settings.bootstrap, "linger.ms": 1, "acks": "all",
-            "message.max.bytes": max_request_bytes, "enable.idempotence": True,
-            "partitioner": "murmur2_random",
-            "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_097_151,
-            "topic.metadata.propagation.max.ms": settings.dispatch_topic_wait_ms,
-            **librdkafka_config(settings)}

@@ -129,10 +129,9 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
             headers = msg.headers() or []
             if headers and headers[-1][0] == READY_STOP:
                 continue
-            row = ready_row(msg.offset(), msg.key(), msg.value(), headers)
-            if row.uniq_key == uniq_key:
-                if not row.body:   # a reference: its topic is in its intake record
-                    row.topic = intake_topic_of(settings)(row.ipart, row.ioff)
+            row = ready_row(msg.offset(), msg.value())
+            if row.uniq_key == uniq_key:   # a reference: its topic is in its intake record
+                row.topic = intake_topic_of(settings)(row.ipart, row.ioff)
                 return _pending_at(row, where=f"the ready topic, partition {msg.partition()}")
         return _in_intake(consumer, settings, uniq_key)
     finally:

@@ -13,18 +13,15 @@ from dataclasses import replace
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka import KafkaProducer
 
 from conf import load_settings
-from streaming.dispatch.rules import READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC
 from streaming.ledger.records import ledger_rows
-from state import headers as H
 from streaming.kafka.admin import admin_client, create_topic
 from streaming.stages import dispatch_config
 from streaming.tools import kafka_cluster
 from streaming.tools.process import free_ports
 from tests.faults.conftest import SteadyLoad, check_all_delivered
-from tests.integration.test_dispatch import in_thread, stop
+from tests.integration.test_dispatch import in_thread, stop, write_fired
 from tests.support import consume_all, header_map
 
 ROWS = 3000
@@ -49,7 +46,7 @@ def leader(bootstrap: str, topic: str, partition: int) -> int:
 def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicated, capsys):
     nodes, bootstrap = replicated
     tag = uuid.uuid4().hex[:8]
-    names = {k: f"replicated-{k}-{tag}" for k in ("ready", "ledger", "real", "dlq")}
+    names = {k: f"replicated-{k}-{tag}" for k in ("intake", "ready", "ledger", "real", "dlq")}
     stamped = {"message.timestamp.type": "LogAppendTime", "min.insync.replicas": "2"}
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for done in admin.create_topics([
@@ -58,23 +55,19 @@ def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicate
             for k, topic in names.items()]).values():
         done.result(60)
     config = replace(
-        dispatch_config(load_settings(), "run-1", 1_048_576, 1, {}, 1_048_588),
+        dispatch_config(load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"]),
+                        "run-1", 1_048_576, 1, {}, 1_048_588),
         consumer={"bootstrap.servers": bootstrap, "group.id": f"replicated-{tag}"},
         producer={"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "message.max.bytes": 1_048_576},
         ready_topic=names["ready"], ledger_topic=names["ledger"], dlq_topic=names["dlq"],
-        commit_interval_s=0.1, retry_backoff_s=0.2, intake_topic="", rules=None,
-        direct_max_delay_ms=-1, transactional_id=f"replicated-{tag}")
+        commit_interval_s=0.1, retry_backoff_s=0.2, direct_max_delay_ms=-1,
+        transactional_id=f"replicated-{tag}")
     start = int(time.time() * 1000) + 3000
     due = {f"m{i}": start + i * 40_000 // ROWS for i in range(ROWS)}   # over 40 s
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    for i, (uniq, at) in enumerate(due.items()):
-        producer.send(names["ready"], value=b"v", partition=0, headers=[
-            (H.UNIQ_KEY, uniq.encode()), (H.DELIVER_MS, str(at).encode()),
-            (READY_TOPIC, names["real"].encode()), (READY_QID, str(i % 2).encode()),
-            (READY_LEVEL, b"1"), (READY_FROM, f"0-{i}-{at - 1000}".encode())])
-    producer.flush()
-    producer.close()
+    write_fired(bootstrap, names["intake"], names["ready"], [
+        {"uniq": uniq, "due": at, "topic": names["real"], "qid": i % 2}
+        for i, (uniq, at) in enumerate(due.items())], batch=0)
     thread, result = in_thread(config)
     by_id = {int(spec.extra["node.id"]): spec for spec in nodes}
     killed = []

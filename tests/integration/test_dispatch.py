@@ -5,6 +5,7 @@ killed and started again sends again only what the ledger lacks, and a clean sto
 row its real topic refuses is dead-lettered with its reason and the partition goes on."""
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import threading
@@ -17,8 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaProducer
 
 from conf import load_settings
-from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_STOP, READY_TOPIC,
-                                      DispatchConfig)
+from streaming.dispatch.rules import READY_STOP, DispatchConfig
 from streaming.ledger.records import SENDER, ledger_rows
 from streaming.dispatch.task import run_partition
 from state import headers as H
@@ -36,38 +36,50 @@ class Rig(DispatchConfig):
 
 @pytest.fixture
 def dispatch(new_topic, kafka_bootstrap):
-    """(config, write): a DispatchConfig over fresh ready, ledger, real and dead-letter topics,
-    and write(rows) putting fired rows on the ready partition as the wheel writes them."""
-    ready, ledger = new_topic(), new_topic(**LOG_APPEND)
+    """(config, write): a DispatchConfig over fresh intake, ready, ledger, real and dead-letter
+    topics, and write(rows) leaving rows as the wheel does (`write_fired`), a wheel batch a call."""
+    intake, ready, ledger = new_topic(**LOG_APPEND), new_topic(), new_topic(**LOG_APPEND)
     real, dlq = new_topic(**LOG_APPEND), new_topic(**LOG_APPEND)
-    # The settings' dispatch configuration, on the fresh topics, reading no intake, delivering
-    # at least once (tests/integration/test_exactly_once.py adds the transactions).
+    # The settings' dispatch configuration, on the fresh topics, reading no intake itself (it
+    # reads the references' bodies back), at least once (test_exactly_once.py: transactions).
+    settings = load_settings(delivery="at_least_once", intake_topic=intake, dlq_topic=dlq)
     config = replace(
-        dispatch_config(load_settings(delivery="at_least_once"), "run-1", 1_048_576, 1, {},
-                        1_048_588),
+        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588),
         consumer={"bootstrap.servers": kafka_bootstrap, "group.id": f"dispatch-{uuid.uuid4().hex}"},
         producer={"bootstrap.servers": kafka_bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "topic.metadata.propagation.max.ms": 2000,
                   "message.max.bytes": 1_048_576},
         ready_topic=ready, ledger_topic=ledger, dlq_topic=dlq,
-        commit_interval_s=0.2, retry_backoff_s=0.2,
-        intake_topic="", rules=None, direct_max_delay_ms=-1)
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        commit_interval_s=0.2, retry_backoff_s=0.2, direct_max_delay_ms=-1)
+    batches = itertools.count()
 
     def write(rows: list[dict]) -> None:
-        for i, row in enumerate(rows):
-            headers = [("trace", b"t"), (H.UNIQ_KEY, row["uniq"].encode()),
-                       (H.DELIVER_MS, str(row["due"]).encode()),
-                       (READY_TOPIC, row.get("topic", real).encode())]
-            if row.get("qid") is not None:
-                headers.append((READY_QID, str(row["qid"]).encode()))
-            headers += [(READY_LEVEL, b"1"), (READY_FROM, f"0-{i}-{row['due'] - 1000}".encode())]
-            producer.send(ready, key=row.get("key"), value=row.get("value", b"v"), partition=0,
-                          headers=headers)
-        producer.flush()
+        write_fired(kafka_bootstrap, intake, ready, [{"topic": real, **row} for row in rows],
+                    next(batches))
 
-    yield Rig(**{f.name: getattr(config, f.name) for f in fields(config)}, real=real), write
-    producer.close()
+    return Rig(**{f.name: getattr(config, f.name) for f in fields(config)}, real=real), write
+
+
+def write_fired(bootstrap: str, intake: str, ready: str, rows: list[dict], batch: int) -> None:
+    """Each row's message on intake partition 0 (its own header "trace", REAL_TOPIC, REAL_QID if
+    the row has a "qid", DELAY 1 and UNIQ_KEY), then its reference on ready partition 0 as
+    sinks/ready.py writes it: keyed by the wheel batch `batch`, due at the row's "due"."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                         "enable.idempotence": True, "linger.ms": 5})
+    landed: list = [None] * len(rows)
+    for i, row in enumerate(rows):
+        qid = [] if row.get("qid") is None else [(H.REAL_QID, str(row["qid"]).encode())]
+        producer.produce(intake, key=row.get("key"), value=row.get("value", b"v"), partition=0,
+                         headers=[("trace", b"t"), (H.REAL_TOPIC, row["topic"].encode()), *qid,
+                                  (H.DELAY, b"1"), (H.UNIQ_KEY, row["uniq"].encode())],
+                         on_delivery=lambda err, msg, i=i: landed.__setitem__(i, (err, msg)))
+    assert producer.flush(60) == 0, "the intake took every row"
+    for row, (err, msg) in zip(rows, landed):
+        assert err is None, f"{row['uniq']} not appended to the intake: {err}"
+        # The intake's LogAppendTime, as the wheel read it: the reference's append_ms.
+        producer.produce(ready, key=b"%d" % batch, partition=0, value=(
+            f"{row['due']},1,0,{msg.offset()},{msg.timestamp()[1]},{row['uniq']}").encode())
+    producer.flush(60)
 
 
 def stop(config: DispatchConfig, bootstrap: str) -> None:

@@ -7,8 +7,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, KafkaError
 
-from streaming.dispatch.rules import (READY_FROM, READY_LEVEL, READY_QID, READY_TOPIC, Offsets,
-                                      Refired, Row, dead_letter_headers, ready_row)
+from streaming.dispatch.rules import Offsets, Refired, Row, dead_letter_headers, ready_row
 from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
 from streaming.dispatch.clock import Skew
 from state import headers as H
@@ -17,23 +16,8 @@ from state.errors import DispatchError
 LOG_APPEND = TIMESTAMP_LOG_APPEND_TIME
 
 
-def test_a_ready_record_gives_back_the_message_and_where_it_goes():
-    headers = [("trace", b"1"), ("READY_TOPIC_LOOKALIKE", b"x"), (H.UNIQ_KEY, b"u-1"),
-               (H.DELIVER_MS, b"1700000000500"), (READY_TOPIC, b"orders"), (READY_QID, b"2"),
-               (READY_LEVEL, b"3"), (READY_FROM, b"1-42-1700000000000")]
-    row = ready_row(9, b"k", b"v", headers)
-    assert (row.due_ms, row.ipart, row.ioff, row.offset) == (1700000000500, 1, 42, 9)
-    assert (row.topic, row.partition, row.level, row.append_ms, row.uniq_key) == \
-        ("orders", 2, 3, 1700000000000, "u-1")
-    assert row.headers == headers[:4], "the message's own headers, in order, as delivered"
-    no_qid = ready_row(0, None, b"v", [(H.UNIQ_KEY, b"u"), (H.DELIVER_MS, b"5"),
-                                       (READY_TOPIC, b"t"), (READY_LEVEL, b"-1"),
-                                       (READY_FROM, b"0-0-1")])
-    assert no_qid.partition is None and no_qid.level == -1
-
-
 def test_a_reference_reads_back_from_its_value_and_its_dead_letter_names_its_record():
-    row = ready_row(7, None, b"1700000000500,4,3,42,1700000000000,order,1,x", [])
+    row = ready_row(7, b"1700000000500,4,3,42,1700000000000,order,1,x")
     assert (row.due_ms, row.level, row.ipart, row.ioff, row.append_ms, row.offset) == \
         (1700000000500, 4, 3, 42, 1700000000000, 7)
     assert row.uniq_key == "order,1,x", "a UNIQ_KEY may hold commas: it comes last"
@@ -73,14 +57,13 @@ def test_after_a_restart_the_mark_waits_for_the_rows_an_earlier_run_delivered():
 
 
 def test_a_wheel_batch_s_copies_are_known_by_its_id_and_nothing_else_is_skipped():
-    ref = lambda uniq, due=5: ready_row(0, None, f"{due},1,0,0,1,{uniq}".encode(), [])
+    ref = lambda uniq, due=5: ready_row(0, f"{due},1,0,0,1,{uniq}".encode())
     refired = Refired()
     assert [refired.copy(b"7", off, ref(u)) for off, u in enumerate("abc", 100)] == [False] * 3
     assert (refired.batch, refired.start) == (7, 100), "the batch and its first offset"
     assert refired.copy(b"7", 103, ref("b")) and refired.copy(b"7", 104, ref("a")), \
         "the same batch written again: copies"
     assert not refired.copy(b"7", 105, ref("b", due=6)), "another due time: a resend, sent"
-    assert not refired.copy(None, 106, ref("a")), "no batch id (an older version's row): sent"
     assert not refired.copy(b"8", 107, ref("a")), "the next batch may hold the same message"
     assert (refired.batch, refired.start) == (8, 107)
     assert not refired.copy(b"0", 108, ref("a")), "a new checkpoint numbers its batches again"
