@@ -25,7 +25,6 @@ class Kind(str, Enum):
     CANCEL = "cancel"  # drop a pending message by UNIQ_KEY
     DEAD = "dead"      # bad input: dead-letter topic, with a reason
     COLD = "cold"      # due beyond the near horizon: parked in the cold tier (Delta) for now
-    DIRECT = "direct"  # a short level's: the dispatch tasks read it from the intake themselves
 
 
 @dataclass(frozen=True)
