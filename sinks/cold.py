@@ -40,7 +40,6 @@ class ColdTier:
                  intake_partitions: int, kafka_options: dict[str, str], bucket_ms: int,
                  horizon_ms: int, clock=time.time):
         self.spark, self.path, self.checkpoint = spark, str(path), checkpoint
-        self._app_id: str | None = None
         self.intake, self.partitions = intake_topic, max(1, intake_partitions)
         self.options, self.bucket_ms, self.horizon_ms = kafka_options, bucket_ms, horizon_ms
         self.clock = clock
@@ -93,11 +92,9 @@ class ColdTier:
             frames.append(tombs)
             if misses:
                 summary.recount("cancel_unknown", "cancel_parked", batch.filter(waiting).count())
-        if self._app_id is None:
-            self._app_id = query_id(self.checkpoint)
         rows = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
         # One append for the batch: a second one with the same txnVersion would be skipped.
-        append_once(rows, self.path, self._app_id, summary.batch_id, ("due_bucket",),
+        append_once(rows, self.path, query_id(self.checkpoint), summary.batch_id, ("due_bucket",),
                     merge_schema=True)
 
     def advance(self, summary: BatchSummary) -> int:
