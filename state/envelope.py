@@ -9,7 +9,7 @@ from enum import Enum
 from state import headers as H
 from state.levels import clamp_level
 from state.reasons import reason
-from state.timing import beyond_max_delay, correct_deliver_timestamp, in_the_past, is_cold
+from state.timing import beyond_max_delay, correct_deliver_timestamps, in_the_past, is_cold
 
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -218,8 +218,8 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
         if level == 0:
             return 0, append_ms
         delay = rules.level_delays_ms[level - 1]
-        return level, correct_deliver_timestamp(now_ms, append_ms + delay, delay,
-                                                rules.clock_tolerance_ms)
+        return level, int(correct_deliver_timestamps(now_ms, append_ms + delay, delay,
+                                                     rules.clock_tolerance_ms))
     value = _integer(name, control[name])
     if name == H.TIMER_DELIVER_MS:
         due = value
