@@ -9,13 +9,14 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from sinks import store
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id, table_exists
 from sinks.kafka import appended_headers, header_struct
 from state import headers as H
-from state.columns import TOMBSTONE
+from state.columns import TOMBSTONE, WITH_BODY
 from state.timing import bucket_start
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
@@ -24,15 +25,6 @@ COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level",
 WAITING, DONE = "waiting", "done"
 # What a tombstone keeps of its cancel's row.
 _TOMBSTONE_KEEPS = ("uniq_key", "level", "due_ms", "append_ms", "ipart", "ioff")
-
-
-def bodied_types():
-    """The Spark types of a wheel row with its record (state/columns.py WITH_BODY)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from state.columns import WITH_BODY
-
-    return from_arrow_schema(WITH_BODY)
 
 
 class ColdTier:
@@ -80,7 +72,7 @@ class ColdTier:
             self.roll(rows.filter(F.col("due_bucket") <= loaded))
             frames.append(rows.filter(F.col("due_bucket") > loaded))
         if misses or hits:
-            types = {f.name: f.dataType for f in bodied_types().fields}
+            types = {f.name: f.dataType for f in from_arrow_schema(WITH_BODY).fields}
             kind = F.col("kind")
             waiting = (kind == "cancel_unknown") & (bucket > loaded)
             tombs = (batch.filter((kind == "cancelled") | waiting)
