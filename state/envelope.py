@@ -52,7 +52,6 @@ class Envelope:
     real_qid: int | None = None
     level: int = 0             # 1..N for level messages, 0 for immediate, TIMER_LEVEL for timers
     due_ms: int = 0
-    user_headers: tuple[Header, ...] = ()
     reason: str | None = None
     cancel_key: str | None = None
     rolled: bool = False      # came back from the cold tier (already counted as received)
@@ -128,15 +127,12 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
     """Decide what one intake record is. Never raises for bad input: returns a DEAD envelope."""
     default_key = default_uniq_key(partition, offset)
     control: dict[str, bytes | None] = {}
-    user: list[Header] = []
     for name, value in headers:
         if name in H.CONTROL_HEADERS:
             if name in control:
                 return Envelope(Kind.DEAD, default_key,
                                 reason=reason("duplicate_header", f"header {name} appears twice"))
             control[name] = value
-        else:
-            user.append((name, value))
     if H.HEARTBEAT in control:
         return Envelope(Kind.HEARTBEAT, default_key)
     uniq = default_key   # a dead letter's too, unless its own UNIQ_KEY is good
@@ -146,13 +142,13 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
             if not key:
                 raise BadInput("empty_header", "header UNIQ_KEY is empty")
             uniq = key
-        return _parse_control(control, tuple(user), uniq, append_ms, rules, now_ms)
+        return _parse_control(control, uniq, append_ms, rules, now_ms)
     except BadInput as bad:
         return Envelope(Kind.DEAD, uniq, reason=bad.reason)
 
 
-def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], uniq: str,
-                   append_ms: int, rules: Rules, now_ms: int) -> Envelope:
+def _parse_control(control: dict[str, bytes | None], uniq: str, append_ms: int, rules: Rules,
+                   now_ms: int) -> Envelope:
     present = [name for name in H.DELAY_HEADERS if name in control]
     if H.TIMER_DEL_UNIQKEY in control:
         return _cancel(control, present, uniq, append_ms, rules, now_ms)
@@ -173,12 +169,12 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
         level = _integer(H.ROLLED, control[H.ROLLED])
         due = _integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS, b"0"))
         kind = Kind.DELAY if due > append_ms else Kind.NOW
-        return Envelope(kind, uniq, topic, qid, level, due, user, rolled=True)
+        return Envelope(kind, uniq, topic, qid, level, due, rolled=True)
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
     if kind == Kind.DELAY and is_cold(due, append_ms, rules.near_horizon_ms, rules.cold_bucket_ms):
         kind = Kind.COLD
-    return Envelope(kind, uniq, topic, qid, level, due, user)
+    return Envelope(kind, uniq, topic, qid, level, due)
 
 
 def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, append_ms: int,
