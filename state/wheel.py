@@ -236,16 +236,12 @@ def _due(held_rows: pa.Table, new: pd.DataFrame | None,
     return [frame for frame in fired if len(frame)], rest
 
 
-def incoming(frames: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
-    """A group's new rows of this batch as one frame, or None."""
-    frames = [frame for frame in frames if len(frame)]
-    return pd.concat(frames, ignore_index=True) if frames else None
-
-
 def make_wheel(config: WheelConfig) -> Callable:
     """The function handed to applyInPandasWithState, closed over its configuration."""
 
     def wheel(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
         settle()
-        yield from turn(int(key[0]), incoming(frames), Held(state), config)
+        new = [frame for frame in frames if len(frame)]   # the group's rows of this batch
+        rows = pd.concat(new, ignore_index=True) if new else None
+        yield from turn(int(key[0]), rows, Held(state), config)
     return wheel
