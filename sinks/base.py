@@ -35,11 +35,6 @@ class BatchSummary:
         elif kind == "dead":
             self.dead_by_reason[reason_label(reason)] += count
 
-    @property
-    def sends(self) -> int:
-        """Rows this batch writes to Kafka."""
-        return self.count("deliver") + self.count("dead")
-
     def count(self, kind: str) -> int:
         return self.by_kind[kind]
 

@@ -9,13 +9,14 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from sinks import store
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id, table_exists
 from sinks.kafka import appended_headers, header_struct
 from state import headers as H
-from state.columns import TOMBSTONE
+from state.columns import TOMBSTONE, WITH_BODY
 from state.timing import bucket_start
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
@@ -26,21 +27,11 @@ WAITING, DONE = "waiting", "done"
 _TOMBSTONE_KEEPS = ("uniq_key", "level", "due_ms", "append_ms", "ipart", "ioff")
 
 
-def bodied_types():
-    """The Spark types of a wheel row with its record (state/columns.py WITH_BODY)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from state.columns import WITH_BODY
-
-    return from_arrow_schema(WITH_BODY)
-
-
 class ColdTier:
     def __init__(self, spark: SparkSession, path: Path, checkpoint: str, intake_topic: str,
                  intake_partitions: int, kafka_options: dict[str, str], bucket_ms: int,
                  horizon_ms: int, clock=time.time):
         self.spark, self.path, self.checkpoint = spark, str(path), checkpoint
-        self._app_id: str | None = None
         self.intake, self.partitions = intake_topic, max(1, intake_partitions)
         self.options, self.bucket_ms, self.horizon_ms = kafka_options, bucket_ms, horizon_ms
         self.clock = clock
@@ -81,7 +72,7 @@ class ColdTier:
             self.roll(rows.filter(F.col("due_bucket") <= loaded))
             frames.append(rows.filter(F.col("due_bucket") > loaded))
         if misses or hits:
-            types = {f.name: f.dataType for f in bodied_types().fields}
+            types = {f.name: f.dataType for f in from_arrow_schema(WITH_BODY).fields}
             kind = F.col("kind")
             waiting = (kind == "cancel_unknown") & (bucket > loaded)
             tombs = (batch.filter((kind == "cancelled") | waiting)
@@ -93,11 +84,9 @@ class ColdTier:
             frames.append(tombs)
             if misses:
                 summary.recount("cancel_unknown", "cancel_parked", batch.filter(waiting).count())
-        if self._app_id is None:
-            self._app_id = query_id(self.checkpoint)
         rows = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
         # One append for the batch: a second one with the same txnVersion would be skipped.
-        append_once(rows, self.path, self._app_id, summary.batch_id, ("due_bucket",),
+        append_once(rows, self.path, query_id(self.checkpoint), summary.batch_id, ("due_bucket",),
                     merge_schema=True)
 
     def advance(self, summary: BatchSummary) -> int:

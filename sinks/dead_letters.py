@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sinks.base import BatchSummary
 from sinks.delta import append_once, create_table, query_id, table_exists
 
 
@@ -25,27 +23,16 @@ class DeadLetterTable:
     """Every rejected record as it came (key, value, headers), why, and where on the intake.
     Exactly once per batch: Delta skips a replayed batch (sinks/delta.py `append_once`)."""
 
-    name = "dead_letters"
-    partition_by = ("dead_date",)
-
     def __init__(self, path: str | Path, checkpoint: str | Path):
-        self.path = str(path)
-        self._checkpoint = checkpoint
-        self._app_id: str | None = None
+        self.path, self._checkpoint = str(path), checkpoint
 
     def ensure_table(self, spark, sent_schema) -> None:
         """Create the empty table before the first batch, so that batch pays no table creation."""
         if not table_exists(self.path):
-            schema = self.select(spark.createDataFrame([], sent_schema), BatchSummary(-1)).schema
-            create_table(spark, self.path, schema, self.partition_by)
+            schema = spark.createDataFrame([], sent_schema).select(*dead_letter_columns(-1)).schema
+            create_table(spark, self.path, schema, ("dead_date",))
 
-    def select(self, sent: DataFrame, summary: BatchSummary) -> DataFrame:
-        return sent.filter(F.col("kind") == "dead").select(*dead_letter_columns(summary.batch_id))
-
-    def write_batch(self, sent: Callable[[], DataFrame], summary: BatchSummary) -> None:
-        if not summary.count("dead"):
-            return
-        if self._app_id is None:
-            self._app_id = query_id(self._checkpoint)
-        append_once(self.select(sent(), summary), self.path, self._app_id,
-                    summary.batch_id, self.partition_by)
+    def write_batch(self, dead: DataFrame, batch_id: int) -> None:
+        """The batch's dead rows (WITH_BODY and `sent_ms`)."""
+        append_once(dead.select(*dead_letter_columns(batch_id)), self.path,
+                    query_id(self._checkpoint), batch_id, ("dead_date",))

@@ -92,10 +92,6 @@ class HadoopPath:
         finally:
             stream.close()
 
-    def unlink(self) -> None:
-        _, _, fs, jpath = self._fs()
-        fs.delete(jpath, False)
-
     def write_atomic(self, text: str) -> None:
         """Written beside, then renamed over the target with Hadoop's FileContext (an atomic
         rename on HDFS; on object stores a single object written whole)."""

@@ -5,10 +5,6 @@ from __future__ import annotations
 import pyarrow as pa
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
-# Parse and wheel carry headers as parallel (names, values) lists: a list of structs costs PySpark
-# a Python dict per header per pandas conversion. The job zips them into HEADERS after the wheel.
-HEADER_KEYS = pa.list_(pa.string())
-HEADER_VALUES = pa.list_(pa.binary())
 
 # One parsed intake record (output of the parse stage, input of the wheel).
 ENVELOPE = pa.schema([
@@ -22,8 +18,10 @@ ENVELOPE = pa.schema([
     ("qid", pa.int32()),
     ("key", pa.binary()),
     ("value", pa.binary()),
-    ("hkeys", HEADER_KEYS),      # user headers; for dead letters, the original headers
-    ("hvals", HEADER_VALUES),
+    # User headers (a dead letter's: all its headers) as parallel (names, values) lists: a list
+    # of structs costs PySpark a Python dict per header per pandas conversion.
+    ("hkeys", pa.list_(pa.string())),
+    ("hvals", pa.list_(pa.binary())),
     ("reason", pa.string()),
     ("cancel_key", pa.string()),
     ("rolled", pa.bool_()),

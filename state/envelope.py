@@ -9,7 +9,7 @@ from enum import Enum
 from state import headers as H
 from state.levels import clamp_level
 from state.reasons import reason
-from state.timing import beyond_max_delay, correct_deliver_timestamp, in_the_past, is_cold
+from state.timing import beyond_max_delay, correct_deliver_timestamps, in_the_past, is_cold
 
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -25,7 +25,6 @@ class Kind(str, Enum):
     CANCEL = "cancel"  # drop a pending message by UNIQ_KEY
     DEAD = "dead"      # bad input: dead-letter topic, with a reason
     COLD = "cold"      # due beyond the near horizon: parked in the cold tier (Delta) for now
-    DIRECT = "direct"  # a short level's: the dispatch tasks read it from the intake themselves
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,6 @@ class Envelope:
     real_qid: int | None = None
     level: int = 0             # 1..N for level messages, 0 for immediate, TIMER_LEVEL for timers
     due_ms: int = 0
-    user_headers: tuple[Header, ...] = ()
     reason: str | None = None
     cancel_key: str | None = None
     rolled: bool = False      # came back from the cold tier (already counted as received)
@@ -129,15 +127,12 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
     """Decide what one intake record is. Never raises for bad input: returns a DEAD envelope."""
     default_key = default_uniq_key(partition, offset)
     control: dict[str, bytes | None] = {}
-    user: list[Header] = []
     for name, value in headers:
         if name in H.CONTROL_HEADERS:
             if name in control:
                 return Envelope(Kind.DEAD, default_key,
                                 reason=reason("duplicate_header", f"header {name} appears twice"))
             control[name] = value
-        else:
-            user.append((name, value))
     if H.HEARTBEAT in control:
         return Envelope(Kind.HEARTBEAT, default_key)
     uniq = default_key   # a dead letter's too, unless its own UNIQ_KEY is good
@@ -147,13 +142,13 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
             if not key:
                 raise BadInput("empty_header", "header UNIQ_KEY is empty")
             uniq = key
-        return _parse_control(control, tuple(user), uniq, append_ms, rules, now_ms)
+        return _parse_control(control, uniq, append_ms, rules, now_ms)
     except BadInput as bad:
         return Envelope(Kind.DEAD, uniq, reason=bad.reason)
 
 
-def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], uniq: str,
-                   append_ms: int, rules: Rules, now_ms: int) -> Envelope:
+def _parse_control(control: dict[str, bytes | None], uniq: str, append_ms: int, rules: Rules,
+                   now_ms: int) -> Envelope:
     present = [name for name in H.DELAY_HEADERS if name in control]
     if H.TIMER_DEL_UNIQKEY in control:
         return _cancel(control, present, uniq, append_ms, rules, now_ms)
@@ -174,12 +169,12 @@ def _parse_control(control: dict[str, bytes | None], user: tuple[Header, ...], u
         level = _integer(H.ROLLED, control[H.ROLLED])
         due = _integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS, b"0"))
         kind = Kind.DELAY if due > append_ms else Kind.NOW
-        return Envelope(kind, uniq, topic, qid, level, due, user, rolled=True)
+        return Envelope(kind, uniq, topic, qid, level, due, rolled=True)
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
     if kind == Kind.DELAY and is_cold(due, append_ms, rules.near_horizon_ms, rules.cold_bucket_ms):
         kind = Kind.COLD
-    return Envelope(kind, uniq, topic, qid, level, due, user)
+    return Envelope(kind, uniq, topic, qid, level, due)
 
 
 def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, append_ms: int,
@@ -219,8 +214,8 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
         if level == 0:
             return 0, append_ms
         delay = rules.level_delays_ms[level - 1]
-        return level, correct_deliver_timestamp(now_ms, append_ms + delay, delay,
-                                                rules.clock_tolerance_ms)
+        return level, int(correct_deliver_timestamps(now_ms, append_ms + delay, delay,
+                                                     rules.clock_tolerance_ms))
     value = _integer(name, control[name])
     if name == H.TIMER_DELIVER_MS:
         due = value

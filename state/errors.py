@@ -13,10 +13,6 @@ class DelayLevelError(ConfigError):
     """The delay-level string cannot be parsed."""
 
 
-class BrokerError(DelayqError):
-    """The local Kafka broker could not be started, reached or stopped."""
-
-
 class JobError(DelayqError):
     """The streaming job refused to start or stopped on a condition it names."""
 

@@ -37,14 +37,6 @@ def parse_levels(spec: str) -> tuple[int, ...]:
     return delays
 
 
-def format_duration(millis: int) -> str:
-    """The shortest exact token for a duration: 7_200_000 → '2h'."""
-    for unit, size in reversed(_UNIT_MS.items()):
-        if millis % size == 0:
-            return f"{millis // size}{unit}"
-    raise ValueError(f"{millis} ms is not a whole number of seconds")
-
-
 def clamp_level(level: int, level_count: int) -> int:
     """RocketMQ's rule: levels above the maximum use the maximum. Level 0 stays 0."""
     if level < 0:

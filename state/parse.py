@@ -14,8 +14,7 @@ from state import headers as H
 from state.columns import ENVELOPE, INDEX_ENVELOPE
 from state.envelope import Kind, Rules, parse
 from state.common import common_rows
-from state.placement import spread_slots
-from state.wheel import BUCKET_NOW, group_of
+from state.wheel import group_of
 from state.worker import settle
 
 _CONTROL = pa.array(sorted(H.CONTROL_HEADERS), pa.string())
@@ -60,33 +59,13 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
     return dead
 
 
-def _mark_direct(cols: dict[str, np.ndarray], ioff: np.ndarray, rules: Rules,
-                 direct_max_delay_ms: int, spread: int) -> None:
-    """Kind.DIRECT for every good level message (not a timer, not rolled from the cold tier)
-    whose level's delay is at most `direct_max_delay_ms`, immediate ones included: the dispatch
-    tasks hold these themselves (streaming/dispatch/direct.py), due as the parse set them."""
-    kind = cols["kind"]
-    candidate = np.isin(kind, (Kind.NOW.value, Kind.DELAY.value)) & ~cols["rolled"].astype(bool)
-    level = np.full(len(kind), -1, dtype=np.int64)
-    level[candidate] = cols["level"][candidate].astype(np.int64)
-    delays = np.asarray((0, *rules.level_delays_ms), dtype=np.int64)
-    direct = (level >= 0) & (delays[np.clip(level, 0, len(delays) - 1)] <= direct_max_delay_ms)
-    if direct.any():
-        kind[direct] = Kind.DIRECT.value
-        cols["bucket"][direct] = BUCKET_NOW
-        cols["slot"][direct] = np.asarray(spread_slots(BUCKET_NOW, spread),
-                                          dtype=np.int64)[ioff[direct] % spread]
-
-
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
-                now_ms: int, overdue_before_ms: int = 0, common: bool = True,
-                direct_max_delay_ms: int = -1) -> pa.RecordBatch:
+                now_ms: int, overdue_before_ms: int = 0, common: bool = True) -> pa.RecordBatch:
     """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns, or
     without key and value → INDEX_ENVELOPE columns. A level message due before
     `overdue_before_ms` (the checkpoint's first start) goes out with the immediate ones, so a
     backlog is sent as read, still in due order; timers and rolled messages keep to the wheel.
-    `common=False`: every row takes the per-row rules (tests compare both paths);
-    `direct_max_delay_ms` >= 0 marks the short levels' messages Kind.DIRECT (`_mark_direct`)."""
+    `common=False`: every row takes the per-row rules (tests compare both paths)."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
     row_of = np.repeat(np.arange(n), counts)
@@ -109,8 +88,6 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     slow[taken] = False
     dead = _per_row(np.flatnonzero(slow).tolist(), cols, starts, names, values, numbers, rules,
                     slot_ms, spread, now_ms, overdue_before_ms)
-    if direct_max_delay_ms >= 0:
-        _mark_direct(cols, numbers["ioff"], rules, direct_max_delay_ms, spread)
     return _envelopes(batch, cols, ~control | dead[row_of], row_of, names, values)
 
 

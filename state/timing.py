@@ -1,4 +1,4 @@
-"""The rules of time (DESIGN.md section 3) and the wheel's slot arithmetic, as pure functions.
+"""The rules of time (DESIGN.md section 3) and the wheel's timer, as pure functions.
 Every time here is the intake broker's; a host's clock enters only through
 `correct_deliver_timestamps`, which allows `clock_tolerance` for the difference."""
 from __future__ import annotations
@@ -14,11 +14,6 @@ def correct_deliver_timestamps(now_ms: int, due_ms: np.ndarray, delay_ms: np.nda
     measured offset, lets a host trailing the broker by up to it keep every due time. Both parse
     paths use this rule; the wheel fires on its watermark (the broker's clock), corrects nothing."""
     return np.where(due_ms > now_ms + delay_ms + clock_tolerance_ms, now_ms, due_ms)
-
-
-def correct_deliver_timestamp(now_ms: int, due_ms: int, delay_ms: int,
-                              clock_tolerance_ms: int) -> int:
-    return int(correct_deliver_timestamps(now_ms, due_ms, delay_ms, clock_tolerance_ms))
 
 
 def beyond_max_delay(due_ms, append_ms, max_delay_ms: int):
@@ -41,18 +36,6 @@ def is_cold(due_ms, append_ms, near_horizon_ms: int, bucket_ms: int):
     """Whether a message waits in the cold tier: only when its whole bucket starts beyond the
     near horizon, so a bucket already loaded into the wheel never gets new cold messages."""
     return bucket_start(due_ms, bucket_ms) > append_ms + near_horizon_ms
-
-
-def slot_of(due_ms: int, slot_ms: int) -> int:
-    """The wheel slot a due time falls in: slots are `slot_ms` wide, aligned to the epoch."""
-    return due_ms // slot_ms
-
-
-def fire_horizon(watermark_ms: int, lead_ms: int) -> int:
-    """Messages due by this are released in this batch: `lead_ms` ahead of the watermark (which
-    trails the clock) so they reach their dispatch task before due. One horizon for every group,
-    not the clock, keeps a level in due order."""
-    return watermark_ms + lead_ms
 
 
 def timer_for(earliest_due_ms: int, lead_ms: int, watermark_ms: int) -> int:

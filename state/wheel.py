@@ -16,7 +16,7 @@ from state.envelope import Kind
 from state.groups import (BUCKET_COLD, BUCKET_DEAD, BUCKET_NOW, BUCKET_TIMER,  # noqa: F401
                           WheelConfig, part_of)
 from state.placement import balanced_slot, spread_slots
-from state.timing import fire_horizon, slot_of, timer_for
+from state.timing import timer_for
 from state.worker import settle
 
 # Pass-through buckets keep no state. Heartbeats ride with immediate messages and are dropped in
@@ -36,7 +36,7 @@ def group_of(kind: str, level: int, due_ms: int, ioff: int, slot_ms: int, spread
     if level == BUCKET_TIMER:
         return level, int(timer_slots(np.array([due_ms], np.int64), np.array([uniq_key]),
                                       slot_ms, spread, timer_parts)[0])
-    return level, slot_of(due_ms, slot_ms)
+    return level, due_ms // slot_ms   # slots are `slot_ms` wide, aligned to the epoch
 
 
 def timer_slots(due_ms: np.ndarray, uniq_keys: np.ndarray, slot_ms: int, spread: int,
@@ -199,7 +199,10 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
             held_rows, new = yield from _cancel(cancels, held_rows, new)
     arriving = len(new) if new is not None else 0
     watermark = real_watermark(held.watermark_ms, config)
-    horizon = fire_horizon(watermark, config.lead_for(held_rows.num_rows + arriving, bucket))
+    # Due by the horizon: released now, the lead ahead of the watermark (which trails the clock)
+    # so they reach their dispatch task before due. One horizon for every group, not the clock,
+    # keeps a level in due order.
+    horizon = watermark + config.lead_for(held_rows.num_rows + arriving, bucket)
     fired, rest = _due(held_rows, new if arriving else None, horizon)
     if fired:
         yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True),
@@ -233,16 +236,12 @@ def _due(held_rows: pa.Table, new: pd.DataFrame | None,
     return [frame for frame in fired if len(frame)], rest
 
 
-def incoming(frames: Iterator[pd.DataFrame]) -> pd.DataFrame | None:
-    """A group's new rows of this batch as one frame, or None."""
-    frames = [frame for frame in frames if len(frame)]
-    return pd.concat(frames, ignore_index=True) if frames else None
-
-
 def make_wheel(config: WheelConfig) -> Callable:
     """The function handed to applyInPandasWithState, closed over its configuration."""
 
     def wheel(key: tuple, frames: Iterator[pd.DataFrame], state) -> Iterator[pd.DataFrame]:
         settle()
-        yield from turn(int(key[0]), incoming(frames), Held(state), config)
+        new = [frame for frame in frames if len(frame)]   # the group's rows of this batch
+        rows = pd.concat(new, ignore_index=True) if new else None
+        yield from turn(int(key[0]), rows, Held(state), config)
     return wheel

@@ -48,8 +48,8 @@ class DelayJob:
         self.query_name = f"delayq-{settings.intake_topic}"
         self.checkpoint = checkpoint or str(settings.checkpoint_path)
         # The wheel writes only its rejections; the ledger query writes the ledger.
-        self._sinks = ([DeadLetterTable(settings.dead_letter_path, self.checkpoint)]
-                       if settings.ledger else [])
+        self._dead_letters = (DeadLetterTable(settings.dead_letter_path, self.checkpoint)
+                              if settings.ledger else None)
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}
         self._direct_was_on = False   # see streaming/wheel/checkpoint.py direct_was_on
@@ -154,11 +154,11 @@ class DelayJob:
                         self.settings.near_horizon_ms + self.settings.clock_tolerance_ms)
         observers = [h for h in (self.metrics.observe_batch if self.metrics else None,
                                  self._on_batch) if h]
-        writer = BatchWriter(kafka, (intake, spark_options(self.settings),
-                                     self.settings.dlq_topic), self._sinks, observers, cold)
+        writer = BatchWriter(kafka, (intake, spark_options(self.settings), self.settings.dlq_topic),
+                             self._dead_letters, observers, cold)
         self._step("cold_tier")
-        for sink in self._sinks:
-            sink.ensure_table(self.spark, sent_schema(WITH_BODY_SPARK))
+        if self._dead_letters is not None:
+            self._dead_letters.ensure_table(self.spark, sent_schema(WITH_BODY_SPARK))
         self._step("tables")
         return writer
 

@@ -29,7 +29,7 @@ def direct_values(rules: Rules, direct_max_delay_ms: int) -> frozenset[bytes]:
 
 def is_direct(headers: list | None, values: frozenset[bytes]) -> bool:
     """Whether a dispatch task sends this intake record itself: only short-level DELAY values
-    (several: a dead letter; none: immediate), no WHEEL_HEADERS. Parses as Kind.DIRECT or DEAD."""
+    (several: a dead letter; none: immediate), no WHEEL_HEADERS. Parses as NOW, DELAY or DEAD."""
     if not values:
         return False
     for name, value in headers or ():
@@ -72,8 +72,7 @@ def direct_rows(msgs: list, rules: Rules, direct_max_delay_ms: int, now_ms: int,
         return [], [], others
     batch = intake_batch([m for m, d in zip(msgs, mine) if d],
                          [headers for headers, d in zip(each, mine) if d])
-    parsed = parse_batch(batch, rules, slot_ms=1000, spread=1, now_ms=now_ms,
-                         direct_max_delay_ms=direct_max_delay_ms)
+    parsed = parse_batch(batch, rules, slot_ms=1000, spread=1, now_ms=now_ms)
     cols = parsed.to_pydict()
     rows, dead = [], []
     for i, (kind, due, uniq) in enumerate(zip(cols["kind"], cols["due_ms"], cols["uniq_key"])):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 from conf.settings import CONF_DIR
-from state.errors import BrokerError
+from state.errors import DelayqError
 from streaming.tools import process
 from streaming.kafka.admin import port_open
 
@@ -24,6 +24,10 @@ from streaming.kafka.admin import port_open
 READY_TIMEOUT_S = 90.0
 # Kafka flushes and closes its logs on SIGTERM; a large log can take a while.
 STOP_TIMEOUT_S = 30.0
+
+
+class BrokerError(DelayqError):
+    """The local Kafka broker could not be started, reached or stopped."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ from datetime import datetime, timezone
 from kafka import KafkaConsumer
 
 from conf.settings import Settings
-from state.levels import format_duration
 from streaming.kafka.admin import admin_client, create_topic
 from streaming.kafka.config import python_client_config
 from streaming.producer import DelayProducer
@@ -38,7 +37,7 @@ def _watch(settings: Settings, expected: dict[str, int], done: threading.Event) 
                 due = int(headers["DELIVER_MS"])
                 late = record.timestamp - due
                 lateness.append(late)
-                name = "now" if level == 0 else format_duration(settings.level_delays_ms[level - 1])
+                name = "now" if level == 0 else settings.delay_levels.split()[level - 1]
                 print(f"  delivered  level {level:>2} ({name:>4})  {record.value.decode():<22} "
                       f"due {_clock(due)}  arrived {_clock(record.timestamp)}  late {late:>5} ms")
     finally:

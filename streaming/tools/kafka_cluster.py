@@ -13,7 +13,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from state.errors import BrokerError
 from streaming.tools import broker, process
 
 NODES = 3
@@ -61,8 +60,8 @@ def _format(nodes: list[broker.BrokerSpec]) -> None:
                                            str(spec.properties_file)),
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise BrokerError(f"formatting {spec.data_dir} failed: "
-                              f"{(done.stderr or done.stdout).strip()[-2000:]}")
+            raise broker.BrokerError(f"formatting {spec.data_dir} failed: "
+                                     f"{(done.stderr or done.stdout).strip()[-2000:]}")
 
 
 def launch(spec: broker.BrokerSpec) -> int:

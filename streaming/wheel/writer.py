@@ -33,7 +33,7 @@ class BatchWriter:
 
     kafka: ReadySink
     intake: tuple[str, dict[str, str], str]   # the intake, Spark's Kafka options, the DLQ
-    sinks: list[DeadLetterTable] = field(default_factory=list)
+    dead_letters: DeadLetterTable | None = None
     observers: list[Callable[[BatchSummary], None]] = field(default_factory=list)
     cold: "ColdTier | None" = None
     first: tuple[float, dict] | None = None   # the first call's start and step timings
@@ -97,13 +97,11 @@ class BatchWriter:
             self.cold.park(batch, bodied, summary)
             self.cold.advance(summary)
             lap("cold")
-        if summary.count("dead"):
-            now_ms = int(time.time() * 1000)
+        if summary.count("dead") and self.dead_letters is not None:
             dead = bodied.filter(F.col("kind") == "dead").withColumn(
-                "sent_ms", F.lit(now_ms).cast("long"))
-            for sink in self.sinks:
-                sink.write_batch(lambda: dead, summary)
-                lap(sink.name)
+                "sent_ms", F.lit(int(time.time() * 1000)).cast("long"))
+            self.dead_letters.write_batch(dead, summary.batch_id)
+            lap("dead_letters")
         for observe in self.observers:
             observe(summary)
 

@@ -1,7 +1,10 @@
 """Header rules of the wire contract (DESIGN.md section 2) and the time rules (section 3)."""
+import pyarrow as pa
 import pytest
 
+from state.columns import HEADERS
 from state.envelope import TIMER_LEVEL, Kind, Rules, parse, topic_refusal
+from state.parse import parse_batch
 from state.reasons import reason_label
 
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000), intake_topic="SCHEDULE_TOPIC_XXXX",
@@ -14,6 +17,17 @@ APPEND = 1_700_000_000_000
 def env(*headers, rules=RULES, now=APPEND + 5):
     return parse([(k, v) for k, v in headers], partition=2, offset=41, append_ms=APPEND,
                  rules=rules, now_ms=now)
+
+
+def delivered_headers(*headers, rules=RULES):
+    """The headers the parse stage passes on with one intake record (its batch path)."""
+    batch = pa.record_batch({
+        "key": pa.array([None], pa.binary()), "value": pa.array([b"v"], pa.binary()),
+        "ipart": pa.array([2], pa.int32()), "ioff": pa.array([41], pa.int64()),
+        "append_ms": pa.array([APPEND], pa.int64()),
+        "headers": pa.array([[{"key": k, "value": v} for k, v in headers]], HEADERS)})
+    out = parse_batch(batch, rules, 1_000, 2, APPEND + 5).to_pylist()[0]
+    return list(zip(out["hkeys"], out["hvals"]))
 
 
 def test_level_message_is_delayed_by_its_level_from_append_time():
@@ -38,10 +52,10 @@ def test_missing_uniq_key_is_partition_dash_offset():
 
 
 def test_user_headers_keep_order_and_duplicates_and_control_headers_go():
-    e = env(("a", b"1"), ("REAL_TOPIC", b"t"), ("b", b"\xff"), ("DELAY", b"1"), ("a", b"2"),
-            ("REAL_QID", b"3"), ("n", None))
-    assert e.user_headers == (("a", b"1"), ("b", b"\xff"), ("a", b"2"), ("n", None))
-    assert e.real_qid == 3
+    headers = (("a", b"1"), ("REAL_TOPIC", b"t"), ("b", b"\xff"), ("DELAY", b"1"), ("a", b"2"),
+               ("REAL_QID", b"3"), ("n", None))
+    assert delivered_headers(*headers) == [("a", b"1"), ("b", b"\xff"), ("a", b"2"), ("n", None)]
+    assert env(*headers).real_qid == 3
 
 
 @pytest.mark.parametrize("headers, reason, label", [
@@ -145,8 +159,10 @@ def test_far_messages_go_cold_only_when_their_whole_bucket_is_beyond_the_horizon
 
 
 def test_rolled_messages_come_back_to_their_level_with_their_due_time():
-    rolled = env(("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"u1"), ("TIMER_DELIVER_MS", str(APPEND + 9_000).encode()),
-                 ("DELAYQ_ROLLED", b"3"), ("trace", b"x"), rules=COLD_RULES)
+    headers = (("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"u1"),
+               ("TIMER_DELIVER_MS", str(APPEND + 9_000).encode()), ("DELAYQ_ROLLED", b"3"),
+               ("trace", b"x"))
+    rolled = env(*headers, rules=COLD_RULES)
     assert (rolled.kind, rolled.level, rolled.due_ms, rolled.uniq_key, rolled.rolled) == \
         (Kind.DELAY, 3, APPEND + 9_000, "u1", True)
-    assert rolled.user_headers == (("trace", b"x"),)
+    assert delivered_headers(*headers, rules=COLD_RULES) == [("trace", b"x")]

@@ -42,7 +42,10 @@ def test_any_headers_parse_to_a_decision_and_a_dead_letter_says_why(
         assert e.real_topic and e.real_topic not in (RULES.intake_topic, RULES.dlq_topic)
         assert not e.real_topic.startswith("__")
         # Delivered headers never carry control headers through.
-        assert not {name for name, _ in e.user_headers} & H.CONTROL_HEADERS
+        out = parse_batch(_intake(append_ms, headers=headers), RULES, 1_000, 2,
+                          append_ms + clock_skew)
+        assert out.column("kind").to_pylist() == [e.kind.value]
+        assert not set(out.column("hkeys").to_pylist()[0]) & H.CONTROL_HEADERS
 
 
 @settings(max_examples=2000)
@@ -102,11 +105,13 @@ def test_a_clock_behind_by_more_than_the_tolerance_moved_and_the_message_is_due_
         "due_ms").to_pylist() == [now]
 
 
-def _intake(append_ms: int, level: int) -> pa.RecordBatch:
-    """One level message appended at `append_ms`, as Spark's Kafka source hands it over."""
+def _intake(append_ms: int, level: int = 1, headers: list | None = None) -> pa.RecordBatch:
+    """One level message appended at `append_ms` (or a record with `headers`), as Spark's Kafka
+    source hands it over."""
+    if headers is None:
+        headers = [(H.REAL_TOPIC, b"orders"), (H.DELAY, str(level).encode())]
     return pa.record_batch({
         "key": pa.array([None], pa.binary()), "value": pa.array([b"v"], pa.binary()),
         "ipart": pa.array([0], pa.int32()), "ioff": pa.array([1], pa.int64()),
         "append_ms": pa.array([append_ms], pa.int64()),
-        "headers": pa.array([[{"key": H.REAL_TOPIC, "value": b"orders"},
-                              {"key": H.DELAY, "value": str(level).encode()}]], HEADERS)})
+        "headers": pa.array([[{"key": k, "value": v} for k, v in headers]], HEADERS)})

@@ -1,12 +1,7 @@
 import pytest
 
 from state.errors import DelayLevelError
-from state.levels import (
-    clamp_level,
-    format_duration,
-    parse_duration,
-    parse_levels,
-)
+from state.levels import clamp_level, parse_duration, parse_levels
 
 ROCKETMQ_DEFAULT = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 
@@ -23,7 +18,6 @@ def test_rocketmq_default_has_18_levels_from_1s_to_2h():
                                            ("3h", 10_800_000), ("1d", 86_400_000)])
 def test_every_unit(token, millis):
     assert parse_duration(token) == millis
-    assert format_duration(millis) in (token, format_duration(parse_duration(token)))
 
 
 @pytest.mark.parametrize("spec, bad", [("5x", "5x"), ("0s", "0s"), ("-1m", "-1m"), ("1s 1.5s", "1.5s"),

@@ -35,7 +35,7 @@ def test_the_wheel_counts_fired_messages_and_the_ledger_query_counts_them_delive
     s.add("deliver", 2, None, 3, delivered=False)
     m.observe_batch(s)
     r = m.registry
-    assert s.count("deliver") == 3 and s.sends == 3
+    assert s.count("deliver") == 3
     assert r.get_sample_value("delayq_messages_delivered_total", {"level": "2"}) is None
     cumulative = [1] * len(LATENESS_BUCKETS)
     m.observe_sent({2: 3}, (cumulative, 3, 0.03))

@@ -84,14 +84,14 @@ def batch(rows, append_ms, partition):
 @given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
        st.lists(st.integers(-5_000, 5_000), min_size=30, max_size=30),
        st.integers(-120_000, 120_000), st.integers(-10_000, 10_000), st.integers(1, 4),
-       st.sampled_from([RULES, COLD_RULES]), st.integers(0, 17), st.sampled_from([-1, 0, 5_000]))
+       st.sampled_from([RULES, COLD_RULES]), st.integers(0, 17))
 def test_the_common_rows_parse_as_the_per_row_rules_parse_them(
-        rows, base_ms, jitter, skew, overdue, spread, rules, partition, direct):
+        rows, base_ms, jitter, skew, overdue, spread, rules, partition):
     append = [base_ms + jitter[i] for i in range(len(rows))]
     data = batch(rows, append, partition)
     args = (data, rules, 1_000, spread, base_ms + skew, base_ms + overdue)
-    fast = parse_batch(*args, direct_max_delay_ms=direct)
-    slow = parse_batch(*args, common=False, direct_max_delay_ms=direct)
+    fast = parse_batch(*args)
+    slow = parse_batch(*args, common=False)
     assert fast.schema == slow.schema
     for name in fast.schema.names:
         assert fast.column(name).to_pylist() == slow.column(name).to_pylist(), name
@@ -122,36 +122,13 @@ def test_a_batch_of_common_rows_takes_the_batch_path():
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
-       st.tuples(st.integers(-120_000, 120_000), st.integers(-120_000, 120_000)),
-       st.tuples(st.integers(-10_000, 10_000), st.integers(-10_000, 10_000)),
-       st.sampled_from([0, 1_000, 5_000, 10_000]))
-def test_the_direct_rows_are_the_short_levels_whatever_the_clock(rows, base_ms, skews, overdues,
-                                                                 direct):
-    """The wheel (at its batch's time) and a dispatch task (at its own) split the intake the
-    same way: Kind.DIRECT is every good level message whose level's delay is at most the
-    setting, immediate ones included, and nothing else, whatever the clock says."""
-    data = batch(rows, [base_ms] * len(rows), 0)
-    kinds = [parse_batch(data, RULES, 1_000, 2, base_ms + skew, base_ms + overdue,
-                         direct_max_delay_ms=direct).column("kind").to_pylist()
-             for skew, overdue in zip(skews, overdues)]
-    assert [k == "direct" for k in kinds[0]] == [k == "direct" for k in kinds[1]]
-    plain = parse_batch(data, RULES, 1_000, 2, base_ms, 0)
-    delays = (0, *RULES.level_delays_ms)
-    for was, now, level in zip(plain.column("kind").to_pylist(), kinds[0],
-                               plain.column("level").to_pylist()):
-        short = was in ("now", "delay") and level is not None and 0 <= level \
-            and delays[level] <= direct
-        assert (now == "direct") == short
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
        st.sampled_from([-1, 0, 1_000, 5_000, 10_000]), st.booleans())
-def test_the_records_the_dispatch_takes_parse_as_direct_or_dead(
+def test_the_records_the_dispatch_takes_parse_as_short_levels_or_dead(
         rows, base_ms, direct, immediate):
     """streaming/dispatch/direct.py `is_direct` (and the wheel's JVM copy of it, tested against it in
     tests/integration/test_delivery.py) splits the intake by headers alone: a dispatch task
-    holds or dead-letters each record it takes, never one of the wheel's kinds."""
+    holds each record it takes, of a level no longer than the setting, or dead-letters it; never
+    a timer, a cancel, a heartbeat or a rolled one."""
     from streaming.dispatch.direct import direct_values, is_direct
 
     if immediate:   # the common immediate message: REAL_TOPIC and maybe UNIQ_KEY only
@@ -160,11 +137,12 @@ def test_the_records_the_dispatch_takes_parse_as_direct_or_dead(
     values = direct_values(RULES, direct)
     mine = [is_direct([(h["key"], h["value"]) for h in r or []], values)
             for r in data.column("headers").to_pylist()]
-    kinds = parse_batch(data, RULES, 1_000, 2, base_ms, direct_max_delay_ms=direct
-                        ).column("kind").to_pylist()
-    for taken, kind in zip(mine, kinds):
+    parsed = parse_batch(data, RULES, 1_000, 2, base_ms)
+    delays = (0, *RULES.level_delays_ms)
+    for taken, kind, level in zip(mine, parsed.column("kind").to_pylist(),
+                                  parsed.column("level").to_pylist()):
         if taken:
-            assert kind in ("direct", "dead")
+            assert kind == "dead" or (kind in ("now", "delay") and delays[level] <= direct)
     assert direct >= 0 or not any(mine)
 
 
@@ -191,9 +169,9 @@ def test_a_direct_rows_due_time_is_its_own_whatever_the_hosts_clock():
     and the message is due now."""
     rows = [[(H.REAL_TOPIC, b"orders"), (H.DELAY, b"2")]]
     append = 10**12
-    for behind, due in ((40, append + 5_000), (RULES.clock_tolerance_ms + 1,
-                                               append - RULES.clock_tolerance_ms - 1)):
-        parsed = parse_batch(batch(rows, [append], 0), RULES, 1_000, 2, append - behind,
-                             direct_max_delay_ms=5_000)
-        assert parsed.column("kind").to_pylist() == ["direct"]
+    for behind, due, kind in ((40, append + 5_000, "delay"),
+                              (RULES.clock_tolerance_ms + 1, append - RULES.clock_tolerance_ms - 1,
+                               "now")):
+        parsed = parse_batch(batch(rows, [append], 0), RULES, 1_000, 2, append - behind)
+        assert parsed.column("kind").to_pylist() == [kind]
         assert parsed.column("due_ms").to_pylist() == [due]
