@@ -4,6 +4,7 @@ send it when due, the ledger query records it; DelayJob starts, watches and stop
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from streaming.dispatch.supervisor import Dispatcher
 from streaming.wheel.heartbeat import Heartbeat
 from streaming.kafka.config import spark_options
 from streaming.ledger.query import start_ledger_query
-from streaming.spark.listener import OffsetMirror, ProgressJsonListener, ProgressMetrics
+from streaming.spark.listener import OffsetMirror, ProgressJsonListener
 from streaming.wheel.offsets import committed_offsets, last_committed_batch
 from streaming.wheel.schema import WITH_BODY_SPARK
 from streaming.wheel.query import pending_by_level, wheel_stream
@@ -165,9 +166,10 @@ class DelayJob:
     def _listen(self) -> None:
         observers = [OffsetMirror(self.settings.intake_topic, self._mirror_commit)]
         if self.metrics is not None:
-            observers.append(ProgressMetrics(self.metrics, self.settings.late_tolerance_ms,
-                                             self.settings.intake_topic,
-                                             self.settings.heartbeat_partition))
+            observers.append(functools.partial(
+                self.metrics.observe_progress, late_tolerance_ms=self.settings.late_tolerance_ms,
+                intake_topic=self.settings.intake_topic,
+                heartbeats=self.settings.heartbeat_partition))
         self._mirror_admin = kadmin.admin_client(self.settings)
         self._listener = ProgressJsonListener(self.query_name, *observers)
         self.spark.streams.addListener(self._listener)
