@@ -90,8 +90,9 @@ class DelayJob:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         # After the wheel's first batch, so the two first batches do not share the cores.
-        self.ledger_query = start_ledger_query(self.spark, self.settings, self.checkpoint,
-                                               self.metrics, name=f"{self.query_name}-ledger")
+        self.ledger_query, self._ledger_writer = start_ledger_query(
+            self.spark, self.settings, self.checkpoint, self.metrics,
+            name=f"{self.query_name}-ledger")
         self._step("ledger")
         if self.metrics is not None and seed_batch is not None:
             self._seed_pending(seed_batch)
@@ -235,6 +236,7 @@ class DelayJob:
                 self._dispatcher.stop()
                 self._dispatcher = None
             if self.ledger_query is not None:
+                self._ledger_writer.finish()
                 self.ledger_query.stop()
                 self.ledger_query = None
             if self._listener is not None:

@@ -9,6 +9,7 @@ import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
 from conf.settings import Settings
 from sinks.base import BatchSummary
@@ -82,10 +83,16 @@ class LedgerWriter:
         self._schema = from_arrow_schema(ledger_schema())
         self._counts = spark.sparkContext.accumulator([], Counts())
         self._app_id: str | None = None
-        # A clean stop (LedgerQuery.stop): set once it began; `idle` is clear while a batch runs.
+        # A clean stop (finish): set once it began; `idle` is clear while a batch runs.
         self.stopping = False
         self.idle = threading.Event()
         self.idle.set()
+
+    def finish(self, grace_s: float = 30.0) -> None:
+        """Before the query's stop: the batch under way ends (up to `grace_s`); an interrupted
+        batch runs again at the next start (its appends are idempotent)."""
+        self.stopping = True
+        self.idle.wait(grace_s)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.idle.clear()
@@ -154,29 +161,11 @@ class LedgerWriter:
         return summary
 
 
-class LedgerQuery:
-    """The running ledger query and its writer; otherwise a StreamingQuery (its progress)."""
-
-    def __init__(self, query, writer: LedgerWriter):
-        self.query, self.writer = query, writer
-
-    def __getattr__(self, name: str):
-        return getattr(self.query, name)
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        """A clean stop: the batch under way ends (up to `grace_s`), then the query stops; an
-        interrupted batch runs again at the next start (its appends are idempotent)."""
-        self.writer.stopping = True
-        self.writer.idle.wait(grace_s)
-        self.query.stop()
-
-
 def start_ledger_query(spark: SparkSession, settings: Settings, checkpoint: str,
-                       metrics: Metrics | None, name: str) -> LedgerQuery:
+                       metrics: Metrics | None, name: str) -> tuple[StreamingQuery, LedgerWriter]:
     location = checkpoint.rstrip("/") + "-ledger"   # the ledger query's, beside the wheel's
     writer = LedgerWriter(spark, settings, location, metrics)
-    return LedgerQuery(ledger_stream(spark, settings).writeStream
-                       .queryName(name).foreachBatch(writer)
-                       .option("checkpointLocation", location)
-                       .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")
-                       .start(), writer)
+    return (ledger_stream(spark, settings).writeStream.queryName(name).foreachBatch(writer)
+            .option("checkpointLocation", location)
+            .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")
+            .start()), writer
