@@ -38,10 +38,7 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
     checkpoint = __import__("pathlib").Path(job.checkpoint)
 
     def found(uniq):
-        where = lookup.find(Tables(lambda: spark), uniq, settings.ledger_path,
-                            settings.dead_letter_path,
-                            checkpoint, recent=lambda key: lookup.in_topics(settings, key),
-                            topic_of=lookup.intake_topic_of(settings))
+        where = lookup.find(Tables(lambda: spark), settings, uniq, checkpoint)
         return where if where.status != "unknown" else None
 
     # Sent, its ledger row is in the ledger topic before the ledger query appends it to Delta.

@@ -212,7 +212,5 @@ def test_a_cancel_finds_its_timer_in_the_cold_tier_in_the_wheel_and_ahead_of_it(
     assert sum(s.count("cancelled") for s in summaries) == 3
     assert sum(s.count("cancel_unknown") for s in summaries) == 0
     for key in (waiting.uniq_key, "ahead", rolled.uniq_key):
-        where = lookup.find(Tables(lambda: spark), key, settings.ledger_path,
-                            settings.dead_letter_path,
-                            Path(job.checkpoint), settings.cold_path)
+        where = lookup.find(Tables(lambda: spark), settings, key, Path(job.checkpoint))
         assert where.status == "cancelled", (key, where)
