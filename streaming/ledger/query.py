@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 
+from pyspark.accumulators import AddingAccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -14,7 +15,6 @@ from pyspark.sql.streaming import StreamingQuery
 from conf.settings import Settings
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id
-from sinks.kafka import Counts
 from sinks.dead_letters import dead_letter_columns
 from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.kafka.config import spark_options
@@ -35,7 +35,7 @@ def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     return raw.filter(F.length("value") > 0).select("value")
 
 
-def decoding(counts=None):
+def decoding(counts):
     """mapInArrow: the ledger rows of the records, counted into the accumulator `counts` by
     status, level and reason (rows, lateness sum and per histogram bucket)."""
     def decode(batches):
@@ -50,10 +50,10 @@ def decoding(counts=None):
             if not tables:
                 continue
             table = pa.concat_tables(tables)
-            if counts is not None and table.num_rows:
+            if table.num_rows:
                 found.extend(_count(table, pc))   # once per Arrow batch, not per record
             yield from table.to_batches()
-        if counts is not None and found:
+        if found:
             counts.add(found)
     return decode
 
@@ -81,8 +81,8 @@ class LedgerWriter:
 
         self.settings, self.checkpoint, self.metrics = settings, checkpoint, metrics
         self._schema = from_arrow_schema(ledger_schema())
-        self._counts = spark.sparkContext.accumulator([], Counts())
-        self._app_id: str | None = None
+        # A list accumulator: the tasks' lists concatenated.
+        self._counts = spark.sparkContext.accumulator([], AddingAccumulatorParam([]))
         # A clean stop (finish): set once it began; `idle` is clear while a batch runs.
         self.stopping = False
         self.idle = threading.Event()
@@ -106,8 +106,6 @@ class LedgerWriter:
             self.idle.set()
 
     def _write(self, batch: DataFrame, batch_id: int) -> None:
-        if self._app_id is None:
-            self._app_id = query_id(self.checkpoint)
         now_ms = int(time.time() * 1000)
         self._counts.value = []
         rows = batch.mapInArrow(decoding(self._counts), self._schema)
@@ -118,17 +116,13 @@ class LedgerWriter:
         summary = self._summary(batch_id, self._counts.value)
         if summary.count("dead") and self.settings.ledger:
             # Rows the dispatch could not deliver (the real topic refused them), as they came,
-            # to the dead-letter table beside those the wheel rejected.
-            dead = (batch.mapInArrow(decoding(), self._schema).filter(F.col("status") == "dead")
-                    .select(*dead_letter_columns(batch_id)))
-            append_once(dead, str(self.settings.dead_letter_path), self._app_id, batch_id,
-                        ("dead_date",))
+            # to the dead-letter table beside those the wheel rejected (decoded again: what it
+            # adds to the counts is read no more).
+            dead = rows.filter(F.col("status") == "dead").select(*dead_letter_columns(batch_id))
+            append_once(dead, str(self.settings.dead_letter_path), query_id(self.checkpoint),
+                        batch_id, ("dead_date",))
         if self.metrics is not None:
-            self.metrics.observe_sent(summary.delivered_by_level, summary.lateness)
-            for level, n in summary.received_by_level.items():
-                self.metrics.received.labels(level=str(level)).inc(n)
-            for reason, n in summary.dead_by_reason.items():
-                self.metrics.dead.labels(reason=reason).inc(n)
+            self.metrics.observe_batch(summary)
 
     def _append(self, rows: DataFrame, batch_id: int, now_ms: int) -> None:
         append_once(rows.filter(F.col("status") == "delivered").select(
@@ -139,7 +133,7 @@ class LedgerWriter:
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.lit(now_ms).cast("long").alias("batch_time"),
             F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("sent_date")),
-            str(self.settings.ledger_path), self._app_id, batch_id, ("sent_date",),
+            str(self.settings.ledger_path), query_id(self.checkpoint), batch_id, ("sent_date",),
             merge_schema=True)   # a table from before `offset` gains it; its older rows: null
 
     @staticmethod

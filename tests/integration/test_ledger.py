@@ -180,8 +180,10 @@ def test_a_ledger_table_from_before_the_offset_column_gains_it_at_the_next_appen
     from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
 
     settings = job_settings()
-    writer = LedgerWriter(spark, settings, str(settings.data_path / "ckpt"), None)
-    writer._app_id = "upgrade-test"
+    checkpoint = settings.data_path / "ckpt"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "metadata").write_text('{"id": "upgrade-test"}\n')   # the query's id
+    writer = LedgerWriter(spark, settings, str(checkpoint), None)
 
     def decoded(keys, landed):
         acked = [(Row(1_000, 0, i, i, "orders", None, None, b"v", [], 1, 900, key), 1_005, None,
