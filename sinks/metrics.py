@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -174,9 +174,3 @@ def build_metrics() -> Metrics:
     except PackageNotFoundError:
         own = "0+unknown"
     return Metrics(CollectorRegistry(), version=own, spark_version=version("pyspark"))
-
-
-def serve(settings, metrics: Metrics):
-    """The Prometheus endpoint on settings.metrics_host:port; returns (server, thread)."""
-    return start_http_server(settings.metrics_port, addr=settings.metrics_host,
-                             registry=metrics.registry)

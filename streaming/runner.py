@@ -39,10 +39,13 @@ STOP_REPORT_S = 75
 
 @contextlib.contextmanager
 def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
-    from sinks.metrics import build_metrics, serve
+    from prometheus_client import start_http_server
+
+    from sinks.metrics import build_metrics
 
     metrics = build_metrics()
-    server, _ = serve(settings, metrics)
+    server, _ = start_http_server(settings.metrics_port, addr=settings.metrics_host,
+                                  registry=metrics.registry)
     before = process_age_s()     # Python start-up, imports, settings, the exporter
     t0 = time.monotonic()
     STOPPING.clear()

@@ -30,8 +30,7 @@ def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     transaction's ledger rows are sent again by a later one."""
     raw = (spark.readStream.format("kafka").options(**spark_options(settings))
            .option("subscribe", settings.ledger_topic).option("startingOffsets", "earliest")
-           .option("kafka.isolation.level", "read_committed")
-           .option("failOnDataLoss", "true").load())
+           .option("kafka.isolation.level", "read_committed").load())
     return raw.filter(F.length("value") > 0).select("value")
 
 
