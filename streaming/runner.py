@@ -72,23 +72,18 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
                 faulthandler.cancel_dump_traceback_later()
 
 
-def stop_on_sigterm(stop: threading.Event) -> None:
-    """A SIGTERM while the job starts asks for the clean stop once it is up, instead of ending the
-    driver where it stands (SIGINT stays KeyboardInterrupt: the SparkContext sets its own)."""
+def stop_on_signals(stop: threading.Event, starting: bool = False) -> None:
+    """SIGTERM and SIGINT set `stop`. While `starting`, only SIGTERM: it asks for the clean stop
+    once the job is up, instead of ending the driver where it stands (SIGINT stays
+    KeyboardInterrupt: the SparkContext sets its own)."""
     def handler(signum, frame):
-        if not stop.is_set():
+        if starting and not stop.is_set():
             print("delayq: stop asked while starting; stopping once started", flush=True)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    def handler(signum, frame):
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    if not starting:
+        signal.signal(signal.SIGINT, handler)
 
 
 def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:
