@@ -29,7 +29,7 @@ from streaming.wheel.heartbeat import Heartbeat
 from streaming.kafka.config import spark_options
 from streaming.ledger.query import start_ledger_query
 from streaming.spark.listener import OffsetMirror, ProgressJsonListener
-from streaming.wheel.offsets import committed_offsets, last_committed_batch
+from streaming.wheel.offsets import committed_offsets, latest_batch
 from streaming.wheel.schema import WITH_BODY_SPARK
 from streaming.wheel.query import pending_by_level, wheel_stream
 from streaming.wheel.writer import BatchWriter
@@ -75,7 +75,7 @@ class DelayJob:
         sizing.check_slots(self.spark, self.settings, partitions)
         writer = self._writer = self._batch_writer(partitions, largest)
         # The pending gauge starts from the last committed batch's state; this run adds deltas.
-        seed_batch = last_committed_batch(store.path(self.checkpoint))
+        seed_batch = latest_batch(store.path(self.checkpoint) / "commits")
         self._listen()
         self._step("listeners")
         intake_start = ({} if seed_batch is None or self._direct_was_on else
