@@ -54,7 +54,7 @@ class DelayJob:
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}
         self._direct_was_on = False   # see streaming/wheel/checkpoint.py direct_was_on
-        self.query = self.ledger_query = self._admin = self._mirror_admin = None
+        self.query = self.ledger_query = self._ledger_writer = self._admin = None
         self._listener = self._heartbeat = self._seeder = None
         self._writer: BatchWriter | None = None
         self._dispatcher: Dispatcher | None = None
@@ -171,7 +171,6 @@ class DelayJob:
                 self.metrics.observe_progress, late_tolerance_ms=self.settings.late_tolerance_ms,
                 intake_topic=self.settings.intake_topic,
                 heartbeats=self.settings.heartbeat_partition))
-        self._mirror_admin = kadmin.admin_client(self.settings)
         self._listener = ProgressJsonListener(self.query_name, *observers)
         self.spark.streams.addListener(self._listener)
         self._heartbeat = Heartbeat(self.settings)
@@ -191,13 +190,13 @@ class DelayJob:
         self.start()
 
     def _mirror_commit(self, offsets: dict[int, int]) -> None:
-        admin = self._mirror_admin
+        admin = self._admin
         if admin is None:   # a progress event can still arrive after stop()
             return
         try:
             ckpt.mirror_offsets(admin, self.settings, offsets)
         except Exception:
-            if self._mirror_admin is not None:
+            if self._admin is not None:
                 raise   # the listener logs it; closed by the stop meanwhile, it is no error
 
     def _seed_pending(self, batch_id: int) -> None:
@@ -245,12 +244,10 @@ class DelayJob:
             if self._seeder is not None:
                 self._seeder.join(timeout=30)
         finally:
-            admin, self._mirror_admin = self._mirror_admin, None
+            admin, self._admin = self._admin, None
             if admin is not None:   # a commit it still runs fails, and knows why (_mirror_commit)
                 admin.close()
             if self._heartbeat is not None:
                 self._heartbeat.stop()
-            if self._admin is not None:
-                self._admin.close()
         if stuck is not None:
             raise JobError(stuck)
