@@ -32,7 +32,6 @@ def _parses(parse, error: type[ConfigError]) -> AfterValidator:
 
 Levels = Annotated[str, _parses(parse_levels, DelayLevelError)]
 Duration = Annotated[str, _parses(parse_duration, ConfigError)]
-PortOrAny = Annotated[int, Field(ge=0, le=65535)]   # 0: any free port
 
 
 def _ms(setting: str) -> property:
@@ -116,7 +115,7 @@ class Settings(BaseSettings):
     spark_master: str
     spark_app_name: str
     spark_driver_memory: str
-    spark_ui_port: PortOrAny
+    spark_ui_port: Annotated[int, Field(ge=0, le=65535)]   # 0: any free port
     spark_shuffle_partitions: NonNegativeInt
     executor_slots_wait: Duration
     job_restarts: NonNegativeInt

@@ -1,10 +1,9 @@
 """What the wheel's Kafka writes share: the producer options of Spark's Kafka sink, header
-columns, the read-back of intake records, the sent rows' schema and a list accumulator."""
+columns, the read-back of intake records and the sent rows' schema."""
 from __future__ import annotations
 
 import json
 
-from pyspark import AccumulatorParam
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
@@ -60,13 +59,3 @@ def sent_schema(batch_schema: StructType) -> StructType:
     """A batch's schema with the time its rows were written (`sent_ms`)."""
     return StructType(batch_schema.fields + [StructField("sent_ms", LongType())])
 
-
-class Counts(AccumulatorParam):
-    """A list accumulator: tasks' lists concatenated (streaming/ledger/query.py counts with it)."""
-
-    def zero(self, value):
-        return []
-
-    def addInPlace(self, value1, value2):
-        value1.extend(value2)
-        return value1

@@ -1,5 +1,5 @@
 """Every Prometheus metric of the service, built in one place on an injected registry (DESIGN.md
-section 7: names are contract), fed by batch summaries, sent rows and Spark's progress reports."""
+section 7: names are contract), fed by the queries' batch summaries and Spark's progress reports."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import time
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -127,15 +127,10 @@ class Metrics:
         self.cancelled.inc(summary.count("cancelled"))
         self.cancel_misses.inc(summary.count("cancel_unknown"))
         self.add_pending(summary.pending_delta_by_level)
-        self.observe_sent(summary.delivered_by_level, summary.lateness)
-
-    def observe_sent(self, delivered_by_level: dict[int, int],
-                     lateness: tuple[list[int], int, float] | None) -> None:
-        """Deliveries the dispatch tasks sent, as the ledger query reads them."""
-        for level, n in delivered_by_level.items():
+        for level, n in summary.delivered_by_level.items():
             self.delivered.labels(level=str(level)).inc(n)
-        if lateness is not None:
-            self.lateness.add(*lateness)
+        if summary.lateness is not None:
+            self.lateness.add(*summary.lateness)
 
     def observe_progress(self, progress: dict, late_tolerance_ms: int, intake_topic: str,
                          now: float | None = None, heartbeats: int | None = None) -> None:
@@ -179,9 +174,3 @@ def build_metrics() -> Metrics:
     except PackageNotFoundError:
         own = "0+unknown"
     return Metrics(CollectorRegistry(), version=own, spark_version=version("pyspark"))
-
-
-def serve(settings, metrics: Metrics):
-    """The Prometheus endpoint on settings.metrics_host:port; returns (server, thread)."""
-    return start_http_server(settings.metrics_port, addr=settings.metrics_host,
-                             registry=metrics.registry)

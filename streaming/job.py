@@ -4,6 +4,7 @@ send it when due, the ledger query records it; DelayJob starts, watches and stop
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -27,8 +28,8 @@ from streaming.dispatch.supervisor import Dispatcher
 from streaming.wheel.heartbeat import Heartbeat
 from streaming.kafka.config import spark_options
 from streaming.ledger.query import start_ledger_query
-from streaming.spark.listener import OffsetMirror, ProgressJsonListener, ProgressMetrics
-from streaming.wheel.offsets import committed_offsets, last_committed_batch
+from streaming.spark.listener import OffsetMirror, ProgressJsonListener
+from streaming.wheel.offsets import committed_offsets, latest_batch
 from streaming.wheel.schema import WITH_BODY_SPARK
 from streaming.wheel.query import pending_by_level, wheel_stream
 from streaming.wheel.writer import BatchWriter
@@ -53,7 +54,7 @@ class DelayJob:
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}
         self._direct_was_on = False   # see streaming/wheel/checkpoint.py direct_was_on
-        self.query = self.ledger_query = self._admin = self._mirror_admin = None
+        self.query = self.ledger_query = self._ledger_writer = self._admin = None
         self._listener = self._heartbeat = self._seeder = None
         self._writer: BatchWriter | None = None
         self._dispatcher: Dispatcher | None = None
@@ -74,7 +75,7 @@ class DelayJob:
         sizing.check_slots(self.spark, self.settings, partitions)
         writer = self._writer = self._batch_writer(partitions, largest)
         # The pending gauge starts from the last committed batch's state; this run adds deltas.
-        seed_batch = last_committed_batch(store.path(self.checkpoint))
+        seed_batch = latest_batch(store.path(self.checkpoint) / "commits")
         self._listen()
         self._step("listeners")
         intake_start = ({} if seed_batch is None or self._direct_was_on else
@@ -89,8 +90,9 @@ class DelayJob:
             self.stop()
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         # After the wheel's first batch, so the two first batches do not share the cores.
-        self.ledger_query = start_ledger_query(self.spark, self.settings, self.checkpoint,
-                                               self.metrics, name=f"{self.query_name}-ledger")
+        self.ledger_query, self._ledger_writer = start_ledger_query(
+            self.spark, self.settings, self.checkpoint, self.metrics,
+            name=f"{self.query_name}-ledger")
         self._step("ledger")
         if self.metrics is not None and seed_batch is not None:
             self._seed_pending(seed_batch)
@@ -165,10 +167,10 @@ class DelayJob:
     def _listen(self) -> None:
         observers = [OffsetMirror(self.settings.intake_topic, self._mirror_commit)]
         if self.metrics is not None:
-            observers.append(ProgressMetrics(self.metrics, self.settings.late_tolerance_ms,
-                                             self.settings.intake_topic,
-                                             self.settings.heartbeat_partition))
-        self._mirror_admin = kadmin.admin_client(self.settings)
+            observers.append(functools.partial(
+                self.metrics.observe_progress, late_tolerance_ms=self.settings.late_tolerance_ms,
+                intake_topic=self.settings.intake_topic,
+                heartbeats=self.settings.heartbeat_partition))
         self._listener = ProgressJsonListener(self.query_name, *observers)
         self.spark.streams.addListener(self._listener)
         self._heartbeat = Heartbeat(self.settings)
@@ -188,13 +190,13 @@ class DelayJob:
         self.start()
 
     def _mirror_commit(self, offsets: dict[int, int]) -> None:
-        admin = self._mirror_admin
+        admin = self._admin
         if admin is None:   # a progress event can still arrive after stop()
             return
         try:
             ckpt.mirror_offsets(admin, self.settings, offsets)
         except Exception:
-            if self._mirror_admin is not None:
+            if self._admin is not None:
                 raise   # the listener logs it; closed by the stop meanwhile, it is no error
 
     def _seed_pending(self, batch_id: int) -> None:
@@ -233,6 +235,7 @@ class DelayJob:
                 self._dispatcher.stop()
                 self._dispatcher = None
             if self.ledger_query is not None:
+                self._ledger_writer.finish()
                 self.ledger_query.stop()
                 self.ledger_query = None
             if self._listener is not None:
@@ -241,12 +244,10 @@ class DelayJob:
             if self._seeder is not None:
                 self._seeder.join(timeout=30)
         finally:
-            admin, self._mirror_admin = self._mirror_admin, None
+            admin, self._admin = self._admin, None
             if admin is not None:   # a commit it still runs fails, and knows why (_mirror_commit)
                 admin.close()
             if self._heartbeat is not None:
                 self._heartbeat.stop()
-            if self._admin is not None:
-                self._admin.close()
         if stuck is not None:
             raise JobError(stuck)

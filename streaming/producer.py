@@ -100,11 +100,9 @@ class DelayProducer:
         return Handle(uniq, level, self._due(meta.timestamp, level, deliver_at_ms, delay_ms),
                       meta.partition, meta.offset)
 
-    def cancel(self, handle: "Handle | str") -> None:
+    def cancel(self, handle: Handle) -> None:
         """Too late (delivered, or past due time minus the fire lead) changes nothing and is
         counted (delayq_cancel_misses_total)."""
-        if isinstance(handle, str):
-            handle = Handle.parse(handle)
         wire = [(H.TIMER_DEL_UNIQKEY, handle.uniq_key.encode()),
                 (H.TIMER_DELIVER_MS, str(handle.due_ms).encode())]
         if handle.level > 0:

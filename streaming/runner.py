@@ -39,10 +39,13 @@ STOP_REPORT_S = 75
 
 @contextlib.contextmanager
 def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
-    from sinks.metrics import build_metrics, serve
+    from prometheus_client import start_http_server
+
+    from sinks.metrics import build_metrics
 
     metrics = build_metrics()
-    server, _ = serve(settings, metrics)
+    server, _ = start_http_server(settings.metrics_port, addr=settings.metrics_host,
+                                  registry=metrics.registry)
     before = process_age_s()     # Python start-up, imports, settings, the exporter
     t0 = time.monotonic()
     STOPPING.clear()
@@ -69,23 +72,18 @@ def running_job(settings: Settings, **job_args) -> Iterator[DelayJob]:
                 faulthandler.cancel_dump_traceback_later()
 
 
-def stop_on_sigterm(stop: threading.Event) -> None:
-    """A SIGTERM while the job starts asks for the clean stop once it is up, instead of ending the
-    driver where it stands (SIGINT stays KeyboardInterrupt: the SparkContext sets its own)."""
+def stop_on_signals(stop: threading.Event, starting: bool = False) -> None:
+    """SIGTERM and SIGINT set `stop`. While `starting`, only SIGTERM: it asks for the clean stop
+    once the job is up, instead of ending the driver where it stands (SIGINT stays
+    KeyboardInterrupt: the SparkContext sets its own)."""
     def handler(signum, frame):
-        if not stop.is_set():
+        if starting and not stop.is_set():
             print("delayq: stop asked while starting; stopping once started", flush=True)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    def handler(signum, frame):
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    if not starting:
+        signal.signal(signal.SIGINT, handler)
 
 
 def wait(job: DelayJob, stop: threading.Event, poll_s: float = 1.0) -> None:

@@ -96,10 +96,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
             return 0
         if not args.uniq_key:
             raise SystemExit("delayq ledger: give a UNIQ_KEY or --summary")
-        where = lookup.find(tables, args.uniq_key, settings.ledger_path,
-                            settings.dead_letter_path, store.path(checkpoint), settings.cold_path,
-                            recent=lambda key: lookup.in_topics(settings, key),
-                            topic_of=lookup.intake_topic_of(settings))
+        where = lookup.find(tables, settings, args.uniq_key, store.path(checkpoint))
     finally:
         tables.close()
     print(f"{args.uniq_key}: {where.status}")

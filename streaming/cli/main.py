@@ -17,11 +17,11 @@ from streaming.tools.tool_commands import add_tool_parsers
 def cmd_run(args: argparse.Namespace) -> int:
     import threading
 
-    from streaming.runner import running_job, stop_on_sigterm, wait
+    from streaming.runner import running_job, stop_on_signals, wait
     from streaming.tools.broker import embedded
 
     stop = threading.Event()
-    stop_on_sigterm(stop)
+    stop_on_signals(stop, starting=True)
     settings = settings_of(args)
     log_to_stderr(settings.log_level)
     with embedded(settings), running_job(

@@ -20,7 +20,6 @@ LOG_APPEND_TIME = {"message.timestamp.type": "LogAppendTime"}
 # Room for the service's headers and batch framing: what the intake took, the DLQ takes too.
 DLQ_HEADROOM_BYTES = 16_384
 KAFKA_DEFAULT_MAX_MESSAGE = 1_048_588
-ALTER_WAIT_S = 30.0
 KAFKA_DEFAULT_RETENTION_MS = 7 * 24 * 3_600_000
 
 
@@ -126,7 +125,8 @@ def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient,
     create_topic(admin, settings.ready_topic, settings.ready_partitions,
                  {"max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)})
     if not create_topic(admin, settings.ledger_topic, settings.ready_partitions, LOG_APPEND_TIME):
-        ensure_log_append_time(admin, settings.ledger_topic)
+        require_log_append_time(admin, settings.ledger_topic, "the dispatch tasks time their "
+                                "clocks by its broker's append time")
     # A new topic may be unknown to the answering broker for a moment (seen on 3 brokers).
     deadline = time.monotonic() + settings.connect_timeout_s
     while None in (parts := topic_partitions(admin, [settings.ready_topic, settings.ledger_topic])
@@ -140,34 +140,13 @@ def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient,
     return ready, max_message_bytes(admin, settings.ledger_topic) or KAFKA_DEFAULT_MAX_MESSAGE
 
 
-def ensure_log_append_time(admin: KafkaAdminClient, topic: str) -> None:
-    """Alter a delayq topic to LogAppendTime if needed; refused where the broker disallows it."""
+def require_log_append_time(admin: KafkaAdminClient, topic: str, why: str) -> None:
+    """Refuse a topic without LogAppendTime, naming the fix (delayq alters no topic it finds)."""
     kind = topic_config(admin, topic, "message.timestamp.type")
-    if kind == "LogAppendTime":
-        return
-    try:
-        answer = admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
-                                                     configs=dict(LOG_APPEND_TIME))])
-        result = answer.get("topic", {}).get(topic, "no answer")
-    except (KafkaError, ValueError) as exc:
-        result = str(exc)
-    if result != "OK":
-        raise JobError(
-            f"topic {topic} has message.timestamp.type={kind} and could not be altered "
-            f"({result}); the dispatch tasks measure their clocks by its broker's append "
-            f"time. Fix: kafka-configs.sh --alter --entity-type topics --entity-name {topic} "
-            f"--add-config message.timestamp.type=LogAppendTime")
-    deadline = time.monotonic() + ALTER_WAIT_S   # until the brokers answer with the new type
-    while topic_config(admin, topic, "message.timestamp.type") != "LogAppendTime":
-        if time.monotonic() > deadline:
-            raise JobError(
-                f"topic {topic} was altered to message.timestamp.type=LogAppendTime but its "
-                f"brokers still answer {kind} after {ALTER_WAIT_S:.0f} s; the dispatch tasks "
-                f"measure their clocks by its broker's append time. Check the brokers' logs, "
-                f"then start again")
-        time.sleep(0.5)
-    log.warning("topic %s had message.timestamp.type=%s; altered to LogAppendTime, which the "
-                "dispatch tasks time their clocks by", topic, kind)
+    if kind != "LogAppendTime":
+        raise JobError(f"topic {topic} has message.timestamp.type={kind}; {why}. Fix: "
+                       f"kafka-configs.sh --alter --entity-type topics --entity-name {topic} "
+                       f"--add-config message.timestamp.type=LogAppendTime")
 
 
 def topic_config(admin: KafkaAdminClient, topic: str, key: str) -> str | None:
@@ -190,12 +169,8 @@ def check_intake(settings: Settings, admin: KafkaAdminClient) -> int:
     """Refuse an intake without LogAppendTime, or that may delete a record before it is due (the
     wheel holds references, not bodies). Returns its retention.ms (-1: kept for ever)."""
     topic = settings.intake_topic
+    require_log_append_time(admin, topic, "delayq takes time from the broker only")
     fix = f"Fix: kafka-configs.sh --alter --entity-type topics --entity-name {topic} --add-config"
-    kind = topic_config(admin, topic, "message.timestamp.type")
-    if kind != "LogAppendTime":
-        raise JobError(
-            f"intake topic {topic} has message.timestamp.type={kind}; delayq takes time from "
-            f"the broker only and needs LogAppendTime. {fix} message.timestamp.type=LogAppendTime")
     needed = settings.intake_retention_needed_ms
     why = (f"the wheel holds references to the intake's records, whose bodies are read back "
            f"when due, up to {needed} ms (near_horizon + cold_bucket + clock_tolerance + "

@@ -6,11 +6,9 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
-from sinks import store
 from sinks.store import HadoopPath
 from state import headers as H
 from state.columns import TOMBSTONE
@@ -56,39 +54,28 @@ def _pending_at(row, **where) -> Whereabouts:
                                    **where})
 
 
-def find(tables: Tables, uniq_key: str, ledger: str, dead: str,
-         checkpoint: str | Path | HadoopPath, cold: str | None = None,
-         recent: Callable[[str], Whereabouts | None] | None = None,
-         topic_of: Callable[[int, int], str | None] | None = None) -> Whereabouts:
-    """Where `uniq_key` is, looked for in that order; `recent` looks in the Kafka topics
-    between the wheel and the tables (`in_topics`); `topic_of` reads a pending message's
-    REAL_TOPIC from its intake record (`intake_topic_of`): the wheel holds only references."""
-    where = _find(tables, uniq_key, ledger, dead, checkpoint, cold, recent)
-    if where.status == "pending" and "topic" not in where.detail and topic_of is not None:
-        ipart, ioff = (int(x) for x in where.detail["intake"].split("-"))
-        where.detail = {"topic": topic_of(ipart, ioff) or "-", **where.detail}
-    return where
-
-
-def _find(tables, uniq_key, ledger, dead, checkpoint, cold, recent) -> Whereabouts:
-    if rows := tables.matching(ledger, uniq_key):
+def find(tables: Tables, settings, uniq_key: str, checkpoint: Path | HadoopPath) -> Whereabouts:
+    """Where `uniq_key` is, looked for in that order: the ledger and dead-letter tables, a
+    cancel's tombstone in the cold tier, the Kafka topics between the wheel and the tables
+    (`in_topics`), the wheel's state."""
+    if rows := tables.matching(settings.ledger_path, uniq_key):
         return _delivered(rows[0])
-    if rows := tables.matching(dead, uniq_key):
+    if rows := tables.matching(settings.dead_letter_path, uniq_key):
         return _dead(rows[0])
     # Cancelled: a cancel leaves a tombstone in the cold tier, found its message or not.
-    if cold is not None:
-        rows = tables.matching(cold, uniq_key)
-        if tomb := next((r for r in rows if r.get(TOMBSTONE)), None):
-            return Whereabouts("cancelled", {"due": _iso(tomb["due_ms"]),
-                                             "cancel": _iso(tomb["append_ms"]),
-                                             "intake": f"{tomb['ipart']}-{tomb['ioff']}"})
-    if recent is not None and (where := recent(uniq_key)) is not None:
-        return where
-    return _pending(tables, uniq_key, store.path(checkpoint)) or Whereabouts("unknown", {})
+    rows = tables.matching(settings.cold_path, uniq_key)
+    if tomb := next((r for r in rows if r.get(TOMBSTONE)), None):
+        return Whereabouts("cancelled", {"due": _iso(tomb["due_ms"]),
+                                         "cancel": _iso(tomb["append_ms"]),
+                                         "intake": f"{tomb['ipart']}-{tomb['ioff']}"})
+    return (in_topics(settings, uniq_key) or _pending(tables, settings, uniq_key, checkpoint)
+            or Whereabouts("unknown", {}))
 
 
-def _pending(tables: Tables, uniq_key: str, checkpoint: Path | HadoopPath) -> Whereabouts | None:
-    """A message held in the wheel's state, read with Spark's state data source."""
+def _pending(tables: Tables, settings, uniq_key: str,
+             checkpoint: Path | HadoopPath) -> Whereabouts | None:
+    """A message held in the wheel's state, read with Spark's state data source; the wheel holds
+    references only, so its REAL_TOPIC is read from its intake record."""
     if not (checkpoint / "state").is_dir():
         return None
     from pyspark.sql import functions as F
@@ -99,7 +86,12 @@ def _pending(tables: Tables, uniq_key: str, checkpoint: Path | HadoopPath) -> Wh
             .select("bucket", F.explode(F.arrays_zip("uniq_key", "due_ms", "ipart", "ioff"))
                     .alias("r")).where(F.col("r.uniq_key") == uniq_key)
             .select(F.col("bucket").alias("level"), "r.due_ms", "r.ipart", "r.ioff").take(1))
-    return _pending_at(held[0]) if held else None
+    if not held:
+        return None
+    where = _pending_at(held[0])
+    topic = intake_topic_of(settings, held[0].ipart, held[0].ioff)
+    where.detail = {"topic": topic or "-", **where.detail}
+    return where
 
 
 def in_topics(settings, uniq_key: str) -> Whereabouts | None:
@@ -131,7 +123,7 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
                 continue
             row = ready_row(msg.offset(), msg.value())
             if row.uniq_key == uniq_key:   # a reference: its topic is in its intake record
-                row.topic = intake_topic_of(settings)(row.ipart, row.ioff)
+                row.topic = intake_topic_of(settings, row.ipart, row.ioff)
                 return _pending_at(row, where=f"the ready topic, partition {msg.partition()}")
         return _in_intake(consumer, settings, uniq_key)
     finally:
@@ -160,21 +152,19 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
     return None
 
 
-def intake_topic_of(settings) -> Callable[[int, int], str | None]:
+def intake_topic_of(settings, ipart: int, ioff: int) -> str | None:
     """The REAL_TOPIC of the intake record at (partition, offset), None if it is gone."""
-    def topic_of(ipart: int, ioff: int) -> str | None:
-        consumer = Consumer({"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
-                             "group.id": f"delayq.{settings.intake_topic}.lookup",
-                             "enable.auto.commit": False, "isolation.level": "read_committed"})
-        try:
-            consumer.assign([TopicPartition(settings.intake_topic, ipart, ioff)])
-            for msg in consumer.consume(1, timeout=10):
-                if msg.error() is None and msg.offset() == ioff:
-                    return dict(msg.headers() or []).get(H.REAL_TOPIC, b"").decode() or None
-            return None
-        finally:
-            consumer.close()
-    return topic_of
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
+                         "group.id": f"delayq.{settings.intake_topic}.lookup",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        consumer.assign([TopicPartition(settings.intake_topic, ipart, ioff)])
+        for msg in consumer.consume(1, timeout=10):
+            if msg.error() is None and msg.offset() == ioff:
+                return dict(msg.headers() or []).get(H.REAL_TOPIC, b"").decode() or None
+        return None
+    finally:
+        consumer.close()
 
 
 def _records(consumer, topic: str, starts, from_earliest: bool = False):

@@ -7,13 +7,14 @@ import logging
 import threading
 import time
 
+from pyspark.accumulators import AddingAccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
 from conf.settings import Settings
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id
-from sinks.kafka import Counts
 from sinks.dead_letters import dead_letter_columns
 from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.kafka.config import spark_options
@@ -29,12 +30,11 @@ def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
     transaction's ledger rows are sent again by a later one."""
     raw = (spark.readStream.format("kafka").options(**spark_options(settings))
            .option("subscribe", settings.ledger_topic).option("startingOffsets", "earliest")
-           .option("kafka.isolation.level", "read_committed")
-           .option("failOnDataLoss", "true").load())
+           .option("kafka.isolation.level", "read_committed").load())
     return raw.filter(F.length("value") > 0).select("value")
 
 
-def decoding(counts=None):
+def decoding(counts):
     """mapInArrow: the ledger rows of the records, counted into the accumulator `counts` by
     status, level and reason (rows, lateness sum and per histogram bucket)."""
     def decode(batches):
@@ -49,10 +49,10 @@ def decoding(counts=None):
             if not tables:
                 continue
             table = pa.concat_tables(tables)
-            if counts is not None and table.num_rows:
+            if table.num_rows:
                 found.extend(_count(table, pc))   # once per Arrow batch, not per record
             yield from table.to_batches()
-        if counts is not None and found:
+        if found:
             counts.add(found)
     return decode
 
@@ -80,12 +80,18 @@ class LedgerWriter:
 
         self.settings, self.checkpoint, self.metrics = settings, checkpoint, metrics
         self._schema = from_arrow_schema(ledger_schema())
-        self._counts = spark.sparkContext.accumulator([], Counts())
-        self._app_id: str | None = None
-        # A clean stop (LedgerQuery.stop): set once it began; `idle` is clear while a batch runs.
+        # A list accumulator: the tasks' lists concatenated.
+        self._counts = spark.sparkContext.accumulator([], AddingAccumulatorParam([]))
+        # A clean stop (finish): set once it began; `idle` is clear while a batch runs.
         self.stopping = False
         self.idle = threading.Event()
         self.idle.set()
+
+    def finish(self, grace_s: float = 30.0) -> None:
+        """Before the query's stop: the batch under way ends (up to `grace_s`); an interrupted
+        batch runs again at the next start (its appends are idempotent)."""
+        self.stopping = True
+        self.idle.wait(grace_s)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.idle.clear()
@@ -99,8 +105,6 @@ class LedgerWriter:
             self.idle.set()
 
     def _write(self, batch: DataFrame, batch_id: int) -> None:
-        if self._app_id is None:
-            self._app_id = query_id(self.checkpoint)
         now_ms = int(time.time() * 1000)
         self._counts.value = []
         rows = batch.mapInArrow(decoding(self._counts), self._schema)
@@ -111,17 +115,13 @@ class LedgerWriter:
         summary = self._summary(batch_id, self._counts.value)
         if summary.count("dead") and self.settings.ledger:
             # Rows the dispatch could not deliver (the real topic refused them), as they came,
-            # to the dead-letter table beside those the wheel rejected.
-            dead = (batch.mapInArrow(decoding(), self._schema).filter(F.col("status") == "dead")
-                    .select(*dead_letter_columns(batch_id)))
-            append_once(dead, str(self.settings.dead_letter_path), self._app_id, batch_id,
-                        ("dead_date",))
+            # to the dead-letter table beside those the wheel rejected (decoded again: what it
+            # adds to the counts is read no more).
+            dead = rows.filter(F.col("status") == "dead").select(*dead_letter_columns(batch_id))
+            append_once(dead, str(self.settings.dead_letter_path), query_id(self.checkpoint),
+                        batch_id, ("dead_date",))
         if self.metrics is not None:
-            self.metrics.observe_sent(summary.delivered_by_level, summary.lateness)
-            for level, n in summary.received_by_level.items():
-                self.metrics.received.labels(level=str(level)).inc(n)
-            for reason, n in summary.dead_by_reason.items():
-                self.metrics.dead.labels(reason=reason).inc(n)
+            self.metrics.observe_batch(summary)
 
     def _append(self, rows: DataFrame, batch_id: int, now_ms: int) -> None:
         append_once(rows.filter(F.col("status") == "delivered").select(
@@ -132,7 +132,7 @@ class LedgerWriter:
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.lit(now_ms).cast("long").alias("batch_time"),
             F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("sent_date")),
-            str(self.settings.ledger_path), self._app_id, batch_id, ("sent_date",),
+            str(self.settings.ledger_path), query_id(self.checkpoint), batch_id, ("sent_date",),
             merge_schema=True)   # a table from before `offset` gains it; its older rows: null
 
     @staticmethod
@@ -154,29 +154,11 @@ class LedgerWriter:
         return summary
 
 
-class LedgerQuery:
-    """The running ledger query and its writer; otherwise a StreamingQuery (its progress)."""
-
-    def __init__(self, query, writer: LedgerWriter):
-        self.query, self.writer = query, writer
-
-    def __getattr__(self, name: str):
-        return getattr(self.query, name)
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        """A clean stop: the batch under way ends (up to `grace_s`), then the query stops; an
-        interrupted batch runs again at the next start (its appends are idempotent)."""
-        self.writer.stopping = True
-        self.writer.idle.wait(grace_s)
-        self.query.stop()
-
-
 def start_ledger_query(spark: SparkSession, settings: Settings, checkpoint: str,
-                       metrics: Metrics | None, name: str) -> LedgerQuery:
+                       metrics: Metrics | None, name: str) -> tuple[StreamingQuery, LedgerWriter]:
     location = checkpoint.rstrip("/") + "-ledger"   # the ledger query's, beside the wheel's
     writer = LedgerWriter(spark, settings, location, metrics)
-    return LedgerQuery(ledger_stream(spark, settings).writeStream
-                       .queryName(name).foreachBatch(writer)
-                       .option("checkpointLocation", location)
-                       .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")
-                       .start(), writer)
+    return (ledger_stream(spark, settings).writeStream.queryName(name).foreachBatch(writer)
+            .option("checkpointLocation", location)
+            .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")
+            .start()), writer

@@ -12,9 +12,9 @@ CONNECTOR = "spark-sql-kafka-0-10_2.13-"
 REQUIRED_JARS = (CONNECTOR, "delta-spark_", "kafka-clients-")
 
 
-def spark_jars(settings: Settings, spark_version: str | None = None) -> list[Path]:
+def spark_jars(settings: Settings) -> list[Path]:
     """Refused when a required jar is missing or the Kafka connector was built for another Spark
-    than `spark_version` (default: pyspark's): Spark's internals change between releases."""
+    than pyspark's: Spark's internals change between releases."""
     folder = settings.jars_path / "spark"
     jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
     for prefix in REQUIRED_JARS:
@@ -23,8 +23,8 @@ def spark_jars(settings: Settings, spark_version: str | None = None) -> list[Pat
                 f"no {prefix}*.jar in {folder}; run deploy/setup.sh once to resolve the "
                 f"Spark jars with Maven (or set DELAYQ_JARS_DIR to a folder holding spark/)"
             )
-    if spark_version is None:
-        from pyspark import __version__ as spark_version
+    from pyspark import __version__ as spark_version
+
     connector = next(j.name for j in jars if j.name.startswith(CONNECTOR))
     if connector != f"{CONNECTOR}{spark_version}.jar":
         raise ConfigError(

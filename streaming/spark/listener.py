@@ -6,14 +6,14 @@ import logging
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from sinks.metrics import Metrics, _offsets
+from sinks.metrics import _offsets
 
 log = logging.getLogger(__name__)
 
 
 class ProgressJsonListener(StreamingQueryListener):
-    """Reads each report once as JSON for all `observers`: PySpark converts a report with a JVM
-    call per field for every listener registered."""
+    """Reads each report once as JSON for all `observers` (callables): PySpark converts a report
+    with a JVM call per field for every listener registered."""
 
     def __init__(self, query_name: str, *observers):
         self._name = query_name
@@ -25,47 +25,27 @@ class ProgressJsonListener(StreamingQueryListener):
             return
         for observer in self._observers:
             try:
-                observer.observe(progress)
+                observer(progress)
             except Exception:  # an observer's bug must never stop delivery
-                log.exception(observer.failure)
+                log.exception("could not pass a progress report to %r", observer)
 
     def onQueryStarted(self, event) -> None:
-        pass
-
-    def onQueryIdle(self, event) -> None:
         pass
 
     def onQueryTerminated(self, event) -> None:
         pass
 
 
-class ProgressMetrics:
-    failure = "could not read a progress report into metrics"
-
-    def __init__(self, metrics: Metrics, late_tolerance_ms: int, intake_topic: str,
-                 heartbeats: int | None = None):
-        self._metrics = metrics
-        self._late_tolerance_ms = late_tolerance_ms
-        self._intake = intake_topic
-        self._heartbeats = heartbeats
-
-    def observe(self, progress: dict) -> None:
-        self._metrics.observe_progress(progress, self._late_tolerance_ms, self._intake,
-                                       heartbeats=self._heartbeats)
-
-
 class OffsetMirror:
     """Committed intake offsets go to the consumer group: lag shows in Kafka tools, and a lost
     checkpoint is noticed at the next start."""
-
-    failure = "could not mirror the intake offsets to the consumer group"
 
     def __init__(self, intake_topic: str, commit):
         self._intake = intake_topic
         self._commit = commit
         self._last: dict[int, int] = {}
 
-    def observe(self, progress: dict) -> None:
+    def __call__(self, progress: dict) -> None:
         offsets: dict[int, int] = {}
         for source in progress.get("sources", []):
             offsets.update(_offsets(source.get("endOffset"), self._intake))

@@ -28,8 +28,7 @@ def build_zip(settings: Settings) -> Path:
 
 
 def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
-                   total_cores: int | None = None, run_args: list[str] | None = None,
-                   py_zip: Path | None = None) -> list[str]:
+                   total_cores: int | None = None, run_args: list[str] | None = None) -> list[str]:
     local_fs = str(local_fs_jar(settings))
     command = [
         str(spark_home() / "bin" / "spark-submit"), "--master", master,
@@ -40,7 +39,7 @@ def submit_command(settings: Settings, master: str, deploy_mode: str = "client",
         # The driver's JVM starts before the session: its options (spark_conf's in `run`) go here.
         "--driver-java-options", f"{LOG4J_OPTION} {DRIVER_STACK_OPTION}",
         "--conf", f"spark.executor.extraClassPath={local_fs}",
-        "--py-files", str(py_zip or build_zip(settings)),
+        "--py-files", str(build_zip(settings)),
         "--driver-memory", settings.spark_driver_memory,
         "--executor-memory", settings.spark_executor_memory,
         "--conf", f"spark.pyspark.python={sys.executable}",

@@ -67,7 +67,8 @@ def main() -> None:
     producer.flush(120)
     due = int((time.time() + opts.due_in_s) * 1000)
     for offset, append_ms, i in sorted(appended):   # as sinks/ready.py reference_value
-        _produce(producer, names["ready"], value=f"{due},4,0,{offset},{append_ms},u{i}".encode())
+        _produce(producer, names["ready"], key=b"0",   # one wheel batch
+                 value=f"{due},4,0,{offset},{append_ms},u{i}".encode())
     producer.flush(120)
 
     settings = load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"])

@@ -23,10 +23,6 @@ STAMP = "delayq.json"
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "timer_parts",
            "spark_shuffle_partitions", "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms",
            "dispatch_direct_max_delay_ms", "allowed_topics", "dlq_topic")
-# A stamp that lacks one of these was written under this value (fixed before it was a setting).
-FORMERLY_FIXED = {"timer_parts": 8}
-# Stamps that do not say: every delayq before the key ran Spark 4.1 or older.
-FIRST_SPARK = "4.1"
 
 
 class CheckpointError(JobError):
@@ -103,7 +99,7 @@ def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change
             f"format {STATE_FORMAT}. Let that checkpoint drain with the delayq version that "
             f"wrote it (until delayq_pending_messages is 0), then start this version on a new "
             f"checkpoint (docs/operations.md, Upgrades).")
-    was_spark = stamp.get("spark", FIRST_SPARK)
+    was_spark = stamp["spark"]   # every stamp of this format has it, and every SHAPING key
     if was_spark != spark_line():
         raise CheckpointError(
             f"checkpoint {path} was written on Spark {was_spark}; this delayq runs Spark "
@@ -111,7 +107,7 @@ def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change
             f"checkpoint drain with the delayq version that wrote it (until "
             f"delayq_pending_messages is 0), then start this version on a new intake topic "
             f"and checkpoint (docs/operations.md, Upgrades).")
-    now, was = fingerprint(settings), {**FORMERLY_FIXED, **stamp.get("settings", {})}
+    now, was = fingerprint(settings), stamp["settings"]
     moved = {key: (was[key], now[key]) for key in SHAPING if key in was and was[key] != now[key]}
     if moved and not allow_config_change:
         lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in moved.items())

@@ -14,15 +14,11 @@ def latest_batch(folder: Path) -> int | None:
     return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=None)
 
 
-def last_committed_batch(checkpoint: Path) -> int | None:
-    return latest_batch(checkpoint / "commits")
-
-
 def committed_offsets(checkpoint: Path, topic: str) -> dict[int, int]:
     """Intake partition → next offset, as of the last committed batch ({} before the first)."""
     if not (checkpoint / "offsets").is_dir():
         raise JobError(f"{checkpoint} is not a delayq checkpoint (no offsets/ folder)")
-    batch = last_committed_batch(checkpoint)
+    batch = latest_batch(checkpoint / "commits")
     if batch is None:
         return {}
     for line in (checkpoint / "offsets" / str(batch)).read_text().splitlines()[2:]:

@@ -38,10 +38,7 @@ def test_lookup_and_summary_find_delivered_pending_and_dead(job_settings, start_
     checkpoint = __import__("pathlib").Path(job.checkpoint)
 
     def found(uniq):
-        where = lookup.find(Tables(lambda: spark), uniq, settings.ledger_path,
-                            settings.dead_letter_path,
-                            checkpoint, recent=lambda key: lookup.in_topics(settings, key),
-                            topic_of=lookup.intake_topic_of(settings))
+        where = lookup.find(Tables(lambda: spark), settings, uniq, checkpoint)
         return where if where.status != "unknown" else None
 
     # Sent, its ledger row is in the ledger topic before the ledger query appends it to Delta.
@@ -183,8 +180,10 @@ def test_a_ledger_table_from_before_the_offset_column_gains_it_at_the_next_appen
     from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
 
     settings = job_settings()
-    writer = LedgerWriter(spark, settings, str(settings.data_path / "ckpt"), None)
-    writer._app_id = "upgrade-test"
+    checkpoint = settings.data_path / "ckpt"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "metadata").write_text('{"id": "upgrade-test"}\n')   # the query's id
+    writer = LedgerWriter(spark, settings, str(checkpoint), None)
 
     def decoded(keys, landed):
         acked = [(Row(1_000, 0, i, i, "orders", None, None, b"v", [], 1, 900, key), 1_005, None,

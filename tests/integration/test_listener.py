@@ -8,21 +8,11 @@ from streaming.spark.listener import ProgressJsonListener
 from tests.support import assert_eventually
 
 
-class Collect:
-    failure = "could not collect"
-
-    def __init__(self):
-        self.reports: list[dict] = []
-
-    def observe(self, progress: dict) -> None:
-        self.reports.append(progress)
-
-
 def test_a_listener_gets_its_query_reports_as_spark_json_for_each_observer(spark, work_dir):
     name = f"listened-{time.time_ns()}"
-    collected, also, elsewhere = Collect(), Collect(), Collect()
-    ours = ProgressJsonListener(name, collected, also)
-    other = ProgressJsonListener("another-query", elsewhere)
+    collected, also, elsewhere = [], [], []
+    ours = ProgressJsonListener(name, collected.append, also.append)
+    other = ProgressJsonListener("another-query", elsewhere.append)
     spark.streams.addListener(ours)
     spark.streams.addListener(other)
     query = (spark.readStream.format("rate").option("rowsPerSecond", 20).load()
@@ -30,16 +20,16 @@ def test_a_listener_gets_its_query_reports_as_spark_json_for_each_observer(spark
              .option("checkpointLocation", str(work_dir / name))
              .trigger(processingTime="500 milliseconds").start())
     try:
-        assert_eventually(lambda: len(collected.reports) >= 3, timeout_s=60,
+        assert_eventually(lambda: len(collected) >= 3, timeout_s=60,
                           message="three progress reports")
     finally:
         query.stop()
         spark.streams.removeListener(ours)
         spark.streams.removeListener(other)
-    assert not elsewhere.reports
-    assert also.reports == collected.reports[:len(also.reports)]
+    assert not elsewhere
+    assert also == collected[:len(also)]
     by_batch = {p["batchId"]: p for p in query.recentProgress}
-    for report in collected.reports:
+    for report in collected:
         assert report["name"] == name
         assert report["durationMs"]["triggerExecution"] >= 0
         assert report["sources"][0]["description"].startswith("RateStreamV2")

@@ -5,7 +5,7 @@ import time
 
 from kafka import KafkaProducer
 
-from streaming.producer import DelayProducer
+from streaming.producer import DelayProducer, Handle
 from tests.integration.conftest import Sent
 from tests.support import assert_eventually, check_deliveries, consume_all, header_map
 
@@ -68,7 +68,7 @@ def test_cancelled_messages_never_arrive_while_their_neighbours_do(
                 sent[h.uniq_key] = Sent(None, f"m{i}".encode(), [], h.due_ms)
         cancelled.append(timer)
         for h in cancelled:
-            producer.cancel(h.token())  # the string form works as well as the Handle
+            producer.cancel(Handle.parse(h.token()))  # as `delayq cancel` reads its handle
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=60, idle_s=4)
     check_deliveries(records, sent, lateness_log=lateness_log)
     assert sum(s.count("cancelled") for s in summaries) == len(cancelled)
@@ -84,7 +84,7 @@ def test_cancel_after_delivery_is_counted_and_harmless(job_settings, start_job, 
         handle = producer.send(real, b"x", level=1)
         consume_all(kafka_bootstrap, real, expected=1, timeout_s=60)
         producer.cancel(handle)
-        producer.cancel("NEVER-SENT@1700000000000@2")
+        producer.cancel(Handle.parse("NEVER-SENT@1700000000000@2"))
         later = producer.send(real, b"y", level=1)
     records = consume_all(kafka_bootstrap, real, expected=2, timeout_s=60)
     assert {header_map(r)["UNIQ_KEY"].decode() for r in records} == {handle.uniq_key, later.uniq_key}
@@ -212,7 +212,5 @@ def test_a_cancel_finds_its_timer_in_the_cold_tier_in_the_wheel_and_ahead_of_it(
     assert sum(s.count("cancelled") for s in summaries) == 3
     assert sum(s.count("cancel_unknown") for s in summaries) == 0
     for key in (waiting.uniq_key, "ahead", rolled.uniq_key):
-        where = lookup.find(Tables(lambda: spark), key, settings.ledger_path,
-                            settings.dead_letter_path,
-                            Path(job.checkpoint), settings.cold_path)
+        where = lookup.find(Tables(lambda: spark), settings, key, Path(job.checkpoint))
         assert where.status == "cancelled", (key, where)

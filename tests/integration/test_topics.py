@@ -47,28 +47,36 @@ def test_an_intake_gets_a_partition_for_the_heartbeats_after_the_levels(kafka_bo
         admin.close()
 
 
-def test_a_ledger_topic_without_log_append_time_is_altered_and_its_limit_read(
-        kafka_bootstrap, job_settings, caplog):
+def test_a_ledger_topic_without_log_append_time_is_refused_with_the_fix_and_its_limit_read(
+        kafka_bootstrap, job_settings):
     """The dispatch tasks measure their clocks by the ledger topic's LogAppendTime: one that
-    exists with CreateTime is altered at the start, and its max.message.bytes bounds the
-    tasks' ledger records."""
+    exists with CreateTime stops the start with the command that fixes it (delayq alters no
+    topic it finds); an existing one's max.message.bytes bounds the tasks' ledger records."""
+    import pytest
     from kafka.admin import NewTopic
 
+    from state.errors import JobError
     from streaming.kafka.admin import ensure_dispatch_topics, topic_config
 
-    settings = job_settings()
+    created, stamped = job_settings(), job_settings()
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     try:
-        admin.create_topics([NewTopic(settings.ledger_topic, settings.ready_partitions, 1,
-                                      topic_configs={"message.timestamp.type": "CreateTime",
+        admin.create_topics([NewTopic(created.ledger_topic, created.ready_partitions, 1,
+                                      topic_configs={"message.timestamp.type": "CreateTime"}),
+                             NewTopic(stamped.ledger_topic, stamped.ready_partitions, 1,
+                                      topic_configs={"message.timestamp.type": "LogAppendTime",
                                                      "max.message.bytes": "500000"})])
-        with caplog.at_level("WARNING", logger="streaming.kafka.admin"):
-            parts, ledger_max = ensure_dispatch_topics(settings, admin, 1_048_576)
-        assert (parts, ledger_max) == (settings.ready_partitions, 500_000)
-        assert topic_config(admin, settings.ledger_topic, "message.timestamp.type") \
-            == "LogAppendTime"
-        assert any(settings.ledger_topic in r.getMessage() and "CreateTime" in r.getMessage()
-                   for r in caplog.records), "the change is said"
+        with pytest.raises(JobError) as refused:
+            ensure_dispatch_topics(created, admin, 1_048_576)
+        said = str(refused.value)
+        assert f"topic {created.ledger_topic} has message.timestamp.type=CreateTime" in said
+        assert said.endswith(f"Fix: kafka-configs.sh --alter --entity-type topics --entity-name "
+                             f"{created.ledger_topic} --add-config "
+                             f"message.timestamp.type=LogAppendTime")
+        assert topic_config(admin, created.ledger_topic, "message.timestamp.type") \
+            == "CreateTime", "left as it was"
+        assert ensure_dispatch_topics(stamped, admin, 1_048_576) \
+            == (stamped.ready_partitions, 500_000)
     finally:
         admin.close()
 

@@ -29,7 +29,7 @@ def test_batch_counts_become_counters_and_gauges():
 
 def test_the_wheel_counts_fired_messages_and_the_ledger_query_counts_them_delivered():
     """A batch counts what it fired without calling it delivered (`delivered=False`); the
-    ledger query reports it once a dispatch task sent it (`observe_sent`)."""
+    ledger query's summary reports it once a dispatch task sent it."""
     m = fresh()
     s = BatchSummary(4)
     s.add("deliver", 2, None, 3, delivered=False)
@@ -37,9 +37,14 @@ def test_the_wheel_counts_fired_messages_and_the_ledger_query_counts_them_delive
     r = m.registry
     assert s.count("deliver") == 3
     assert r.get_sample_value("delayq_messages_delivered_total", {"level": "2"}) is None
-    cumulative = [1] * len(LATENESS_BUCKETS)
-    m.observe_sent({2: 3}, (cumulative, 3, 0.03))
+    ledger = BatchSummary(9)   # as streaming/ledger/query.py LedgerWriter._summary builds it
+    ledger.add("deliver", 2, None, 3)
+    ledger.add("tally", 1, None, 1, 2)   # read from the intake by a dispatch task itself
+    ledger.lateness = ([1] * len(LATENESS_BUCKETS), 3, 0.03)
+    m.observe_batch(ledger)
     assert r.get_sample_value("delayq_messages_delivered_total", {"level": "2"}) == 3
+    assert r.get_sample_value("delayq_messages_received_total", {"level": "1"}) == 2
+    assert r.get_sample_value("delayq_pending_messages", {"level": "1"}) == 0
     assert r.get_sample_value("delayq_delivery_lateness_seconds_count") == 3
     assert r.get_sample_value("delayq_delivery_lateness_seconds_bucket", {"le": "0.01"}) == 1
 

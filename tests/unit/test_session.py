@@ -80,7 +80,7 @@ def test_a_submitted_job_has_it_on_the_class_paths_too(tmp_path):
 
     settings = _settings(tmp_path)
     jar = str(settings.jars_path / "localfs" / "delayq-localfs.jar")
-    command = submit_command(settings, "local[1]", py_zip=tmp_path / "delayq-py.zip")
+    command = submit_command(settings, "local[1]")
     assert command[command.index("--driver-class-path") + 1] == jar
     assert f"spark.executor.extraClassPath={jar}" in command
     # So do the log4j2 configuration and the stack size spark_conf gives the driver's JVM.

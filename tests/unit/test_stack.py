@@ -48,7 +48,10 @@ def test_the_installed_pyspark_is_the_pinned_one_and_the_local_fs_its_hadoop():
 
 
 def test_a_connector_of_another_spark_is_refused_with_the_fix(tmp_path):
-    settings = load_settings(jars_dir=str(fake_jars_dir(tmp_path / "lib")))
+    lib = fake_jars_dir(tmp_path / "lib")
+    settings = load_settings(jars_dir=str(lib))
     assert spark_jars(settings)   # the installed pyspark's connector
+    connector = next((lib / "spark").glob("spark-sql-kafka-*.jar"))
+    connector.rename(connector.with_name("spark-sql-kafka-0-10_2.13-4.1.1.jar"))
     with pytest.raises(ConfigError, match="resolve the jars of deploy/maven/spark/pom.xml again"):
-        spark_jars(settings, spark_version="4.1.1")
+        spark_jars(settings)
