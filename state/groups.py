@@ -25,6 +25,10 @@ class WheelConfig:
     dlq_topic: str
     # The groups a timer slot is split into, by UNIQ_KEY (`part_of`).
     timer_parts: int
+    # The groups a level's slot is spread over (the parse; the shuffle partitions), and the
+    # longest level the dispatch tasks read from the intake themselves (-1: none), left out here.
+    spread: int
+    direct_max_delay_ms: int
     # Driver clock at query build (epoch ms; 0 = none): a new query's first watermark (Spark's is
     # 0), so a backlog's overdue messages fire in it; one value for all groups keeps due order.
     first_watermark_ms: int = 0

@@ -8,6 +8,7 @@ import functools
 import logging
 import threading
 import time
+import uuid
 from typing import Callable
 
 from pyspark.sql import SparkSession
@@ -31,7 +32,9 @@ from streaming.ledger.query import start_ledger_query
 from streaming.spark.listener import OffsetMirror, ProgressJsonListener
 from streaming.wheel.offsets import committed_offsets, latest_batch
 from streaming.wheel.schema import WITH_BODY_SPARK
-from streaming.wheel.query import pending_by_level, wheel_stream
+from streaming.stages import (dispatch_config, ledger_config_of, rules_of, supervision_of,
+                              wheel_config_of)
+from streaming.wheel.query import intake_stream, pending_by_level, wheel_stream
 from streaming.wheel.writer import BatchWriter
 
 log = logging.getLogger(__name__)
@@ -80,10 +83,11 @@ class DelayJob:
         self._step("listeners")
         intake_start = ({} if seed_batch is None or self._direct_was_on else
                         committed_offsets(store.path(self.checkpoint), self.settings.intake_topic))
+        config = dispatch_config(self.settings, uuid.uuid4().hex, largest, partitions,
+                                 intake_start, ledger_max)
         self._dispatcher = Dispatcher(
-            self.spark, self.settings, partitions, largest, ledger_max,
-            on_commits=self.metrics.set_dispatch if self.metrics else None,
-            intake_start=intake_start).start()
+            self.spark, config, supervision_of(self.settings),
+            on_commits=self.metrics.set_dispatch if self.metrics else None).start()
         self._step("dispatch")
         failure = self._start_wheel(writer, started_ms, now_ms, first_batch_timeout_s)
         if failure is not None:
@@ -91,7 +95,7 @@ class DelayJob:
             raise JobError(f"the delivery query failed in its first batch: {failure}") from None
         # After the wheel's first batch, so the two first batches do not share the cores.
         self.ledger_query, self._ledger_writer = start_ledger_query(
-            self.spark, self.settings, self.checkpoint, self.metrics,
+            self.spark, ledger_config_of(self.settings), self.checkpoint, self.metrics,
             name=f"{self.query_name}-ledger")
         self._step("ledger")
         if self.metrics is not None and seed_batch is not None:
@@ -111,10 +115,11 @@ class DelayJob:
 
     def _start_wheel(self, writer: BatchWriter, started_ms: int, now_ms: int, timeout_s: float):
         """Waits for the first batch; its error if it failed."""
-        self.query = (wheel_stream(self.spark, self.settings, overdue_before_ms=started_ms,
-                                   # the driver's clock may lead the brokers' by the tolerance
-                                   first_watermark_ms=now_ms - self.settings.clock_tolerance_ms
-                                   ).writeStream
+        # The driver's clock may lead the brokers' by the tolerance.
+        config = wheel_config_of(self.settings, now_ms - self.settings.clock_tolerance_ms)
+        self.query = (wheel_stream(intake_stream(self.spark, self.settings),
+                                   rules_of(self.settings), config, overdue_before_ms=started_ms)
+                      .writeStream
                       .queryName(self.query_name)
                       .foreachBatch(writer)
                       .option("checkpointLocation", self.checkpoint)

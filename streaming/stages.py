@@ -1,12 +1,15 @@
-"""Each stage's frozen config (parse Rules, WheelConfig, DispatchConfig), built from the settings
-in this one place."""
+"""Each stage's frozen config (the parse's Rules, the wheel's WheelConfig, the dispatch's
+DispatchConfig and Supervision, the ledger query's LedgerConfig), built from the settings in this
+one place."""
 from __future__ import annotations
 
 from conf.settings import Settings
 from state.envelope import Rules
 from state.groups import WheelConfig
 from streaming.dispatch.rules import DispatchConfig
-from streaming.kafka.config import librdkafka_config
+from streaming.dispatch.supervisor import Supervision
+from streaming.kafka.config import librdkafka_config, spark_options
+from streaming.ledger.query import LedgerConfig
 
 
 def rules_of(settings: Settings) -> Rules:
@@ -23,7 +26,9 @@ def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelCon
                        lead_per_message_us=settings.fire_lead_per_message_us,
                        watermark_delay_ms=settings.late_tolerance_ms,
                        first_watermark_ms=first_watermark_ms, dlq_topic=settings.dlq_topic,
-                       timer_parts=settings.timer_parts)
+                       timer_parts=settings.timer_parts,
+                       spread=settings.spark_shuffle_partitions,
+                       direct_max_delay_ms=settings.dispatch_direct_max_delay_ms)
 
 
 def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, partitions: int,
@@ -63,3 +68,17 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           fetch_gap=settings.dispatch_fetch_gap,
                           transactional_id=consumer["group.id"] if exactly else "",
                           offsets_interval_s=settings.dispatch_commit_interval_ms / 1000)
+
+
+def supervision_of(settings: Settings) -> Supervision:
+    return Supervision(liveness_timeout_s=settings.dispatch_liveness_timeout_ms / 1000,
+                       failure_window_s=settings.dispatch_failure_window_ms / 1000,
+                       max_failures=settings.dispatch_max_failures,
+                       restart_backoff_ms=settings.dispatch_restart_backoff_ms)
+
+
+def ledger_config_of(settings: Settings) -> LedgerConfig:
+    return LedgerConfig(source=spark_options(settings), topic=settings.ledger_topic,
+                        tables=settings.ledger, ledger_path=str(settings.ledger_path),
+                        dead_letter_path=str(settings.dead_letter_path),
+                        interval_ms=settings.ledger_interval_ms)

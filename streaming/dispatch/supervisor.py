@@ -8,15 +8,13 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections import deque
+from dataclasses import dataclass
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from conf.settings import Settings
-from streaming.dispatch.rules import READY_STOP
+from streaming.dispatch.rules import READY_STOP, DispatchConfig
 from streaming.dispatch.task import run_partition
-from streaming.stages import dispatch_config
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +28,20 @@ def failure_reason(exc: Exception) -> str:
     return said[-1] if said else (lines[0] if lines else repr(exc))
 
 
+@dataclass(frozen=True)
+class Supervision:
+    """How the driver keeps the tasks running (streaming/stages.py supervision_of)."""
+
+    liveness_timeout_s: float          # a task committing nothing this long is restarted
+    failure_window_s: float            # more than `max_failures` failures within it: give up
+    max_failures: int
+    restart_backoff_ms: tuple[int, ...]   # the wait before the first, second, ... restart
+
+
 class Dispatcher:
-    def __init__(self, spark, settings: Settings, partitions: int, max_request_bytes: int,
-                 ledger_max_bytes: int, on_commits=None,
-                 intake_start: dict[int, int] | None = None):
-        """`intake_start`: the wheel's position in the intake (the checkpoint's last committed
-        batch), where a task starts an intake partition it never committed."""
-        self.spark, self.settings, self.partitions = spark, settings, partitions
-        self.run_id = uuid.uuid4().hex
-        self.config = dispatch_config(settings, self.run_id, max_request_bytes, partitions,
-                                      intake_start or {}, ledger_max_bytes)
+    def __init__(self, spark, config: DispatchConfig, supervision: Supervision, on_commits=None):
+        self.spark, self.config, self.supervision = spark, config, supervision
+        self.partitions, self.run_id = config.ready_partitions, config.run_id
         self.failure: str | None = None
         self.restarts = 0
         self._stopping = threading.Event()
@@ -60,7 +62,7 @@ class Dispatcher:
 
     def _report(self) -> None:
         """Reports to `on_commits` and the liveness check every commit interval."""
-        interval = self.settings.dispatch_commit_interval_ms / 1000
+        interval = self.config.offsets_interval_s
         while not self._stopping.wait(interval):
             try:
                 reports = self.reports()
@@ -85,7 +87,7 @@ class Dispatcher:
         if metadata != last:
             self._beats[partition] = metadata, now
             return
-        timeout_s = self.settings.dispatch_liveness_timeout_ms / 1000
+        timeout_s = self.supervision.liveness_timeout_s
         if now - since > timeout_s and not self._stopping.is_set():
             log.warning("dispatch %d committed nothing for %.0f s (setting "
                         "dispatch_liveness_timeout); cancelling it, a new task takes over",
@@ -101,7 +103,7 @@ class Dispatcher:
             self._reader = Consumer(self.config.consumer)
         held: dict[int, int] = {}
         clocks: dict[int, int] = {}
-        for got in self._reader.committed([TopicPartition(self.settings.ready_topic, p)
+        for got in self._reader.committed([TopicPartition(self.config.ready_topic, p)
                                            for p in range(self.partitions)], timeout=10):
             self._alive(got.partition, got.metadata)
             meta = json.loads(got.metadata) if got.metadata else {}
@@ -112,17 +114,17 @@ class Dispatcher:
         return held, clocks
 
     def _group(self, partition: int) -> str:
-        return f"delayq-dispatch-{self.settings.ready_topic}-{partition}"
+        return f"delayq-dispatch-{self.config.ready_topic}-{partition}"
 
     def _supervise(self, partition: int) -> None:
         context = self.spark.sparkContext
         config = self.config
         failures: deque[float] = deque()
-        window_s = self.settings.dispatch_failure_window_ms / 1000
-        backoff_ms = self.settings.dispatch_restart_backoff_ms
+        window_s = self.supervision.failure_window_s
+        backoff_ms = self.supervision.restart_backoff_ms
         while not self._stopping.is_set():
             context.setJobGroup(self._group(partition),
-                                f"delayq: dispatch of {self.settings.ready_topic} partition "
+                                f"delayq: dispatch of {self.config.ready_topic} partition "
                                 f"{partition}", interruptOnCancel=True)
             self._beats[partition] = None, time.monotonic()
             try:
@@ -140,7 +142,7 @@ class Dispatcher:
                 failures.append(now)
                 while failures and now - failures[0] > window_s:
                     failures.popleft()
-                if len(failures) > self.settings.dispatch_max_failures:
+                if len(failures) > self.supervision.max_failures:
                     self.failure = (f"dispatch of ready partition {partition} failed "
                                     f"{len(failures)} times in {window_s:.0f} s; last: "
                                     f"{failure_reason(exc)}")
@@ -159,7 +161,7 @@ class Dispatcher:
         producer = Producer({k: v for k, v in self.config.producer.items()
                              if k != "topic.metadata.propagation.max.ms"})
         for partition in range(self.partitions):
-            producer.produce(self.settings.ready_topic, value=self.run_id.encode(),
+            producer.produce(self.config.ready_topic, value=self.run_id.encode(),
                              partition=partition, headers=[(READY_STOP, b"1")])
         producer.flush(30)
         deadline = time.monotonic() + timeout_s

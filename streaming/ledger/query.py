@@ -6,18 +6,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from pyspark.accumulators import AddingAccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from conf.settings import Settings
 from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id
 from sinks.dead_letters import dead_letter_columns
 from sinks.metrics import LATENESS_BUCKETS, Metrics
-from streaming.kafka.config import spark_options
 
 log = logging.getLogger(__name__)
 # A ledger row's group in the counts; "direct": read from the intake by the dispatch itself
@@ -25,11 +24,23 @@ log = logging.getLogger(__name__)
 _GROUP = ("status", "level", "reason", "direct")
 
 
-def ledger_stream(spark: SparkSession, settings: Settings) -> DataFrame:
+@dataclass(frozen=True)
+class LedgerConfig:
+    """The ledger query's settings (streaming/stages.py ledger_config_of)."""
+
+    source: dict            # the Spark Kafka source's options (bootstrap, security)
+    topic: str
+    tables: bool            # False: the delivery metrics only (the `ledger` setting)
+    ledger_path: str
+    dead_letter_path: str
+    interval_ms: int
+
+
+def ledger_stream(spark: SparkSession, config: LedgerConfig) -> DataFrame:
     """The ledger topic's records that hold rows (a probe is empty), read_committed: an aborted
     transaction's ledger rows are sent again by a later one."""
-    raw = (spark.readStream.format("kafka").options(**spark_options(settings))
-           .option("subscribe", settings.ledger_topic).option("startingOffsets", "earliest")
+    raw = (spark.readStream.format("kafka").options(**config.source)
+           .option("subscribe", config.topic).option("startingOffsets", "earliest")
            .option("kafka.isolation.level", "read_committed").load())
     return raw.filter(F.length("value") > 0).select("value")
 
@@ -72,13 +83,13 @@ def _count(table, pc) -> list[dict]:
 class LedgerWriter:
     """foreachBatch of the ledger query."""
 
-    def __init__(self, spark: SparkSession, settings: Settings, checkpoint: str,
+    def __init__(self, spark: SparkSession, config: LedgerConfig, checkpoint: str,
                  metrics: Metrics | None):
         from pyspark.sql.pandas.types import from_arrow_schema
 
         from streaming.ledger.records import ledger_schema
 
-        self.settings, self.checkpoint, self.metrics = settings, checkpoint, metrics
+        self.config, self.checkpoint, self.metrics = config, checkpoint, metrics
         self._schema = from_arrow_schema(ledger_schema())
         # A list accumulator: the tasks' lists concatenated.
         self._counts = spark.sparkContext.accumulator([], AddingAccumulatorParam([]))
@@ -108,17 +119,17 @@ class LedgerWriter:
         now_ms = int(time.time() * 1000)
         self._counts.value = []
         rows = batch.mapInArrow(decoding(self._counts), self._schema)
-        if not self.settings.ledger:   # the delivery metrics only
+        if not self.config.tables:   # the delivery metrics only
             rows.write.format("noop").mode("append").save()
         else:
             self._append(rows, batch_id, now_ms)
         summary = self._summary(batch_id, self._counts.value)
-        if summary.count("dead") and self.settings.ledger:
+        if summary.count("dead") and self.config.tables:
             # Rows the dispatch could not deliver (the real topic refused them), as they came,
             # to the dead-letter table beside those the wheel rejected (decoded again: what it
             # adds to the counts is read no more).
             dead = rows.filter(F.col("status") == "dead").select(*dead_letter_columns(batch_id))
-            append_once(dead, str(self.settings.dead_letter_path), query_id(self.checkpoint),
+            append_once(dead, self.config.dead_letter_path, query_id(self.checkpoint),
                         batch_id, ("dead_date",))
         if self.metrics is not None:
             self.metrics.observe_batch(summary)
@@ -132,7 +143,7 @@ class LedgerWriter:
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.lit(now_ms).cast("long").alias("batch_time"),
             F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("sent_date")),
-            str(self.settings.ledger_path), query_id(self.checkpoint), batch_id, ("sent_date",),
+            self.config.ledger_path, query_id(self.checkpoint), batch_id, ("sent_date",),
             merge_schema=True)   # a table from before `offset` gains it; its older rows: null
 
     @staticmethod
@@ -154,11 +165,11 @@ class LedgerWriter:
         return summary
 
 
-def start_ledger_query(spark: SparkSession, settings: Settings, checkpoint: str,
+def start_ledger_query(spark: SparkSession, config: LedgerConfig, checkpoint: str,
                        metrics: Metrics | None, name: str) -> tuple[StreamingQuery, LedgerWriter]:
     location = checkpoint.rstrip("/") + "-ledger"   # the ledger query's, beside the wheel's
-    writer = LedgerWriter(spark, settings, location, metrics)
-    return (ledger_stream(spark, settings).writeStream.queryName(name).foreachBatch(writer)
+    writer = LedgerWriter(spark, config, location, metrics)
+    return (ledger_stream(spark, config).writeStream.queryName(name).foreachBatch(writer)
             .option("checkpointLocation", location)
-            .trigger(processingTime=f"{settings.ledger_interval_ms} milliseconds")
+            .trigger(processingTime=f"{config.interval_ms} milliseconds")
             .start()), writer

@@ -33,6 +33,7 @@ def _train(settings: Settings, out: Path) -> None:
         from pyspark.sql import functions as F
 
         from sinks.kafka import sent_schema
+        from streaming.stages import rules_of, wheel_config_of
         from streaming.wheel.query import wheel_stream
         from streaming.wheel.writer import kept
         from streaming.wheel.schema import WHEEL_OUT_SPARK
@@ -48,7 +49,8 @@ def _train(settings: Settings, out: Path) -> None:
              .write.format("delta").mode("append").save(str(work / "sent")))
             release()
 
-        query = (wheel_stream(spark, settings, source).writeStream.foreachBatch(sink)
+        query = (wheel_stream(source, rules_of(settings), wheel_config_of(settings))
+                 .writeStream.foreachBatch(sink)
                  .option("checkpointLocation", str(work / "ckpt"))
                  .trigger(processingTime="1 second").start())
         import time

@@ -13,9 +13,10 @@ from streaming.dispatch.direct import WHEEL_HEADERS, direct_values
 from state import headers as H
 from state.parse import make_parser
 from state.columns import REFS_DDL
+from state.envelope import Rules
+from state.groups import WheelConfig
 from state.wheel import make_wheel
 from streaming.kafka.config import spark_options
-from streaming.stages import rules_of, wheel_config_of
 from streaming.wheel.schema import INDEX_ENVELOPE_SPARK, STATE_SPARK, WHEEL_OUT_SPARK
 
 log = logging.getLogger(__name__)
@@ -38,21 +39,16 @@ def intake_stream(spark: SparkSession, settings: Settings) -> DataFrame:
                                 F.unix_millis("timestamp").alias("append_ms"), "headers")
 
 
-def wheel_stream(spark: SparkSession, settings: Settings, source: DataFrame | None = None,
-                 overdue_before_ms: int = 0, first_watermark_ms: int = 0) -> DataFrame:
-    """The wheel's fired WHEEL_OUT rows. `source` replaces the intake topic; level messages due
-    before `overdue_before_ms` pass through without state; `first_watermark_ms` stands in for a
-    new query's missing watermark. Both 0: neither."""
-    spread = settings.spark_shuffle_partitions
-    source = intake_stream(spark, settings) if source is None else source
-    rules = rules_of(settings)
-    direct = direct_values(rules, settings.dispatch_direct_max_delay_ms)
+def wheel_stream(source: DataFrame, rules: Rules, config: WheelConfig,
+                 overdue_before_ms: int = 0) -> DataFrame:
+    """The wheel's fired WHEEL_OUT rows from `source` (`intake_stream`); level messages due
+    before `overdue_before_ms` (0: none) pass through without state."""
+    direct = direct_values(rules, config.direct_max_delay_ms)
     parsed = index_of(source.filter(~direct_column(direct)) if direct else source).mapInArrow(
-        make_parser(rules, settings.slot_ms, spread, overdue_before_ms=overdue_before_ms),
+        make_parser(rules, config.slot_ms, config.spread, overdue_before_ms=overdue_before_ms),
         INDEX_ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))
-             .withWatermark("event_time", f"{settings.late_tolerance_ms} milliseconds"))
-    config = wheel_config_of(settings, first_watermark_ms)
+             .withWatermark("event_time", f"{config.watermark_delay_ms} milliseconds"))
     return timed.groupBy("bucket", "slot").applyInPandasWithState(
         make_wheel(config), WHEEL_OUT_SPARK, STATE_SPARK, "append",
         GroupStateTimeout.EventTimeTimeout)

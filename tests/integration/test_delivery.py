@@ -443,13 +443,16 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
     # with the same ids.
     from pyspark.sql import functions as F
 
-    from streaming.wheel.query import wheel_stream
+    from streaming.stages import rules_of, wheel_config_of
+    from streaming.wheel.query import intake_stream, wheel_stream
 
     fired: list = []
     now_ms = int(time.time() * 1000)
     # The wheel alone, every level through it (the dispatch tasks read level 0 themselves).
     alone = settings.model_copy(update={"dispatch_direct_max_delay_ms": -1})
-    query = (wheel_stream(spark, alone, overdue_before_ms=now_ms, first_watermark_ms=now_ms)
+    query = (wheel_stream(intake_stream(spark, alone), rules_of(alone),
+                          wheel_config_of(alone, first_watermark_ms=now_ms),
+                          overdue_before_ms=now_ms)
              .writeStream.queryName(f"replay-{settings.intake_topic}")
              .foreachBatch(lambda batch, _: fired.extend(
                  r.uniq_key for r in batch.filter(F.col("kind") == "deliver")

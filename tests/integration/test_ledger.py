@@ -148,6 +148,7 @@ def test_the_ledger_query_reads_only_what_committed_transactions_sent(
     from confluent_kafka import Producer
 
     from streaming.ledger.query import ledger_stream
+    from streaming.stages import ledger_config_of
 
     settings = job_settings()
     new_topic(name=settings.ledger_topic, **LOG_APPEND)
@@ -160,7 +161,8 @@ def test_the_ledger_query_reads_only_what_committed_transactions_sent(
         producer.flush(30)   # in the log before the abort, as a killed task's records are
         producer.commit_transaction(30) if commit else producer.abort_transaction(30)
     table = f"ledger_{settings.ledger_topic}".replace("-", "_").replace(".", "_")
-    query = (ledger_stream(spark, settings).writeStream.format("memory").queryName(table)
+    query = (ledger_stream(spark, ledger_config_of(settings)).writeStream.format("memory")
+             .queryName(table)
              .option("checkpointLocation", str(work_dir / "ledger-read"))
              .trigger(availableNow=True).start())
     query.awaitTermination(120)
@@ -177,13 +179,14 @@ def test_a_ledger_table_from_before_the_offset_column_gains_it_at_the_next_appen
 
     from streaming.dispatch.rules import Row
     from streaming.ledger.query import LedgerWriter
+    from streaming.stages import ledger_config_of
     from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
 
     settings = job_settings()
     checkpoint = settings.data_path / "ckpt"
     checkpoint.mkdir(parents=True)
     (checkpoint / "metadata").write_text('{"id": "upgrade-test"}\n')   # the query's id
-    writer = LedgerWriter(spark, settings, str(checkpoint), None)
+    writer = LedgerWriter(spark, ledger_config_of(settings), str(checkpoint), None)
 
     def decoded(keys, landed):
         acked = [(Row(1_000, 0, i, i, "orders", None, None, b"v", [], 1, 900, key), 1_005, None,

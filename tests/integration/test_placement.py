@@ -11,7 +11,8 @@ from pyspark.sql import functions as F
 from state.placement import partition_of
 from state.wheel import part_of
 from streaming.kafka.admin import ensure_topics
-from streaming.wheel.query import wheel_stream
+from streaming.stages import rules_of, wheel_config_of
+from streaming.wheel.query import intake_stream, wheel_stream
 from streaming.producer import DelayProducer
 
 
@@ -46,7 +47,8 @@ def test_immediate_messages_are_spread_over_every_state_partition(spark, job_set
         seen.extend(batch.filter(F.col("kind") == "deliver")
                     .select("uniq_key", F.spark_partition_id().alias("p")).collect())
 
-    query = (wheel_stream(spark, settings).writeStream.foreachBatch(collect)
+    query = (wheel_stream(intake_stream(spark, settings), rules_of(settings),
+                          wheel_config_of(settings)).writeStream.foreachBatch(collect)
              .option("checkpointLocation", str(work_dir / f"ckpt-{uuid.uuid4().hex[:8]}"))
              .trigger(processingTime="0 seconds").start())
     try:
@@ -83,7 +85,8 @@ def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job
         seen.extend(batch.filter(F.col("kind") == "deliver")
                     .select("uniq_key", F.spark_partition_id().alias("p")).collect())
 
-    query = (wheel_stream(spark, settings, first_watermark_ms=due_ms + 60_000)
+    query = (wheel_stream(intake_stream(spark, settings), rules_of(settings),
+                          wheel_config_of(settings, first_watermark_ms=due_ms + 60_000))
              .writeStream.foreachBatch(collect)
              .option("checkpointLocation", str(work_dir / f"ckpt-{uuid.uuid4().hex[:8]}"))
              .trigger(processingTime="0 seconds").start())
