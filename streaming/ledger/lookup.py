@@ -123,7 +123,7 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
                 continue
             row = ready_row(msg.offset(), msg.value())
             if row.uniq_key == uniq_key:   # a reference: its topic is in its intake record
-                row.topic = intake_topic_of(settings, row.ipart, row.ioff)
+                row.topic = intake_topic_of(settings, row.ipart, row.ioff) or "-"
                 return _pending_at(row, where=f"the ready topic, partition {msg.partition()}")
         return _in_intake(consumer, settings, uniq_key)
     finally:

@@ -599,7 +599,7 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     refs.append(("m-nowhere", 3, 0, records[0][1]))   # a partition the intake does not have
     ready = Producer({"bootstrap.servers": kafka_bootstrap})   # as the wheel writes them: no body
     for uniq, part, offset, append in refs:
-        ready.produce(config.ready_topic, partition=0,
+        ready.produce(config.ready_topic, partition=0, key=b"0",   # one wheel batch
                       value=f"{due},1,{part},{offset},{append},{uniq}".encode())
     ready.flush(30)
 
