@@ -17,8 +17,7 @@ _COUNTED_KINDS = ("deliver", "cold", "cancelled", "cancel_unknown")
 def reference_value() -> F.Column:
     """A fired reference as the dispatch reads it (streaming/dispatch/rules.py ready_row): one
     record value, "<due ms>,<level>,<intake partition>,<intake offset>,<append ms>,<UNIQ_KEY>",
-    keyed by the wheel's batch id (`Refired` finds a replayed batch's copies by it), no header
-    (one split to read; four headers cost the task a third of its read)."""
+    keyed by batch id (`Refired`), no header (four headers cost the task a third of its read)."""
     return F.encode(F.concat_ws(",", *(F.col(name).cast("string") for name in (
         "due_ms", "level", "ipart", "ioff", "append_ms", "uniq_key"))), "UTF-8")
 
