@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import cached_property
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
@@ -86,8 +87,13 @@ class ColdTier:
                 summary.recount("cancel_unknown", "cancel_parked", batch.filter(waiting).count())
         rows = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
         # One append for the batch: a second one with the same txnVersion would be skipped.
-        append_once(rows, self.path, query_id(self.checkpoint), summary.batch_id, ("due_bucket",),
+        append_once(rows, self.path, self._query_id, summary.batch_id, ("due_bucket",),
                     merge_schema=True)
+
+    @cached_property
+    def _query_id(self) -> str:
+        """Read at the first append (the query writes its metadata at its start), then kept."""
+        return query_id(self.checkpoint)
 
     def advance(self, summary: BatchSummary) -> int:
         """Roll every bucket now within the horizon in one table read and one intake write;

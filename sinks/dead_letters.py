@@ -1,6 +1,7 @@
 """The dead-letter table: every record the wheel rejected, beside the dead-letter topic."""
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 
 from pyspark.sql import DataFrame
@@ -26,6 +27,11 @@ class DeadLetterTable:
     def __init__(self, path: str | Path, checkpoint: str | Path):
         self.path, self._checkpoint = str(path), checkpoint
 
+    @cached_property
+    def _query_id(self) -> str:
+        """Read at the first append (the query writes its metadata at its start), then kept."""
+        return query_id(self._checkpoint)
+
     def ensure_table(self, spark, sent_schema) -> None:
         """Create the empty table before the first batch, so that batch pays no table creation."""
         if not table_exists(self.path):
@@ -35,4 +41,4 @@ class DeadLetterTable:
     def write_batch(self, dead: DataFrame, batch_id: int) -> None:
         """The batch's dead rows (WITH_BODY and `sent_ms`)."""
         append_once(dead.select(*dead_letter_columns(batch_id)), self.path,
-                    query_id(self._checkpoint), batch_id, ("dead_date",))
+                    self._query_id, batch_id, ("dead_date",))

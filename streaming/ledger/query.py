@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 from pyspark.accumulators import AddingAccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
@@ -98,6 +99,11 @@ class LedgerWriter:
         self.idle = threading.Event()
         self.idle.set()
 
+    @cached_property
+    def _query_id(self) -> str:
+        """Read at the first append (the query writes its metadata at its start), then kept."""
+        return query_id(self.checkpoint)
+
     def finish(self, grace_s: float = 30.0) -> None:
         """Before the query's stop: the batch under way ends (up to `grace_s`); an interrupted
         batch runs again at the next start (its appends are idempotent)."""
@@ -129,7 +135,7 @@ class LedgerWriter:
             # to the dead-letter table beside those the wheel rejected (decoded again: what it
             # adds to the counts is read no more).
             dead = rows.filter(F.col("status") == "dead").select(*dead_letter_columns(batch_id))
-            append_once(dead, self.config.dead_letter_path, query_id(self.checkpoint),
+            append_once(dead, self.config.dead_letter_path, self._query_id,
                         batch_id, ("dead_date",))
         if self.metrics is not None:
             self.metrics.observe_batch(summary)
@@ -143,7 +149,7 @@ class LedgerWriter:
             F.lit(batch_id).cast("long").alias("batch_id"),
             F.lit(now_ms).cast("long").alias("batch_time"),
             F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("sent_date")),
-            self.config.ledger_path, query_id(self.checkpoint), batch_id, ("sent_date",),
+            self.config.ledger_path, self._query_id, batch_id, ("sent_date",),
             merge_schema=True)   # a table from before `offset` gains it; its older rows: null
 
     @staticmethod
