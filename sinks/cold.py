@@ -18,6 +18,7 @@ from sinks.delta import append_once, query_id, table_exists
 from sinks.kafka import appended_headers, header_struct
 from state import headers as H
 from state.columns import TOMBSTONE, WITH_BODY
+from state.seal import LENGTH
 from state.timing import bucket_start
 
 COLUMNS = ("uniq_key", "topic", "partition", "key", "value", "headers", "level", "due_ms",
@@ -31,11 +32,11 @@ _TOMBSTONE_KEEPS = ("uniq_key", "level", "due_ms", "append_ms", "ipart", "ioff")
 class ColdTier:
     def __init__(self, spark: SparkSession, path: Path, checkpoint: str, intake_topic: str,
                  intake_partitions: int, kafka_options: dict[str, str], bucket_ms: int,
-                 horizon_ms: int, clock=time.time):
+                 horizon_ms: int, seal_key: str, clock=time.time):
         self.spark, self.path, self.checkpoint = spark, str(path), checkpoint
         self.intake, self.partitions = intake_topic, max(1, intake_partitions)
         self.options, self.bucket_ms, self.horizon_ms = kafka_options, bucket_ms, horizon_ms
-        self.clock = clock
+        self.clock, self._seal_key = clock, seal_key
         self.marker = store.path(checkpoint) / "cold" / "loaded_until"
 
     # The marker: every bucket up to and including it is in the wheel.
@@ -132,9 +133,18 @@ class ColdTier:
             header_struct(H.REAL_QID, F.col("partition").cast("string")),
             header_struct(H.UNIQ_KEY, F.col("uniq_key")),
             header_struct(H.TIMER_DELIVER_MS, F.col("due_ms").cast("string")),
-            header_struct(H.ROLLED, F.col("level").cast("string")))
+            header_struct(H.ROLLED, F.concat(F.col("level").cast("string"), F.lit(":"),
+                                             self._sealed())))
         partition = F.when(F.col("level") > 0, F.pmod(F.col("level") - 1, F.lit(self.partitions))) \
             .otherwise(F.pmod(F.hash("uniq_key"), F.lit(self.partitions)))
         (rows.select(F.lit(self.intake).alias("topic"), partition.cast("int").alias("partition"),
                      "key", "value", headers.alias("headers"))
          .write.mode("append").format("kafka").options(**self.options).save())
+
+    def _sealed(self) -> F.Column:
+        """state/seal.py `seal` of `rolled_text` (level, due time, UNIQ_KEY), in Spark SQL."""
+        def sha(*parts: F.Column) -> F.Column:
+            return F.sha2(F.concat(F.lit(f"{self._seal_key}:"), *parts), 256)
+        return F.substring(sha(sha(F.col("level").cast("string"), F.lit(":"),
+                                   F.col("due_ms").cast("string"), F.lit(":"), "uniq_key")),
+                           1, LENGTH)

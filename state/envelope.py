@@ -3,17 +3,21 @@ Pure Python, unit-tested without Spark; state/parse.py applies these rules to Ar
 from __future__ import annotations
 
 import re
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from enum import Enum
 
 from state import headers as H
 from state.levels import clamp_level
 from state.reasons import reason
+from state.seal import HEARTBEAT_TEXT, is_sealed, rolled_text
 from state.timing import beyond_max_delay, correct_deliver_timestamps, in_the_past, is_cold
 
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-_INTEGER = re.compile(r"[+-]?\d{1,19}")
+# Integers as Spark and Kafka's Java clients read them, and no wider than a long: ASCII digits
+# only (Python's \\d takes "٣"), no spaces, no "+".
+_INTEGER = re.compile(r"-?[0-9]{1,19}")
+_LONG = 2**63
 
 Header = tuple[str, bytes | None]
 
@@ -42,6 +46,11 @@ class Rules:
     cold_bucket_ms: int
     # The groups a timer slot is split into, by UNIQ_KEY (state/groups.py part_of).
     timer_parts: int
+    # The checkpoint's key for the service's own records (state/seal.py): never shown.
+    seal_key: str = field(repr=False)
+    # Per intake partition, the offset below which an older delayq's unsealed marker is still
+    # honoured (streaming/wheel/checkpoint.py seal_of): what it wrote before this one started.
+    unsealed_before: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -77,11 +86,16 @@ def _text(name: str, raw: bytes | None) -> str:
         raise BadInput("not_utf8", f"header {name} is not valid UTF-8") from None
 
 
-def _integer(name: str, raw: bytes | None) -> int:
-    text = _text(name, raw).strip()
+def _integer(name: str, raw: bytes | None, text: str | None = None) -> int:
+    """The header's value (or `text`, a part of it) as a long."""
+    text = _text(name, raw) if text is None else text
     if not _INTEGER.fullmatch(text):
-        raise BadInput("not_an_integer", f"header {name}={text[:64]!r} is not an integer")
-    return int(text)
+        raise BadInput("not_an_integer", f"header {name}={text[:64]!r} is not an integer "
+                       f"(ASCII digits, no spaces)")
+    value = int(text)
+    if not -_LONG <= value < _LONG:
+        raise BadInput("out_of_range", f"header {name}={text!r} does not fit a 64-bit integer")
+    return value
 
 
 def topic_refusal(topic: str, rules: Rules) -> tuple[str, str] | None:
@@ -133,22 +147,54 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
                 return Envelope(Kind.DEAD, default_key,
                                 reason=reason("duplicate_header", f"header {name} appears twice"))
             control[name] = value
-    if H.HEARTBEAT in control:
-        return Envelope(Kind.HEARTBEAT, default_key)
+    older = partition < len(rules.unsealed_before) and offset < rules.unsealed_before[partition]
     uniq = default_key   # a dead letter's too, unless its own UNIQ_KEY is good
     try:
+        if H.HEARTBEAT in control:
+            return _heartbeat(control, default_key, rules, older)
         if H.UNIQ_KEY in control:
             key = _text(H.UNIQ_KEY, control[H.UNIQ_KEY]).strip()
             if not key:
                 raise BadInput("empty_header", "header UNIQ_KEY is empty")
             uniq = key
-        return _parse_control(control, uniq, append_ms, rules, now_ms)
+        return _parse_control(control, uniq, append_ms, rules, now_ms, older)
     except BadInput as bad:
         return Envelope(Kind.DEAD, uniq, reason=bad.reason)
 
 
+def _forged(name: str) -> BadInput:
+    return BadInput("forged_header", f"header {name} is the service's own, and this record does "
+                    f"not carry the service's seal: producers may not write it")
+
+
+def _heartbeat(control: dict[str, bytes | None], uniq: str, rules: Rules, older: bool) -> Envelope:
+    """The job's own clock tick (streaming/wheel/heartbeat.py): a sealed value, nothing else."""
+    value = _text(H.HEARTBEAT, control[H.HEARTBEAT])
+    if len(control) > 1 or not (is_sealed(rules.seal_key, HEARTBEAT_TEXT, value)
+                                or older and value == "1"):
+        raise _forged(H.HEARTBEAT)
+    return Envelope(Kind.HEARTBEAT, uniq)
+
+
+def _rolled(control: dict[str, bytes | None], uniq: str, append_ms: int, rules: Rules,
+            older: bool) -> tuple[Kind, int, int]:
+    """A message the cold tier rolled back onto the intake (sinks/cold.py roll), placed by the
+    level and due time it sealed: (kind, level, due)."""
+    text, _, claimed = _text(H.ROLLED, control[H.ROLLED]).partition(":")
+    if not (claimed or older):
+        raise _forged(H.ROLLED)
+    level = _integer(H.ROLLED, None, text)
+    due = _integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS))
+    if not (is_sealed(rules.seal_key, rolled_text(level, due, uniq), claimed)
+            or older and not claimed) or (level != TIMER_LEVEL and level < 1):
+        raise _forged(H.ROLLED)
+    if level > 0:
+        level = clamp_level(level, len(rules.level_delays_ms))
+    return Kind.DELAY if due > append_ms else Kind.NOW, level, due
+
+
 def _parse_control(control: dict[str, bytes | None], uniq: str, append_ms: int, rules: Rules,
-                   now_ms: int) -> Envelope:
+                   now_ms: int, older: bool) -> Envelope:
     present = [name for name in H.DELAY_HEADERS if name in control]
     if H.TIMER_DEL_UNIQKEY in control:
         return _cancel(control, present, uniq, append_ms, rules, now_ms)
@@ -166,9 +212,7 @@ def _parse_control(control: dict[str, bytes | None], uniq: str, append_ms: int, 
         if qid < 0 or qid > 2**31 - 1:
             raise BadInput("not_a_partition", f"header REAL_QID={qid} is not a partition number")
     if H.ROLLED in control:
-        level = _integer(H.ROLLED, control[H.ROLLED])
-        due = _integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS, b"0"))
-        kind = Kind.DELAY if due > append_ms else Kind.NOW
+        kind, level, due = _rolled(control, uniq, append_ms, rules, older)
         return Envelope(kind, uniq, topic, qid, level, due, rolled=True)
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
@@ -182,6 +226,8 @@ def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, app
     """A cancel names its target (TIMER_DEL_UNIQKEY), its level (DELAY; none for a timer) and due
     time (TIMER_DELIVER_MS). With only its original delay header it is placed by that alone,
     which finds timers with an absolute time; for levels the client always sends the due time."""
+    if H.ROLLED in control:   # the cold tier rolls messages, never cancels
+        raise _forged(H.ROLLED)
     target = _text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
     if not target:
         raise BadInput("empty_header", "header TIMER_DEL_UNIQKEY is empty")
@@ -190,9 +236,19 @@ def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, app
     if H.TIMER_DELIVER_MS in present:
         level = _level(control, rules) if H.DELAY in present else TIMER_LEVEL
         due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
+        # No target can be due then: not before the epoch, not beyond the maximum delay.
+        if due < 0:
+            raise BadInput("negative", f"header {H.TIMER_DELIVER_MS}={due} is negative")
+        if beyond_max_delay(due, append_ms, rules.max_delay_ms):
+            raise _beyond_max_delay(H.TIMER_DELIVER_MS, due, rules)
     else:
         level, due = _due(control, present, append_ms, rules, now_ms)
     return Envelope(Kind.CANCEL, uniq, level=level, due_ms=due, cancel_key=target)
+
+
+def _beyond_max_delay(name: str, value: int, rules: Rules) -> BadInput:
+    return BadInput("beyond_max_delay", f"header {name}={value} is beyond the maximum delay of "
+                    f"{rules.max_delay_ms // 1000} s (setting max_delay)")
 
 
 def _level(control: dict[str, bytes | None], rules: Rules) -> int:
@@ -224,8 +280,7 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
     else:
         due = append_ms + value * (1000 if name == H.TIMER_DELAY_SEC else 1)
     if beyond_max_delay(due, append_ms, rules.max_delay_ms):
-        raise BadInput("beyond_max_delay", f"header {name}={value} is beyond the maximum delay of "
-                       f"{rules.max_delay_ms // 1000} s (setting max_delay)")
+        raise _beyond_max_delay(name, value, rules)
     if in_the_past(due, append_ms, rules.clock_tolerance_ms):
         raise BadInput("timer_in_past",
                        f"header {name}={value} is {(append_ms - due) // 1000} s in the past, more "

@@ -19,3 +19,7 @@ class JobError(DelayqError):
 
 class DispatchError(DelayqError):
     """A dispatch task cannot go on (its supervisor starts it again); the message says why."""
+
+
+class ParseError(DelayqError):
+    """A batch of intake records could not be parsed as a whole; the message names them."""

@@ -3,6 +3,7 @@ groups. The wheel's parse gets no body and returns INDEX_ENVELOPE; the dispatch 
 key and value through and returns ENVELOPE. Only `state.envelope`'s rules run per row."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Iterator
 
@@ -12,8 +13,10 @@ import pyarrow.compute as pc
 
 from state import headers as H
 from state.columns import ENVELOPE, INDEX_ENVELOPE
-from state.envelope import Kind, Rules, parse
+from state.envelope import Envelope, Kind, Rules, default_uniq_key, parse
 from state.common import common_rows
+from state.errors import ParseError
+from state.reasons import reason
 from state.wheel import group_of
 from state.worker import settle
 
@@ -22,6 +25,10 @@ _CONTROL = pa.array(sorted(H.CONTROL_HEADERS), pa.string())
 _ENVELOPE_FIELDS = {"level": "level", "due_ms": "due_ms", "uniq_key": "uniq_key",
                     "topic": "real_topic", "qid": "real_qid", "reason": "reason",
                     "cancel_key": "cancel_key", "rolled": "rolled"}
+# Bits of the integer ENVELOPE columns a per-row decision fills.
+_BITS = {"level": 32, "qid": 32, "bucket": 32, "due_ms": 64, "slot": 64}
+
+log = logging.getLogger(__name__)
 
 
 def _flat_headers(headers: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
@@ -43,20 +50,39 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
     ipart, ioff, append = (numbers[name].tolist() for name in ("ipart", "ioff", "append_ms"))
     for i in rows:
         a, b = starts[i], starts[i + 1]
-        env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
-                    rules, now_ms)
-        kind = env.kind
-        if kind == Kind.DELAY and env.level > 0 and not env.rolled \
-                and env.due_ms < overdue_before_ms:
-            kind = Kind.NOW
-        cols["bucket"][i], cols["slot"][i] = group_of(
-            kind, env.level, env.due_ms, ioff[i], slot_ms, spread,
-            env.cancel_key if kind == Kind.CANCEL else env.uniq_key, timer_parts=rules.timer_parts)
+        try:
+            env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
+                        rules, now_ms)
+            kind = env.kind
+            if kind == Kind.DELAY and env.level > 0 and not env.rolled \
+                    and env.due_ms < overdue_before_ms:
+                kind = Kind.NOW
+            cols["bucket"][i], cols["slot"][i] = group_of(
+                kind, env.level, env.due_ms, ioff[i], slot_ms, spread,
+                env.cancel_key if kind == Kind.CANCEL else env.uniq_key,
+                timer_parts=rules.timer_parts)
+            _fits(env, cols["bucket"][i], cols["slot"][i])
+        except Exception as exc:   # one record's fault is its dead letter, never the batch's
+            log.exception("intake record %d:%d: the parse failed", ipart[i], ioff[i])
+            env = Envelope(Kind.DEAD, default_uniq_key(ipart[i], ioff[i]), reason=reason(
+                "unparsable", f"the parse failed on this record ({type(exc).__name__}: "
+                f"{str(exc)[:200]}); please report it"))
+            kind = Kind.DEAD
+            cols["bucket"][i], cols["slot"][i] = group_of(kind, 0, 0, ioff[i], slot_ms, spread,
+                                                          timer_parts=rules.timer_parts)
         cols["kind"][i] = kind.value
         for column, attr in _ENVELOPE_FIELDS.items():
             cols[column][i] = getattr(env, attr)
         dead[i] = env.kind == Kind.DEAD
     return dead
+
+
+def _fits(env: Envelope, bucket: int, slot: int) -> None:
+    """Raises unless every number fits its ENVELOPE column."""
+    for name, value in (("level", env.level), ("qid", env.real_qid), ("bucket", bucket),
+                        ("due_ms", env.due_ms), ("slot", slot)):
+        if value is not None and not -2 ** (_BITS[name] - 1) <= value < 2 ** (_BITS[name] - 1):
+            raise ValueError(f"{name} {value} does not fit {_BITS[name]} bits")
 
 
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
@@ -88,7 +114,20 @@ def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
     slow[taken] = False
     dead = _per_row(np.flatnonzero(slow).tolist(), cols, starts, names, values, numbers, rules,
                     slot_ms, spread, now_ms, overdue_before_ms)
-    return _envelopes(batch, cols, ~control | dead[row_of], row_of, names, values)
+    try:
+        return _envelopes(batch, cols, ~control | dead[row_of], row_of, names, values)
+    except (pa.ArrowException, OverflowError, ValueError) as exc:
+        raise ParseError(
+            f"the parse of intake records {_positions(numbers)} failed as a whole ({exc}). No "
+            f"rule of one record explains it, so the job stops rather than skip them; they "
+            f"stay in the intake. Report it with these positions.") from exc
+
+
+def _positions(numbers: dict[str, np.ndarray]) -> str:
+    """The batch's records as partition:first-last offsets."""
+    return ", ".join(f"{p}:{numbers['ioff'][numbers['ipart'] == p].min()}-"
+                     f"{numbers['ioff'][numbers['ipart'] == p].max()}"
+                     for p in np.unique(numbers["ipart"]))
 
 
 def _envelopes(batch: pa.RecordBatch, cols: dict[str, np.ndarray], user: np.ndarray,

@@ -7,7 +7,11 @@ LABELS = frozenset({
     # the wheel's parse (state/envelope.py)
     "missing_real_topic", "illegal_topic", "topic_not_allowed", "no_value", "not_utf8",
     "not_an_integer", "negative", "not_a_partition", "empty_header", "duplicate_header",
-    "several_delay_headers", "beyond_max_delay", "timer_in_past",
+    "several_delay_headers", "beyond_max_delay", "timer_in_past", "out_of_range",
+    # a service header (DELAYQ_ROLLED, DELAYQ_HEARTBEAT) without the service's seal (state/seal.py)
+    "forged_header",
+    # a record the parse failed on for a reason no rule names (state/parse.py): a bug to report
+    "unparsable",
     # a send the real topic refused (streaming/dispatch/rules.py, by librdkafka's error code)
     "unknown_topic", "partition_out_of_range", "too_large", "not_authorized", "invalid_record",
     # a reference whose intake record is gone or replaced (streaming/dispatch/bodies.py)

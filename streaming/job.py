@@ -57,6 +57,7 @@ class DelayJob:
         self.startup_s: dict[str, float] = {}   # seconds per start-up step, in order
         self.first_batch_s: dict[str, float] = {}
         self._direct_was_on = False   # see streaming/wheel/checkpoint.py direct_was_on
+        self._rules = None   # the parse's, with the checkpoint's seal (after its check)
         self.query = self.ledger_query = self._ledger_writer = self._admin = None
         self._listener = self._heartbeat = self._seeder = None
         self._writer: BatchWriter | None = None
@@ -84,7 +85,7 @@ class DelayJob:
         intake_start = ({} if seed_batch is None or self._direct_was_on else
                         committed_offsets(store.path(self.checkpoint), self.settings.intake_topic))
         config = dispatch_config(self.settings, uuid.uuid4().hex, largest, partitions,
-                                 intake_start, ledger_max)
+                                 intake_start, ledger_max, rules=self._rules)
         self._dispatcher = Dispatcher(
             self.spark, config, supervision_of(self.settings),
             on_commits=self.metrics.set_dispatch if self.metrics else None).start()
@@ -118,7 +119,7 @@ class DelayJob:
         # The driver's clock may lead the brokers' by the tolerance.
         config = wheel_config_of(self.settings, now_ms - self.settings.clock_tolerance_ms)
         self.query = (wheel_stream(intake_stream(self.spark, self.settings),
-                                   rules_of(self.settings), config, overdue_before_ms=started_ms)
+                                   self._rules, config, overdue_before_ms=started_ms)
                       .writeStream
                       .queryName(self.query_name)
                       .foreachBatch(writer)
@@ -144,7 +145,10 @@ class DelayJob:
         now_ms = int(time.time() * 1000)
         started_ms = ckpt.started_ms(self.checkpoint, verdict, now_ms)
         self._direct_was_on = ckpt.direct_was_on(self.checkpoint, verdict)
-        ckpt.write_stamp(self.settings, self.checkpoint, started_ms)
+        seal = ckpt.seal_of(self.checkpoint, verdict, lambda: kadmin.end_offsets(
+            self._admin, self.settings.intake_topic))
+        self._rules = rules_of(self.settings, *seal)
+        ckpt.write_stamp(self.settings, self.checkpoint, started_ms, seal)
         return started_ms, now_ms
 
     def _batch_writer(self, partitions: int, largest: int) -> BatchWriter:
@@ -158,7 +162,8 @@ class DelayJob:
                         kadmin.topic_partitions(self._admin, [intake])[intake]
                         or len(self.settings.level_delays_ms),
                         spark_options(self.settings), self.settings.cold_bucket_ms,
-                        self.settings.near_horizon_ms + self.settings.clock_tolerance_ms)
+                        self.settings.near_horizon_ms + self.settings.clock_tolerance_ms,
+                        self._rules.seal_key)
         observers = [h for h in (self.metrics.observe_batch if self.metrics else None,
                                  self._on_batch) if h]
         writer = BatchWriter(kafka, (intake, spark_options(self.settings), self.settings.dlq_topic),
@@ -178,7 +183,7 @@ class DelayJob:
                 heartbeats=self.settings.heartbeat_partition))
         self._listener = ProgressJsonListener(self.query_name, *observers)
         self.spark.streams.addListener(self._listener)
-        self._heartbeat = Heartbeat(self.settings)
+        self._heartbeat = Heartbeat(self.settings, self._rules.seal_key)
         self._heartbeat.start()
 
     def failure(self) -> str | None:

@@ -12,13 +12,16 @@ from streaming.kafka.config import librdkafka_config, spark_options
 from streaming.ledger.query import LedgerConfig
 
 
-def rules_of(settings: Settings) -> Rules:
+def rules_of(settings: Settings, seal_key: str, unsealed_before: tuple[int, ...] = ()) -> Rules:
+    """`seal_key`, `unsealed_before`: the checkpoint's (streaming/wheel/checkpoint.py seal_of);
+    a tool that reads no service record passes any key."""
     return Rules(level_delays_ms=settings.level_delays_ms, intake_topic=settings.intake_topic,
                  dlq_topic=settings.dlq_topic, allowed_topics=settings.allowed_topic_set,
                  max_delay_ms=settings.max_delay_ms,
                  clock_tolerance_ms=settings.clock_tolerance_ms,
                  near_horizon_ms=settings.near_horizon_ms, cold_bucket_ms=settings.cold_bucket_ms,
-                 timer_parts=settings.timer_parts)
+                 timer_parts=settings.timer_parts, seal_key=seal_key,
+                 unsealed_before=unsealed_before)
 
 
 def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelConfig:
@@ -32,8 +35,10 @@ def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelCon
 
 
 def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, partitions: int,
-                    intake_start: dict[int, int], ledger_max_bytes: int) -> DispatchConfig:
-    """`max_request_bytes`: largest record sent; `ledger_max_bytes`: ledger max.message.bytes."""
+                    intake_start: dict[int, int], ledger_max_bytes: int, *,
+                    rules: Rules) -> DispatchConfig:
+    """`max_request_bytes`: largest record sent; `ledger_max_bytes`: ledger max.message.bytes;
+    `rules`: the wheel's (`rules_of`)."""
     consumer = {"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                 "group.id": f"delayq.{settings.intake_topic}.dispatch",
                 # fetch.wait.max.ms stays 500: shorter waits cost the broker 1/5 core when idle.
@@ -62,7 +67,7 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           ledger_bytes=min(ledger_max_bytes, max_request_bytes),
                           clock_tolerance_ms=settings.clock_tolerance_ms,
                           intake_refresh_s=settings.dispatch_intake_refresh_ms / 1000,
-                          intake_topic=settings.intake_topic, rules=rules_of(settings),
+                          intake_topic=settings.intake_topic, rules=rules,
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start,
                           fetch_gap=settings.dispatch_fetch_gap,

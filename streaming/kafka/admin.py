@@ -190,6 +190,17 @@ def check_intake(settings: Settings, admin: KafkaAdminClient) -> int:
     return retention
 
 
+def end_offsets(admin: KafkaAdminClient, topic: str) -> dict[int, int]:
+    """Partition → the offset the next record of `topic` will take."""
+    from kafka import TopicPartition
+    from kafka.admin import OffsetSpec
+
+    partitions = topic_partitions(admin, [topic])[topic] or 0
+    answer = admin.list_partition_offsets(
+        {TopicPartition(topic, p): OffsetSpec.LATEST for p in range(partitions)})
+    return {tp.partition: found.offset for tp, found in answer.items()}
+
+
 def topic_partitions(admin: KafkaAdminClient, topics: list[str]) -> dict[str, int | None]:
     """None for a topic that does not exist."""
     try:

@@ -143,7 +143,7 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
             from streaming.dispatch.direct import direct_rows   # the parse: pandas, numpy
             from streaming.stages import rules_of
 
-            rows, _, _ = direct_rows([msg], rules_of(settings),
+            rows, _, _ = direct_rows([msg], rules_of(settings, ""),
                                      settings.dispatch_direct_max_delay_ms,
                                      msg.timestamp()[1], settings.intake_topic)
             if rows and rows[0].uniq_key == uniq_key:

@@ -73,12 +73,13 @@ def main() -> None:
 
     settings = load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"])
     config = replace(
-        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588),
+        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
+                        rules=rules_of(settings, "")),
         consumer={"bootstrap.servers": opts.bootstrap, "group.id": f"readback-{tag}"},
         producer={"bootstrap.servers": opts.bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "message.max.bytes": 1_048_576},
         ready_topic=names["ready"], ledger_topic=names["ledger"], dlq_topic=names["dlq"],
-        intake_topic=names["intake"], rules=rules_of(settings), direct_max_delay_ms=-1)
+        intake_topic=names["intake"], direct_max_delay_ms=-1)
     task = multiprocessing.get_context("fork").Process(
         target=lambda: list(run_partition(config, 0)), daemon=True)
     began = time.time()

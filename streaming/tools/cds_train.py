@@ -49,7 +49,7 @@ def _train(settings: Settings, out: Path) -> None:
              .write.format("delta").mode("append").save(str(work / "sent")))
             release()
 
-        query = (wheel_stream(source, rules_of(settings), wheel_config_of(settings))
+        query = (wheel_stream(source, rules_of(settings, ""), wheel_config_of(settings))
                  .writeStream.foreachBatch(sink)
                  .option("checkpointLocation", str(work / "ckpt"))
                  .trigger(processingTime="1 second").start())

@@ -7,9 +7,11 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 from conf.settings import Settings
 from state.columns import STATE_FORMAT
+from state.seal import new_key
 from state.errors import JobError
 from sinks import store
 from sinks.store import HadoopPath
@@ -141,10 +143,28 @@ def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
     return "resume"
 
 
-def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0) -> None:
+def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0,
+                seal: tuple[str, tuple[int, ...]] = ("", ())) -> None:
+    """`seal`: `seal_of`'s key and offsets, kept in the stamp from then on."""
     store.write_atomic(store.path(checkpoint) / STAMP, json.dumps(
         {"settings": fingerprint(settings), "state_format": STATE_FORMAT, "spark": spark_line(),
-         "started_ms": started_ms}, indent=1) + "\n")
+         "started_ms": started_ms, "seal_key": seal[0], "unsealed_before": list(seal[1])},
+        indent=1) + "\n")
+
+
+def seal_of(checkpoint: str, verdict: str,
+            intake_ends: Callable[[], dict[int, int]]) -> tuple[str, tuple[int, ...]]:
+    """The key that seals the service's own intake records (state/seal.py), and per intake
+    partition the offset below which an unsealed one is honoured: the stamp's; a new key for a
+    new checkpoint; on one an older delayq wrote, a new key and the intake's end offsets now
+    (its unsealed rolls may still be unread)."""
+    stamp = _stamp(store.path(checkpoint)) if verdict == "resume" else None
+    if stamp and stamp.get("seal_key"):
+        return stamp["seal_key"], tuple(stamp.get("unsealed_before", ()))
+    if verdict == "fresh":
+        return new_key(), ()
+    ends = intake_ends()
+    return new_key(), tuple(ends.get(p, 0) for p in range(max(ends, default=-1) + 1))
 
 
 def _stamp(path: Path | HadoopPath, read=lambda stamp: stamp):

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from conf import load_settings
 from streaming.ledger.records import ledger_rows
 from streaming.kafka.admin import admin_client, create_topic
-from streaming.stages import dispatch_config
+from streaming.stages import dispatch_config, rules_of
 from streaming.tools import kafka_cluster
 from streaming.tools.process import free_ports
 from tests.faults.conftest import SteadyLoad, check_all_delivered
@@ -54,9 +54,10 @@ def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicate
                      config={"min.insync.replicas": "2"} if k == "ready" else stamped)
             for k, topic in names.items()]).values():
         done.result(60)
+    settings = load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"])
     config = replace(
-        dispatch_config(load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"]),
-                        "run-1", 1_048_576, 1, {}, 1_048_588),
+        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
+                        rules=rules_of(settings, "")),
         consumer={"bootstrap.servers": bootstrap, "group.id": f"replicated-{tag}"},
         producer={"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "message.max.bytes": 1_048_576},

@@ -61,7 +61,7 @@ def bad_input_stack(job_settings, start_job, new_topic):
 def expected_outcome(record, meta, settings, real, small):
     """('deliver', due_ms) or ('dead', reason or reason fragment) for one sent record."""
     envelope = parse(record["sent_headers"], meta.partition, meta.offset, meta.timestamp,
-                     rules_of(settings), now_ms=meta.timestamp)
+                     rules_of(settings, ""), now_ms=meta.timestamp)
     if envelope.kind == Kind.DEAD:
         return "dead", envelope.reason
     assert envelope.kind in (Kind.NOW, Kind.DELAY), envelope
@@ -147,7 +147,7 @@ def test_the_wheel_leaves_out_exactly_the_records_the_dispatch_takes(spark, job_
     from streaming.wheel.query import direct_column
 
     settings = job_settings(delay_levels="1s 5s 10s 30s", dispatch_direct_max_delay_ms=10_000)
-    values = direct_values(rules_of(settings), settings.dispatch_direct_max_delay_ms)
+    values = direct_values(rules_of(settings, ""), settings.dispatch_direct_max_delay_ms)
     parts = [(H.DELAY, v) for v in (b"0", b"1", b"3", b"4", b"9", b"02", b" 1", b"", None,
                                     b"\xff", "１".encode())]
     parts += [(name, b"1") for name in (H.TIMER_DELAY_MS, H.TIMER_DELAY_SEC, H.TIMER_DELIVER_MS,
@@ -203,3 +203,99 @@ def test_intake_writes_of_an_aborted_transaction_are_never_delivered_or_dead_let
     assert sorted(r.value for r in dead) == sorted(v for v in plain + committed
                                                    if v.endswith(b"-5"))
     assert not {r.value for r in records + dead} & set(aborted)
+
+
+# Records at the edges of the parse's rules, among them the one that stopped the job for good
+# (DELAYQ_ROLLED=2147483648): each is dead-lettered with the reason `parse` gives it.
+EDGE_RECORDS = [
+    [(H.ROLLED, b"2147483648")],
+    [(H.ROLLED, b"3"), (H.TIMER_DELIVER_MS, b"9223372036854775808"), (H.UNIQ_KEY, b"u")],
+    [(H.ROLLED, b"-9223372036854775809"), (H.TIMER_DELIVER_MS, b"1")],
+    [(H.ROLLED, b"2:" + b"0" * 32), (H.TIMER_DELIVER_MS, b"1"), (H.UNIQ_KEY, b"u")],
+    [(H.HEARTBEAT, b"1")],
+    [(H.DELAY, b"9223372036854775808")],
+    [(H.DELAY, "٣".encode())],
+    [(H.DELAY, b" 1")],
+    [(H.DELAY, b"1"), (H.REAL_QID, b"2147483648")],
+    [(H.TIMER_DELIVER_MS, b"9223372036854775807")],
+    [(H.TIMER_DELAY_SEC, b"9223372036854775807")],
+    [(H.TIMER_DELAY_MS, b"-1")],
+    [(H.TIMER_DEL_UNIQKEY, b"k"), (H.TIMER_DELIVER_MS, b"-9223372036854775808")],
+    [(H.TIMER_DEL_UNIQKEY, b"k"), (H.ROLLED, b"1")],
+    [(H.REAL_QID, "٣".encode())],
+]
+
+
+def test_records_at_the_edges_never_stop_the_job_running_or_starting(
+        job_settings, start_job, new_topic, kafka_bootstrap, work_dir, lateness_log):
+    """Each edge record, sent while the job runs and again while it is down (so its restart
+    reads them first): the job keeps running and starts, each record is dead-lettered once with
+    its reason, and the messages around them are delivered once, on time."""
+    import uuid
+
+    from streaming.producer import DelayProducer
+    from tests.integration.conftest import Sent
+    from tests.support import check_deliveries
+
+    settings = job_settings()
+    real = new_topic(**LOG_APPEND)
+    checkpoint = str(work_dir / f"ckpt-edges-{uuid.uuid4().hex[:8]}")
+    sent: dict = {}
+    expected: dict[bytes, str] = {}
+
+    def send_round(tag: str) -> None:
+        with DelayProducer(settings) as neighbours:
+            for i in range(2):
+                h = neighbours.send(real, f"{tag}-before-{i}".encode(), level=2 - i)
+                sent[h.uniq_key] = Sent(None, f"{tag}-before-{i}".encode(), [], h.due_ms)
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=65536)
+        for i, headers in enumerate(EDGE_RECORDS):
+            value = f"{tag}-edge-{i}".encode()
+            headers = [(H.REAL_TOPIC, real.encode()), *headers]
+            meta = producer.send(settings.intake_topic, value, headers=headers).get(timeout=30)
+            e = parse(headers, meta.partition, meta.offset, meta.timestamp, rules_of(settings, ""),
+                      now_ms=meta.timestamp)
+            assert e.kind == Kind.DEAD, (headers, e)
+            expected[value] = e.reason.partition(": ")[0]
+        producer.close()
+        with DelayProducer(settings) as neighbours:
+            for i in range(2):
+                h = neighbours.send(real, f"{tag}-after-{i}".encode(), level=1 + i)
+                sent[h.uniq_key] = Sent(None, f"{tag}-after-{i}".encode(), [], h.due_ms)
+
+    def dead_letters(tag: str) -> list:
+        want = {v for v in expected if v.startswith(tag.encode())}
+        return [r for r in consume_all(kafka_bootstrap, settings.dlq_topic, expected=0,
+                                       timeout_s=90, idle_s=2,
+                                       done=lambda got: {r.value for r in got} >= want)
+                if r.value.startswith(tag.encode())]
+
+    job = start_job(settings, checkpoint=checkpoint)
+    send_round("running")
+    running = dead_letters("running")
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=60, idle_s=2)
+    late: list[int] = []
+    check_deliveries(records, sent, lateness_log=late)
+    lateness_log.extend(late)
+    assert max(late) < 4_000, f"neighbours late by {max(late)} ms"
+    assert job.query.isActive and job.failure() is None
+    job.stop()
+
+    send_round("down")
+    started_ms = int(time.time() * 1000)
+    job = start_job(settings, checkpoint=checkpoint)
+    up_ms = int(time.time() * 1000)
+    down = dead_letters("down")
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=60, idle_s=3)
+    check_deliveries(records, sent)
+    for record in records:
+        if record.value.startswith(b"down"):   # due while the job was down: sent as it starts
+            due = int(header_map(record)[H.DELIVER_MS])
+            assert record.timestamp - max(due, up_ms) < 10_000, (record.value, started_ms)
+    assert job.query.isActive and job.failure() is None
+    assert sorted(r.value for r in running + down) == sorted(expected), "each once"
+    everything = consume_all(kafka_bootstrap, settings.dlq_topic, expected=len(expected))
+    assert len(everything) == len(expected), "nothing else: the job's own heartbeats are sealed"
+    for record in running + down:
+        label = header_map(record)[H.DLQ_REASON].decode().partition(": ")[0]
+        assert label == expected[record.value], (record.value, label)

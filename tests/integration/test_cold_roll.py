@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
+from dataclasses import replace
+
 from sinks.base import BatchSummary
 from sinks.cold import ColdTier
+from state.envelope import Kind, parse
 from streaming.kafka.config import spark_options
+from streaming.stages import rules_of
 from tests.support import consume_all, header_map
 
 BUCKET, HORIZON = 2_000, 10_000
@@ -31,9 +35,10 @@ def test_buckets_due_while_down_roll_in_one_pass_with_their_own_tombstones(
         spark, test_settings, new_topic, kafka_bootstrap, tmp_path):
     intake = new_topic(partitions=3)
     now = [100.0]   # seconds: the horizon's edge at 110 s, bucket 110,000 ms
+    key = "5e" * 32
     cold = ColdTier(spark, tmp_path / "cold", str(tmp_path / "ckpt"), intake, 3,
                     spark_options(test_settings), bucket_ms=BUCKET, horizon_ms=HORIZON,
-                    clock=lambda: now[0])
+                    seal_key=key, clock=lambda: now[0])
     assert cold.loaded_until() == 110_000
     rows = [row("a", 112_500), row("b", 114_100), row("c", 116_900),
             row("b", 114_100, tombstone="waiting"),     # cancels b in its own bucket
@@ -48,6 +53,15 @@ def test_buckets_due_while_down_roll_in_one_pass_with_their_own_tombstones(
     assert cold.loaded_until() == 118_000
     records = consume_all(kafka_bootstrap, intake, expected=2, timeout_s=30, idle_s=3)
     assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in records) == ["a", "c"]
+    # The seal made in Spark SQL is the one the parse checks in Python, and only with its key.
+    rules = rules_of(test_settings, key)
+    for r in records:
+        got = parse(r.headers, r.partition, r.offset, r.timestamp, rules, r.timestamp)
+        assert got.kind != Kind.DEAD and (got.rolled, got.level, got.due_ms) == (
+            True, 3, int(header_map(r)["TIMER_DELIVER_MS"])), got
+        other = parse(r.headers, r.partition, r.offset, r.timestamp,
+                      replace(rules, seal_key="0" * 64), r.timestamp)
+        assert other.kind == Kind.DEAD and other.reason.startswith("forged_header"), other
     assert summary.count("cancelled") == 1 and summary.pending_delta_by_level == {3: -1}
     assert summary.count("cancel_unknown") == 2, "the c of another bucket and gone"
     assert cold.advance(BatchSummary(2)) == 0, "nothing more until the clock moves"

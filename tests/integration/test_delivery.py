@@ -450,7 +450,7 @@ def test_missing_uniq_key_is_assigned_and_stable_across_replays(
     now_ms = int(time.time() * 1000)
     # The wheel alone, every level through it (the dispatch tasks read level 0 themselves).
     alone = settings.model_copy(update={"dispatch_direct_max_delay_ms": -1})
-    query = (wheel_stream(intake_stream(spark, alone), rules_of(alone),
+    query = (wheel_stream(intake_stream(spark, alone), rules_of(alone, ""),
                           wheel_config_of(alone, first_watermark_ms=now_ms),
                           overdue_before_ms=now_ms)
              .writeStream.queryName(f"replay-{settings.intake_topic}")

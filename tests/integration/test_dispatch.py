@@ -22,7 +22,7 @@ from streaming.dispatch.rules import READY_STOP, DispatchConfig
 from streaming.ledger.records import SENDER, ledger_rows
 from streaming.dispatch.task import run_partition
 from state import headers as H
-from streaming.stages import dispatch_config
+from streaming.stages import dispatch_config, rules_of
 from tests.support import consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
@@ -44,7 +44,8 @@ def dispatch(new_topic, kafka_bootstrap):
     # reads the references' bodies back), at least once (test_exactly_once.py: transactions).
     settings = load_settings(delivery="at_least_once", intake_topic=intake, dlq_topic=dlq)
     config = replace(
-        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588),
+        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
+                        rules=rules_of(settings, "")),
         consumer={"bootstrap.servers": kafka_bootstrap, "group.id": f"dispatch-{uuid.uuid4().hex}"},
         producer={"bootstrap.servers": kafka_bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "topic.metadata.propagation.max.ms": 2000,
@@ -391,14 +392,13 @@ def test_a_wheel_batch_fired_again_after_a_crash_is_sent_once(
     the copies of what it sent before its commit (below the commit point, known from the
     commit's naming of batch 7, not from the ledger) and of what it still held; and sends all of
     batch 8, which holds messages of batch 7's UNIQ_KEYs due at another time."""
-    from streaming.stages import rules_of
 
     config, _ = dispatch
     if delivery == "exactly_once":
         config = transactional(config)
     real, intake = config.real, new_topic(**LOG_APPEND)
     config = replace(config, intake_topic=intake, rules=rules_of(
-        load_settings(intake_topic=intake, dlq_topic=config.dlq_topic)))
+        load_settings(intake_topic=intake, dlq_topic=config.dlq_topic), ""))
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     appended = [producer.send(intake, value=b"v%d" % i, headers=[
         ("REAL_TOPIC", real.encode()), ("DELAY", b"1"), ("UNIQ_KEY", f"m{i % 20}".encode())]
@@ -458,7 +458,7 @@ def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
     config = replace(config, intake_topic=intake, direct_max_delay_ms=5000, rules=Rules(
         (1000, 5000, 10000), intake, config.dlq_topic, allowed_topics=frozenset(),
         max_delay_ms=86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
-        cold_bucket_ms=3_600_000, timer_parts=8))
+        cold_bucket_ms=3_600_000, timer_parts=8, seal_key="", unsealed_before=()))
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
 
     def send(level: bytes, n: int, tag: str, delay_header: str = H.DELAY) -> None:
@@ -528,7 +528,8 @@ def test_a_partition_added_to_the_intake_under_load_is_read_from_its_beginning(
                      gather_s=0.3, rules=Rules(
                          (1000, 5000), intake, config.dlq_topic, allowed_topics=frozenset(),
                          max_delay_ms=86_400_000, clock_tolerance_ms=60_000,
-                         near_horizon_ms=600_000, cold_bucket_ms=3_600_000, timer_parts=8))
+                         near_horizon_ms=600_000, cold_bucket_ms=3_600_000, timer_parts=8,
+                         seal_key="", unsealed_before=()))
     sent = []
 
     def send(producer, partition: int, n: int, pause_s: float) -> None:
@@ -573,12 +574,10 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     dead-lettered with their reason, and the rest still go."""
     from confluent_kafka.admin import AdminClient
 
-    from streaming.stages import rules_of
-
     config, _ = dispatch
     real, intake = config.real, new_topic(**LOG_APPEND)
     settings = load_settings(intake_topic=intake, dlq_topic=config.dlq_topic)
-    config = replace(config, intake_topic=intake, rules=rules_of(settings), fetch_gap=5)
+    config = replace(config, intake_topic=intake, rules=rules_of(settings, ""), fetch_gap=5)
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     records = []
     for i in range(300):

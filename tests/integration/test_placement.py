@@ -47,7 +47,7 @@ def test_immediate_messages_are_spread_over_every_state_partition(spark, job_set
         seen.extend(batch.filter(F.col("kind") == "deliver")
                     .select("uniq_key", F.spark_partition_id().alias("p")).collect())
 
-    query = (wheel_stream(intake_stream(spark, settings), rules_of(settings),
+    query = (wheel_stream(intake_stream(spark, settings), rules_of(settings, ""),
                           wheel_config_of(settings)).writeStream.foreachBatch(collect)
              .option("checkpointLocation", str(work_dir / f"ckpt-{uuid.uuid4().hex[:8]}"))
              .trigger(processingTime="0 seconds").start())
@@ -85,7 +85,7 @@ def test_a_second_s_timers_leave_the_wheel_from_both_state_partitions(spark, job
         seen.extend(batch.filter(F.col("kind") == "deliver")
                     .select("uniq_key", F.spark_partition_id().alias("p")).collect())
 
-    query = (wheel_stream(intake_stream(spark, settings), rules_of(settings),
+    query = (wheel_stream(intake_stream(spark, settings), rules_of(settings, ""),
                           wheel_config_of(settings, first_watermark_ms=due_ms + 60_000))
              .writeStream.foreachBatch(collect)
              .option("checkpointLocation", str(work_dir / f"ckpt-{uuid.uuid4().hex[:8]}"))

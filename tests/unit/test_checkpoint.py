@@ -9,8 +9,8 @@ import pytest
 
 from conf import load_settings
 from state.columns import STATE_FORMAT
-from streaming.wheel.checkpoint import (STAMP, CheckpointError, check, direct_was_on, spark_line,
-                                  started_ms, write_stamp)
+from streaming.wheel.checkpoint import (STAMP, CheckpointError, check, direct_was_on, seal_of,
+                                        spark_line, started_ms, write_stamp)
 
 SETTINGS = load_settings(bootstrap_servers="127.0.0.1:1", intake_topic="intake",
                          delay_levels="1s 2s 3s")
@@ -169,3 +169,23 @@ def test_an_uncommitted_intake_partition_starts_at_the_wheel_only_where_the_whee
     del stamp["settings"]["dispatch_direct_max_delay_ms"]   # written before the setting existed
     (tmp_path / "ckpt" / STAMP).write_text(json.dumps(stamp))
     assert not direct_was_on(ckpt, "resume")
+
+
+def test_the_seal_key_is_made_once_and_kept_and_an_older_checkpoint_honours_what_it_wrote(
+        tmp_path):
+    """A new checkpoint gets a new key; later starts keep the stamp's; a checkpoint an older
+    delayq stamped without one gets a key and the intake's end offsets at that start, kept too."""
+    fresh = str(tmp_path / "fresh")
+    key, before = seal_of(fresh, "fresh", lambda: pytest.fail("not asked"))
+    assert len(key) == 64 and before == ()
+    write_stamp(SETTINGS, spark_checkpoint(tmp_path / "fresh"), 1, (key, before))
+    assert seal_of(fresh, "resume", lambda: pytest.fail("not asked")) == (key, ())
+    older = spark_checkpoint(tmp_path / "older")
+    write_stamp(SETTINGS, older, 1)   # as an older delayq wrote it: no key
+    stamp = json.loads((tmp_path / "older" / STAMP).read_text())
+    (tmp_path / "older" / STAMP).write_text(json.dumps(
+        {k: v for k, v in stamp.items() if k not in ("seal_key", "unsealed_before")}))
+    upgraded = seal_of(older, "resume", lambda: {0: 7, 2: 9})
+    assert upgraded[0] != key and upgraded[1] == (7, 0, 9)
+    write_stamp(SETTINGS, older, 1, upgraded)
+    assert seal_of(older, "resume", lambda: pytest.fail("not asked")) == upgraded

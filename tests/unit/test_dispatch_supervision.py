@@ -7,7 +7,7 @@ from conf import load_settings
 from state.errors import JobError
 from streaming.wheel.sizing import check_slots
 from streaming.dispatch.supervisor import Dispatcher
-from streaming.stages import dispatch_config, supervision_of
+from streaming.stages import dispatch_config, rules_of, supervision_of
 
 
 class Context:
@@ -51,8 +51,9 @@ def test_a_start_refuses_too_few_slots_and_speculation():
 def test_the_supervisor_gives_up_after_too_many_failures():
     context = Context(fail=RuntimeError("executor lost\nstack"))
     settings = load_settings(dispatch_max_failures=1)
-    dispatcher = Dispatcher(Spark(context), dispatch_config(settings, "run-1", 1_048_576, 1, {},
-                                                            1_048_588), supervision_of(settings))
+    config = dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
+                             rules=rules_of(settings, ""))
+    dispatcher = Dispatcher(Spark(context), config, supervision_of(settings))
     dispatcher._supervise(0)   # fails, waits its first back-off (1 s), fails again: gives up
     assert dispatcher.restarts == 1
     assert dispatcher.failure == ("dispatch of ready partition 0 failed 2 times in 600 s; "

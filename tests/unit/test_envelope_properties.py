@@ -11,11 +11,13 @@ from state import headers as H
 from state.columns import HEADERS
 from state.envelope import TIMER_LEVEL, Kind, Rules, parse
 from state.parse import parse_batch
+from tests.support import KEY, heartbeat_header, rolled_header
 
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
               clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000,
-              timer_parts=8)
+              timer_parts=8, seal_key=KEY,
+              unsealed_before=())
 APPEND = 1_700_000_000_000
 
 CONTRACT_NAMES = sorted(H.CONTROL_HEADERS - {H.HEARTBEAT})
@@ -105,13 +107,150 @@ def test_a_clock_behind_by_more_than_the_tolerance_moved_and_the_message_is_due_
         "due_ms").to_pylist() == [now]
 
 
-def _intake(append_ms: int, level: int = 1, headers: list | None = None) -> pa.RecordBatch:
-    """One level message appended at `append_ms` (or a record with `headers`), as Spark's Kafka
-    source hands it over."""
-    if headers is None:
-        headers = [(H.REAL_TOPIC, b"orders"), (H.DELAY, str(level).encode())]
+# The edges of every integer column and of the integer rule (ASCII digits only, no spaces, no
+# "+", a long at most): each header the parse reads gets each of them, not only random values.
+EDGES = [str(n).encode() for n in (0, 1, -1, 7, 2**31 - 1, 2**31, -2**31, -2**31 - 1,
+                                   2**63 - 1, 2**63, -2**63, -2**63 - 1, 10**19, 10**30)]
+EDGES += [b"", b"007", b"-0", b" 1", b"1 ", b"+1", b"1\n", "٣".encode(), "１".encode(),
+          b"1" * 300, b"x" * 5000, b"\xff", b"1e3", b"0x1f", None]
+# A service header's forms: an edge, or an edge with a seal-like tail that was not made with the
+# key (the cold tier writes "<level>:<seal>").
+SERVICE_EDGES = EDGES + [(v or b"") + b":" + b"0" * 32 for v in EDGES] + [b":", b"1:"]
+READ = sorted(H.CONTROL_HEADERS)
+
+
+def _edge_records() -> list[list]:
+    """Every header the parse reads with every edge value: alone, beside a good REAL_TOPIC, and
+    inside an otherwise good timer, level, cancel, rolled record and heartbeat."""
+    good = {H.REAL_TOPIC: b"orders", H.UNIQ_KEY: b"u1", H.DELAY: b"2",
+            H.TIMER_DELIVER_MS: str(APPEND + 5_000).encode()}
+    shapes = [[], [H.REAL_TOPIC], [H.REAL_TOPIC, H.DELAY], [H.REAL_TOPIC, H.TIMER_DELIVER_MS],
+              [H.REAL_TOPIC, H.UNIQ_KEY, H.TIMER_DELIVER_MS, H.ROLLED], [H.HEARTBEAT],
+              [H.TIMER_DEL_UNIQKEY, H.TIMER_DELIVER_MS]]
+    records = []
+    for name in READ:
+        for value in SERVICE_EDGES if name in (H.ROLLED, H.HEARTBEAT) else EDGES:
+            for shape in shapes:
+                base = {n: good.get(n, b"1") for n in shape}
+                base[name] = value
+                records.append(list(base.items()))
+    return records
+
+
+def test_edge_values_of_every_header_the_parse_reads_are_decided_per_record():
+    """The crash found in the field: DELAYQ_ROLLED=2147483648 beside a REAL_TOPIC failed the
+    wheel's whole batch (a level beyond int32). Every such record is decided on both of the
+    parse's paths, in one batch with good neighbours, as `parse` decides it alone; a dead one
+    says why, and no unsealed service header is ever honoured."""
+    records = _edge_records()
+    neighbour = [(H.REAL_TOPIC, b"orders"), (H.DELAY, b"2")]
+    batch = _intake(APPEND, rows=[neighbour, *records, neighbour])
+    for common in (True, False):
+        out = parse_batch(batch, RULES, 1_000, 2, APPEND, common=common).to_pydict()
+        for i, headers in enumerate(records, start=1):
+            alone = parse(headers, 0, i, APPEND, RULES, APPEND)
+            assert out["kind"][i] == alone.kind.value, headers
+            assert (out["due_ms"][i], out["level"][i]) == (alone.due_ms, alone.level), headers
+            if alone.kind == Kind.DEAD:
+                assert out["reason"][i] and not out["reason"][i].startswith("unparsable"), headers
+            assert alone.kind != Kind.HEARTBEAT and not alone.rolled, headers
+        assert out["kind"][0] == out["kind"][-1] == Kind.DELAY.value
+
+
+service_values = st.one_of(st.sampled_from(SERVICE_EDGES), st.binary(max_size=40),
+                           st.integers(-2**64, 2**64).map(lambda n: f"{n}:".encode()
+                                                          + b"ab" * 16))
+
+
+@settings(max_examples=1000)
+@given(st.lists(st.tuples(st.sampled_from(READ), st.one_of(st.sampled_from(EDGES),
+                                                           service_values)), max_size=6),
+       append_times)
+def test_no_header_a_producer_writes_is_honoured_as_the_services_own(headers, append_ms):
+    """Without the checkpoint's key no record is a heartbeat or a rolled message, whatever
+    its headers; such a record is dead-lettered as forged or for another reason."""
+    e = parse(headers, 0, 1, append_ms, RULES, now_ms=append_ms)
+    assert e.kind != Kind.HEARTBEAT and not e.rolled
+    if any(name in (H.ROLLED, H.HEARTBEAT) for name, _ in headers):
+        assert e.kind == Kind.DEAD and e.reason
+    out = parse_batch(_intake(append_ms, headers=headers), RULES, 1_000, 2, append_ms)
+    assert out.column("kind").to_pylist() == [e.kind.value]
+
+
+def test_the_services_own_records_are_honoured_with_their_seal_only():
+    rolled = [(H.REAL_TOPIC, b"orders"), (H.UNIQ_KEY, b"u1"),
+              (H.TIMER_DELIVER_MS, str(APPEND + 9_000).encode()), rolled_header(3, APPEND + 9_000,
+                                                                                "u1")]
+    e = parse(rolled, 0, 1, APPEND, RULES, APPEND)
+    assert (e.kind, e.level, e.due_ms, e.rolled) == (Kind.DELAY, 3, APPEND + 9_000, True)
+    # The seal covers level, due time and UNIQ_KEY: any of them changed is a forgery.
+    for changed in ((H.UNIQ_KEY, b"u2"), (H.TIMER_DELIVER_MS, str(APPEND + 1).encode()),
+                    rolled_header(3, APPEND + 9_000, "u1", key="0" * 64),
+                    (H.ROLLED, rolled_header(3, APPEND + 9_000, "u1")[1].replace(b"3:", b"2:"))):
+        forged = [changed if name == changed[0] else (name, v) for name, v in rolled]
+        e = parse(forged, 0, 1, APPEND, RULES, APPEND)
+        assert e.kind == Kind.DEAD and e.reason.startswith("forged_header"), changed
+    assert parse([heartbeat_header()], 0, 1, APPEND, RULES, APPEND).kind == Kind.HEARTBEAT
+    for forged in ([heartbeat_header(key="0" * 64)], [(H.HEARTBEAT, b"1")],
+                   [heartbeat_header(), (H.REAL_TOPIC, b"orders")]):   # a message never hides
+        e = parse(forged, 0, 1, APPEND, RULES, APPEND)
+        assert e.kind == Kind.DEAD and e.reason.startswith("forged_header"), forged
+
+
+def test_an_older_delayqs_unsealed_records_are_honoured_below_its_offsets_only():
+    """On a checkpoint an older delayq wrote, what it rolled and had not yet read is honoured
+    as before: below the intake's end offsets at the upgrade (the stamp's unsealed_before)."""
+    from dataclasses import replace
+
+    rules = replace(RULES, unsealed_before=(0, 100))
+    old = [(H.REAL_TOPIC, b"orders"), (H.UNIQ_KEY, b"u1"),
+           (H.TIMER_DELIVER_MS, str(APPEND + 9_000).encode()), (H.ROLLED, b"3")]
+    assert parse(old, 1, 99, APPEND, rules, APPEND).rolled
+    assert parse([(H.HEARTBEAT, b"1")], 1, 99, APPEND, rules, APPEND).kind == Kind.HEARTBEAT
+    for partition, offset in ((1, 100), (0, 0), (2, 0)):
+        assert parse(old, partition, offset, APPEND, rules, APPEND).kind == Kind.DEAD
+        assert parse([(H.HEARTBEAT, b"1")], partition, offset, APPEND, rules,
+                     APPEND).kind == Kind.DEAD
+
+
+def _intake(append_ms: int, level: int = 1, headers: list | None = None,
+            rows: list[list] | None = None) -> pa.RecordBatch:
+    """One level message appended at `append_ms` (or a record with `headers`, or one record per
+    header list of `rows`, at offsets 0, 1, …), as Spark's Kafka source hands it over."""
+    if rows is None:
+        rows = [headers if headers is not None else
+                [(H.REAL_TOPIC, b"orders"), (H.DELAY, str(level).encode())]]
+    n = len(rows)
     return pa.record_batch({
-        "key": pa.array([None], pa.binary()), "value": pa.array([b"v"], pa.binary()),
-        "ipart": pa.array([0], pa.int32()), "ioff": pa.array([1], pa.int64()),
-        "append_ms": pa.array([append_ms], pa.int64()),
-        "headers": pa.array([[{"key": k, "value": v} for k, v in headers]], HEADERS)})
+        "key": pa.array([None] * n, pa.binary()), "value": pa.array([b"v"] * n, pa.binary()),
+        "ipart": pa.array([0] * n, pa.int32()),
+        "ioff": pa.array(range(n) if n > 1 else [1], pa.int64()),
+        "append_ms": pa.array([append_ms] * n, pa.int64()),
+        "headers": pa.array([[{"key": k, "value": v} for k, v in r] for r in rows], HEADERS)})
+
+
+def test_a_record_the_rules_fail_on_is_dead_lettered_and_a_batch_failure_names_its_records(
+        monkeypatch):
+    """No rule should raise (the tests above), but if one does, that record is dead-lettered
+    as `unparsable` and its neighbours are decided; a batch that fails as a whole is reported
+    with the positions of its records, so an operator sees which."""
+    import pytest
+
+    import state.parse as parse_module
+    from state.errors import ParseError
+
+    bad = [(H.REAL_TOPIC, b"orders"), (H.TIMER_DELAY_MS, b"13")]
+
+    def failing(headers, *args):
+        if headers == bad:
+            raise RuntimeError("a bug")
+        return parse(headers, *args)
+    monkeypatch.setattr(parse_module, "parse", failing)
+    batch = _intake(APPEND, rows=[[(H.REAL_TOPIC, b"orders"), (H.DELAY, b"9")], bad])
+    out = parse_batch(batch, RULES, 1_000, 2, APPEND, common=False).to_pydict()
+    assert out["kind"] == ["delay", "dead"]
+    assert out["reason"][1].startswith("unparsable: the parse failed on this record "
+                                       "(RuntimeError: a bug)")
+    monkeypatch.setattr(parse_module, "_envelopes", lambda *a: pa.array([2**40], pa.int32()))
+    with pytest.raises(ParseError, match="intake records 0:0-1 failed as a whole"):
+        parse_batch(batch, RULES, 1_000, 2, APPEND)

@@ -11,16 +11,19 @@ from hypothesis import strategies as st
 from state import headers as H
 from state.envelope import Rules
 from state.parse import parse_batch
+from tests.support import KEY, heartbeat_header, rolled_header  # noqa: F401
 
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
               clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000,
-              timer_parts=8)
+              timer_parts=8, seal_key=KEY,
+              unsealed_before=())
 # Levels that reach beyond the near horizon: the common path must send them to the cold tier.
 COLD_RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
                    dlq_topic="intake.DLQ", allowed_topics=frozenset({"orders", "b.c"}),
                    max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000,
-                   near_horizon_ms=3_000, cold_bucket_ms=1_000, timer_parts=8)
+                   near_horizon_ms=3_000, cold_bucket_ms=1_000, timer_parts=8, seal_key=KEY,
+              unsealed_before=())
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 topics = st.sampled_from([b"orders", b"b.c", b" orders ", b"intake", b"intake.DLQ", b"__x",
