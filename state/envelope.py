@@ -10,6 +10,7 @@ from state import headers as H
 from state.levels import clamp_level
 from state.reasons import reason
 from state.seal import HEARTBEAT_TEXT, is_sealed, rolled_text
+from state.values import BadInput, header_integer, header_text
 from state.timing import beyond_max_delay, correct_deliver_timestamps, in_the_past, is_cold
 
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
@@ -48,9 +49,10 @@ class Rules:
     timer_parts: int
     # The checkpoint's key for the service's own records (state/seal.py): never shown.
     seal_key: str = field(repr=False)
-    # Per intake partition, the offset below which an older delayq's unsealed marker is still
-    # honoured (streaming/wheel/checkpoint.py seal_of): what it wrote before this one started.
-    unsealed_before: tuple[int, ...]
+    # Per intake partition, the offset below which records follow an older delayq's rules: its
+    # unsealed service records honoured, its split (streaming/dispatch/direct.py) kept
+    # (streaming/wheel/checkpoint.py seal_of): what it wrote and split before this one started.
+    legacy_before: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -67,35 +69,6 @@ class Envelope:
 
 
 TIMER_LEVEL = -1
-
-
-class BadInput(Exception):
-    """Raised inside parsing; becomes a DEAD envelope with its reason (state/reasons.py)."""
-
-    def __init__(self, label: str, text: str):
-        super().__init__(text)
-        self.reason = reason(label, text)
-
-
-def _text(name: str, raw: bytes | None) -> str:
-    if raw is None:
-        raise BadInput("no_value", f"header {name} has no value")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadInput("not_utf8", f"header {name} is not valid UTF-8") from None
-
-
-def _integer(name: str, raw: bytes | None, text: str | None = None) -> int:
-    """The header's value (or `text`, a part of it) as a long."""
-    text = _text(name, raw) if text is None else text
-    if not _INTEGER.fullmatch(text):
-        raise BadInput("not_an_integer", f"header {name}={text[:64]!r} is not an integer "
-                       f"(ASCII digits, no spaces)")
-    value = int(text)
-    if not -_LONG <= value < _LONG:
-        raise BadInput("out_of_range", f"header {name}={text!r} does not fit a 64-bit integer")
-    return value
 
 
 def topic_refusal(topic: str, rules: Rules) -> tuple[str, str] | None:
@@ -117,7 +90,7 @@ def topic_refusal(topic: str, rules: Rules) -> tuple[str, str] | None:
 def real_topic_of(raw: bytes | None, rules: Rules) -> str | None:
     """The topic a REAL_TOPIC value names, or None where `parse` would refuse it."""
     try:
-        topic = _text(H.REAL_TOPIC, raw).strip()
+        topic = header_text(H.REAL_TOPIC, raw).strip()
     except BadInput:
         return None
     return None if topic_refusal(topic, rules) else topic
@@ -147,19 +120,24 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
                 return Envelope(Kind.DEAD, default_key,
                                 reason=reason("duplicate_header", f"header {name} appears twice"))
             control[name] = value
-    older = partition < len(rules.unsealed_before) and offset < rules.unsealed_before[partition]
+    older = is_legacy(rules, partition, offset)
     uniq = default_key   # a dead letter's too, unless its own UNIQ_KEY is good
     try:
         if H.HEARTBEAT in control:
             return _heartbeat(control, default_key, rules, older)
         if H.UNIQ_KEY in control:
-            key = _text(H.UNIQ_KEY, control[H.UNIQ_KEY]).strip()
+            key = header_text(H.UNIQ_KEY, control[H.UNIQ_KEY]).strip()
             if not key:
                 raise BadInput("empty_header", "header UNIQ_KEY is empty")
             uniq = key
         return _parse_control(control, uniq, append_ms, rules, now_ms, older)
     except BadInput as bad:
         return Envelope(Kind.DEAD, uniq, reason=bad.reason)
+
+
+def is_legacy(rules: Rules, partition: int, offset: int) -> bool:
+    """Whether the record follows the rules of the delayq that wrote the checkpoint before."""
+    return partition < len(rules.legacy_before) and offset < rules.legacy_before[partition]
 
 
 def _forged(name: str) -> BadInput:
@@ -169,7 +147,7 @@ def _forged(name: str) -> BadInput:
 
 def _heartbeat(control: dict[str, bytes | None], uniq: str, rules: Rules, older: bool) -> Envelope:
     """The job's own clock tick (streaming/wheel/heartbeat.py): a sealed value, nothing else."""
-    value = _text(H.HEARTBEAT, control[H.HEARTBEAT])
+    value = header_text(H.HEARTBEAT, control[H.HEARTBEAT])
     if len(control) > 1 or not (is_sealed(rules.seal_key, HEARTBEAT_TEXT, value)
                                 or older and value == "1"):
         raise _forged(H.HEARTBEAT)
@@ -180,11 +158,11 @@ def _rolled(control: dict[str, bytes | None], uniq: str, append_ms: int, rules: 
             older: bool) -> tuple[Kind, int, int]:
     """A message the cold tier rolled back onto the intake (sinks/cold.py roll), placed by the
     level and due time it sealed: (kind, level, due)."""
-    text, _, claimed = _text(H.ROLLED, control[H.ROLLED]).partition(":")
+    text, _, claimed = header_text(H.ROLLED, control[H.ROLLED]).partition(":")
     if not (claimed or older):
         raise _forged(H.ROLLED)
-    level = _integer(H.ROLLED, None, text)
-    due = _integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS))
+    level = header_integer(H.ROLLED, None, text)
+    due = header_integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS))
     if not (is_sealed(rules.seal_key, rolled_text(level, due, uniq), claimed)
             or older and not claimed) or (level != TIMER_LEVEL and level < 1):
         raise _forged(H.ROLLED)
@@ -202,13 +180,13 @@ def _parse_control(control: dict[str, bytes | None], uniq: str, append_ms: int, 
         raise BadInput("several_delay_headers", f"more than one delay header: {', '.join(present)}")
     if H.REAL_TOPIC not in control:
         raise BadInput("missing_real_topic", "header REAL_TOPIC is missing")
-    topic = _text(H.REAL_TOPIC, control[H.REAL_TOPIC]).strip()
+    topic = header_text(H.REAL_TOPIC, control[H.REAL_TOPIC]).strip()
     refusal = topic_refusal(topic, rules)
     if refusal:
         raise BadInput(*refusal)
     qid = None
     if H.REAL_QID in control:
-        qid = _integer(H.REAL_QID, control[H.REAL_QID])
+        qid = header_integer(H.REAL_QID, control[H.REAL_QID])
         if qid < 0 or qid > 2**31 - 1:
             raise BadInput("not_a_partition", f"header REAL_QID={qid} is not a partition number")
     if H.ROLLED in control:
@@ -228,14 +206,14 @@ def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, app
     which finds timers with an absolute time; for levels the client always sends the due time."""
     if H.ROLLED in control:   # the cold tier rolls messages, never cancels
         raise _forged(H.ROLLED)
-    target = _text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
+    target = header_text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
     if not target:
         raise BadInput("empty_header", "header TIMER_DEL_UNIQKEY is empty")
     if len(present) > 1 and present != [H.DELAY, H.TIMER_DELIVER_MS]:
         raise BadInput("several_delay_headers", f"more than one delay header: {', '.join(present)}")
     if H.TIMER_DELIVER_MS in present:
         level = _level(control, rules) if H.DELAY in present else TIMER_LEVEL
-        due = _integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
+        due = header_integer(H.TIMER_DELIVER_MS, control[H.TIMER_DELIVER_MS])
         # No target can be due then: not before the epoch, not beyond the maximum delay.
         if due < 0:
             raise BadInput("negative", f"header {H.TIMER_DELIVER_MS}={due} is negative")
@@ -253,7 +231,7 @@ def _beyond_max_delay(name: str, value: int, rules: Rules) -> BadInput:
 
 def _level(control: dict[str, bytes | None], rules: Rules) -> int:
     """The DELAY header's level, clamped to the highest configured (RocketMQ's rule)."""
-    level = _integer(H.DELAY, control[H.DELAY])
+    level = header_integer(H.DELAY, control[H.DELAY])
     if level < 0:
         raise BadInput("negative", f"header DELAY={level} is negative")
     return clamp_level(level, len(rules.level_delays_ms))
@@ -272,7 +250,7 @@ def _due(control: dict[str, bytes | None], present: list[str], append_ms: int,
         delay = rules.level_delays_ms[level - 1]
         return level, int(correct_deliver_timestamps(now_ms, append_ms + delay, delay,
                                                      rules.clock_tolerance_ms))
-    value = _integer(name, control[name])
+    value = header_integer(name, control[name])
     if name == H.TIMER_DELIVER_MS:
         due = value
     elif value < 0:

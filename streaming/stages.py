@@ -12,8 +12,8 @@ from streaming.kafka.config import librdkafka_config, spark_options
 from streaming.ledger.query import LedgerConfig
 
 
-def rules_of(settings: Settings, seal_key: str, unsealed_before: tuple[int, ...] = ()) -> Rules:
-    """`seal_key`, `unsealed_before`: the checkpoint's (streaming/wheel/checkpoint.py seal_of);
+def rules_of(settings: Settings, seal_key: str, legacy_before: tuple[int, ...] = ()) -> Rules:
+    """`seal_key`, `legacy_before`: the checkpoint's (streaming/wheel/checkpoint.py seal_of);
     a tool that reads no service record passes any key."""
     return Rules(level_delays_ms=settings.level_delays_ms, intake_topic=settings.intake_topic,
                  dlq_topic=settings.dlq_topic, allowed_topics=settings.allowed_topic_set,
@@ -21,7 +21,7 @@ def rules_of(settings: Settings, seal_key: str, unsealed_before: tuple[int, ...]
                  clock_tolerance_ms=settings.clock_tolerance_ms,
                  near_horizon_ms=settings.near_horizon_ms, cold_bucket_ms=settings.cold_bucket_ms,
                  timer_parts=settings.timer_parts, seal_key=seal_key,
-                 unsealed_before=unsealed_before)
+                 legacy_before=legacy_before)
 
 
 def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelConfig:

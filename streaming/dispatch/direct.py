@@ -1,8 +1,10 @@
-"""The dispatch tasks' own read of the intake (DESIGN.md section 4, "Short delays"): a level
-of at most `dispatch_direct_max_delay_ms` would wait for a wheel micro-batch, so ready partition
+"""The dispatch tasks' own read of the intake (DESIGN.md section 4, the direct window): a message
+due within `dispatch_direct_max_delay_ms` of its append (a short level, a short or just-past
+timer, a cancel of a message due that soon) would wait for a wheel micro-batch, so ready partition
 p's task reads intake partitions q with q mod (ready partitions) = p and holds their rows itself.
-`is_direct` looks at headers alone, so the wheel applies it in the JVM (streaming/wheel/query.py
-`direct_column`). One sender per intake partition keeps a key's order. No Spark import."""
+`is_direct` looks at the record alone (headers, append time, position), never at a clock, so the
+wheel applies the same rule in the JVM (streaming/wheel/query.py `direct_column`). One sender per
+intake partition keeps a key's order. No Spark import."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,31 +13,62 @@ import pyarrow as pa
 from streaming.dispatch.rules import Row
 from state import headers as H
 from state.columns import HEADERS
-from state.envelope import Kind, Rules
+from state.envelope import Kind, Rules, is_legacy
+from state.values import fits_long, long_of
 from state.parse import parse_batch
 
-# Headers that keep a record with the wheel whatever its DELAY says.
-WHEEL_HEADERS = frozenset((*H.TIMER_HEADERS, H.TIMER_DEL_UNIQKEY, H.HEARTBEAT, H.ROLLED))
+# The service's own records stay with the wheel.
+SERVICE_HEADERS = (H.HEARTBEAT, H.ROLLED)
+# The split of the delayq before (Rules.legacy_before): short levels' exact DELAY values only.
+LEGACY_WHEEL_HEADERS = frozenset((*H.TIMER_HEADERS, H.TIMER_DEL_UNIQKEY, *SERVICE_HEADERS))
 
 
-def direct_values(rules: Rules, direct_max_delay_ms: int) -> frozenset[bytes]:
-    """The DELAY values ("0", "1", …) of the levels whose delay is at most
-    `direct_max_delay_ms`; none when it is negative."""
+def due_after(headers: list | None, append_ms: int, level_delays_ms: tuple[int, ...]
+              ) -> int | None:
+    """How long after its append a record is due, by its headers alone (a cancel: its target,
+    by its TIMER_DELIVER_MS), as `parse` reads them; None where the wheel decides: a service
+    record, several delay headers, a value `parse` refuses or a sum beyond a long."""
+    delays, cancel = [], False
+    for name, value in headers or ():
+        if name in SERVICE_HEADERS:
+            return None
+        if name == H.TIMER_DEL_UNIQKEY:
+            cancel = True
+        elif name in H.DELAY_HEADERS:
+            delays.append((name, value))
+    if cancel:
+        delays = [d for d in delays if d[0] == H.TIMER_DELIVER_MS] or delays
+    if len(delays) != 1:
+        return None if delays else 0
+    name, value = delays[0][0], long_of(delays[0][1])
+    if value is None:
+        return None
+    if name == H.DELAY:
+        return None if value < 0 else (0, *level_delays_ms)[min(value, len(level_delays_ms))]
+    if name == H.TIMER_DELAY_MS:
+        return value
+    after = value * 1000 if name == H.TIMER_DELAY_SEC else value - append_ms
+    return after if fits_long(after) else None
+
+
+def is_direct(headers: list | None, append_ms: int, partition: int, offset: int, rules: Rules,
+              direct_max_delay_ms: int) -> bool:
+    """Whether a dispatch task takes this intake record itself: due within the window of its
+    append (`due_after`; negative window: none). Parses as NOW, DELAY, CANCEL or DEAD."""
     if direct_max_delay_ms < 0:
-        return frozenset()
+        return False
+    if is_legacy(rules, partition, offset):
+        values = legacy_values(rules, direct_max_delay_ms)
+        return not any(name in LEGACY_WHEEL_HEADERS or (name == H.DELAY and value not in values)
+                       for name, value in headers or ())
+    after = due_after(headers, append_ms, rules.level_delays_ms)
+    return after is not None and after <= direct_max_delay_ms
+
+
+def legacy_values(rules: Rules, direct_max_delay_ms: int) -> frozenset[bytes]:
+    """The older split's DELAY values ("0", "1", …): the levels of at most the window."""
     return frozenset(str(level).encode() for level, delay in
                      enumerate((0, *rules.level_delays_ms)) if delay <= direct_max_delay_ms)
-
-
-def is_direct(headers: list | None, values: frozenset[bytes]) -> bool:
-    """Whether a dispatch task sends this intake record itself: only short-level DELAY values
-    (several: a dead letter; none: immediate), no WHEEL_HEADERS. Parses as NOW, DELAY or DEAD."""
-    if not values:
-        return False
-    for name, value in headers or ():
-        if name in WHEEL_HEADERS or (name == H.DELAY and value not in values):
-            return False
-    return True
 
 
 def intake_batch(msgs: list, each: list | None = None) -> pa.RecordBatch:
@@ -60,30 +93,34 @@ def intake_batch(msgs: list, each: list | None = None) -> pa.RecordBatch:
 
 
 def direct_rows(msgs: list, rules: Rules, direct_max_delay_ms: int, now_ms: int, topic: str
-                ) -> tuple[list[Row], list[tuple[Row, str]], list[tuple[int, int]]]:
-    """The records of `msgs` a task sends itself: rows to hold (headers as the wheel delivers
-    them), (row, reason) to dead-letter (headers as they came); and the (partition, offset) of
-    every other record, the wheel's."""
-    values = direct_values(rules, direct_max_delay_ms)
+                ) -> tuple[list[Row], list[tuple[Row, str]], list[Row], list[tuple[int, int]]]:
+    """The records of `msgs` a task takes itself: rows to hold (headers as the wheel delivers
+    them), (row, reason) to dead-letter (headers as they came), cancels (a row naming its
+    target: UNIQ_KEY, level and due time); and the (partition, offset) of every other record,
+    the wheel's."""
     each = [m.headers() or () for m in msgs]
-    mine = [is_direct(headers, values) for headers in each]
+    mine = [is_direct(headers, m.timestamp()[1], m.partition(), m.offset(), rules,
+                      direct_max_delay_ms) for m, headers in zip(msgs, each)]
     others = [(m.partition(), m.offset()) for m, d in zip(msgs, mine) if not d]
     if len(others) == len(msgs):
-        return [], [], others
+        return [], [], [], others
     batch = intake_batch([m for m, d in zip(msgs, mine) if d],
                          [headers for headers, d in zip(each, mine) if d])
     parsed = parse_batch(batch, rules, slot_ms=1000, spread=1, now_ms=now_ms)
     cols = parsed.to_pydict()
-    rows, dead = [], []
+    rows, dead, cancels = [], [], []
     for i, (kind, due, uniq) in enumerate(zip(cols["kind"], cols["due_ms"], cols["uniq_key"])):
         own = list(zip(cols["hkeys"][i] or [], cols["hvals"][i] or []))
         part, off, append = cols["ipart"][i], cols["ioff"][i], cols["append_ms"][i]
         if kind == Kind.DEAD.value:
             dead.append((Row(append, part, off, off, None, None, cols["key"][i], cols["value"][i],
                              own, 0, append, uniq, source=(topic, part)), cols["reason"][i]))
-            continue
-        headers = own + [(H.UNIQ_KEY, uniq.encode()), (H.DELIVER_MS, str(due).encode())]
-        rows.append(Row(due, part, off, off, cols["topic"][i], cols["qid"][i], cols["key"][i],
-                        cols["value"][i], headers, cols["level"][i], append, uniq,
-                        source=(topic, part)))
-    return rows, dead, others
+        elif kind == Kind.CANCEL.value:
+            cancels.append(Row(due, part, off, off, None, None, None, None, [], cols["level"][i],
+                               append, cols["cancel_key"][i], source=(topic, part)))
+        else:
+            headers = own + [(H.UNIQ_KEY, uniq.encode()), (H.DELIVER_MS, str(due).encode())]
+            rows.append(Row(due, part, off, off, cols["topic"][i], cols["qid"][i],
+                            cols["key"][i], cols["value"][i], headers, cols["level"][i], append,
+                            uniq, source=(topic, part)))
+    return rows, dead, cancels, others

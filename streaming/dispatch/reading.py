@@ -8,8 +8,9 @@ import time
 from confluent_kafka import KafkaException, TopicPartition
 
 from streaming.dispatch.bodies import Bodies
+from streaming.dispatch.cancels import CANCELLED, MISSED, Tombstones
 from streaming.dispatch.direct import direct_rows
-from streaming.dispatch.rules import READY_STOP, Offsets, Refired, ready_row
+from streaming.dispatch.rules import READY_STOP, Offsets, Refired, Row, ready_row
 from streaming.dispatch.start import committed, in_ledger, owned_partitions, retrying
 
 log = logging.getLogger(__name__)
@@ -23,11 +24,13 @@ class Reading:
         self.intake: list = []   # the intake's TopicPartitions this task reads (direct.py)
         self.paused = False
         self.refired = Refired()
+        # Cancels of what the task holds or will hold, kept a window past their target's due.
+        self.tombstones = Tombstones(max(config.direct_max_delay_ms, 0))
         self._known_below = 0   # ready rows below this were done before the start (`Refired`)
         self._gathered: list = []   # intake records read and not yet parsed (`gather_s`)
         self._gathered_since = 0.0
 
-    def _resume(self) -> set[tuple[str, int]]:
+    def _resume(self) -> dict[tuple[str, int], str]:
         """Where this run starts: its partitions, their commit points, and what the ledger holds
         from the last mark on (kept for the task's life: a copy read later is a copy still)."""
         consumer, config = self.consumer, self.config
@@ -43,7 +46,7 @@ class Reading:
             self.refired = Refired(*batch)
         return done
 
-    def _consume(self, wait_s: float, done: set[tuple[str, int]]) -> None:
+    def _consume(self, wait_s: float, done: dict[tuple[str, int], str]) -> None:
         """The ready partition's records and the intake's the task reads itself (gathered, and
         parsed together every `gather_s`), waiting up to `wait_s` for the first."""
         for msg in self.consumer.consume(5000, timeout=wait_s):
@@ -100,14 +103,17 @@ class Reading:
         if self.paused:   # a task holding its most keeps every partition paused (`_pace`)
             self.consumer.pause(added)
 
-    def _take_intake(self, msgs: list, done: set[tuple[str, int]]) -> None:
+    def _take_intake(self, msgs: list, done: dict[tuple[str, int], str]) -> None:
         """Intake records: the direct ones are held like fired rows (or skipped, when the
-        ledger holds them already), every other is the wheel's."""
+        ledger holds them already), their cancels kept; every other is the wheel's."""
         # correctDeliverTimestamp (state/timing.py) on the broker's clock as read here.
-        rows, dead, others = direct_rows(msgs, self.config.rules, self.config.direct_max_delay_ms,
-                                         self._now_ms(), self.config.intake_topic)
+        rows, dead, cancels, others = direct_rows(
+            msgs, self.config.rules, self.config.direct_max_delay_ms, self._now_ms(),
+            self.config.intake_topic)
         for part, offset in others:
             self.offsets[(self.config.intake_topic, part)].skip(offset)
+        for cancel in cancels:
+            self._take_cancel(cancel, done.get((cancel.uniq_key, cancel.due_ms)) if done else None)
         for row, reason in [*((row, None) for row in rows), *dead]:
             offsets = self.offsets[row.source]
             if done and (row.uniq_key, row.due_ms) in done:
@@ -121,7 +127,26 @@ class Reading:
             else:   # bad input: its dead letter now, with the wheel's reason
                 self._dead_letter(row, reason)
 
-    def _take(self, msg, done: set[tuple[str, int]]) -> None:
+    def _take_cancel(self, cancel: Row, settled: str | None) -> None:
+        """A cancel (its uniq_key and due_ms name its target), open until its outcome is in the
+        ledger: its target's row dropped, or its own as a miss. `settled`: the target's ledger
+        status as the start read it (a cancel read again after a restart)."""
+        offsets = self.offsets[cancel.source]
+        if settled in (CANCELLED, MISSED):   # its outcome is in the ledger already
+            offsets.skip(cancel.offset)
+            return
+        offsets.read(cancel.offset, self.ledger_end)
+        if settled is not None:   # its target was sent (or dead-lettered) before: a miss
+            self._missed(cancel)
+        elif not self.tombstones.add(cancel):   # a second cancel of one target: the first's
+            offsets.done(cancel.offset)
+
+    def _missed(self, cancel: Row) -> None:
+        cancel.status = MISSED
+        self.held[cancel.level] += 1   # its ledger row counts it out as it does a held row
+        self._acked(cancel, self._now_ms(), None)
+
+    def _take(self, msg, done: dict[tuple[str, int], str]) -> None:
         """One ready record: the run's stop, a row done before the start (known for `Refired`),
         one in the ledger or a refired copy (skipped), or one whose body to read back."""
         offset, headers = msg.offset(), msg.headers() or []

@@ -53,10 +53,11 @@ class DispatchConfig:
 class Row:
     """A held message at `offset` in `source`: None for the ready partition, (intake topic,
     partition) for one read from the intake itself (direct.py). `body` False: a reference not yet
-    read back (bodies.py), its topic, key, value and headers unknown."""
+    read back (bodies.py), its topic, key, value and headers unknown. `status`: its ledger row's,
+    when not delivered or dead (cancels.py); `cancel`: the cancel that dropped it, done with it."""
 
     __slots__ = ("due_ms", "ipart", "ioff", "offset", "topic", "partition", "key", "value",
-                 "headers", "level", "append_ms", "uniq_key", "source", "body")
+                 "headers", "level", "append_ms", "uniq_key", "source", "body", "status", "cancel")
 
     def __init__(self, due_ms, ipart, ioff, offset, topic, partition, key, value, headers,
                  level, append_ms, uniq_key, source=None, body=True):
@@ -64,6 +65,7 @@ class Row:
         self.topic, self.partition, self.key, self.value = topic, partition, key, value
         self.headers, self.level, self.append_ms = headers, level, append_ms
         self.uniq_key, self.source, self.body = uniq_key, source, body
+        self.status = self.cancel = None
 
     def order(self) -> tuple:
         """Its place in the heap: due time, then intake position (one key's order)."""

@@ -154,6 +154,8 @@ class Sending:
         for row in rows:
             self.offsets[row.source].done(row.offset)
             self.held[row.level] -= 1
+            if row.cancel is not None:   # the cancel that dropped it is done with it
+                self.offsets[row.cancel.source].done(row.cancel.offset)
 
     def _probe(self, wait: bool = False) -> None:
         """An empty ledger record whose ack measures the clock (Skew); the ledger query ignores

@@ -80,13 +80,13 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
 
 
 def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
-              ) -> tuple[set[tuple[str, int]], dict, int]:
-    """From the ledger mark (or the beginning) to the end of `ledger`: the messages delivered
-    (UNIQ_KEY, due), which a restart skips; each source's last row delivered there, which the
-    commits' marks wait for (rules.py Offsets); and the partition's end."""
+              ) -> tuple[dict[tuple[str, int], str], dict, int]:
+    """From the ledger mark (or the beginning) to the end of `ledger`: the messages done
+    (UNIQ_KEY, due) with their ledger status, which a restart skips; each source's last row
+    there, which the commits' marks wait for (rules.py Offsets); and the partition's end."""
     low, high = consumer.get_watermark_offsets(ledger, timeout=60)
     position = low if mark is None else max(low, min(mark, high))
-    done: set[tuple[str, int]] = set()
+    done: dict[tuple[str, int], str] = {}
     last: dict = {}
     if position >= high:
         return done, last, high
@@ -100,9 +100,10 @@ def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
             if not msg.value():   # a probe
                 continue
             rows = ledger_rows(msg.value())
-            for key, due, ready, ipart, ioff in zip(*(rows.column(name).to_pylist() for name in (
-                    "uniq_key", "due_ms", "ready_offset", "ipart", "ioff"))):
-                done.add((key, due))   # a resend, due at another time, is sent
+            columns = (rows.column(name).to_pylist() for name in (
+                "uniq_key", "due_ms", "ready_offset", "ipart", "ioff", "status"))
+            for key, due, ready, ipart, ioff, status in zip(*columns):
+                done[(key, due)] = status   # a resend, due at another time, is sent
                 source, offset = (None, ready) if ready is not None else \
                     ((intake_topic, ipart), ioff)
                 last[source] = max(last.get(source, -1), offset)

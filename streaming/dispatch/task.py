@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from streaming.dispatch.cancels import CANCELLED
 from streaming.dispatch.clock import Skew
 from streaming.dispatch.reading import Reading
 from streaming.dispatch.rules import DispatchConfig, Offsets, Row
@@ -94,6 +95,7 @@ class _Task(Reading, Sending, Transactions):
             if self._read_back(wait_s):
                 wait_s = 0.0
             self._send_due()
+            self._expire()
             self.producer.poll(0)
             self._ledger()
             self._pace()
@@ -150,6 +152,11 @@ class _Task(Reading, Sending, Transactions):
         refusals = self.refusals
         while heap and heap[0][0] <= broker_ms() and (first is None or heap[0][:3] < first):
             row = pop(heap)[-1]
+            if self.tombstones:
+                cancel, alone = self.tombstones.drop(row)
+                if cancel is not None:
+                    self._cancelled(row, cancel, alone)
+                    continue
             if refusals.reasons or refusals.alone:   # refused in an aborted transaction
                 where = (row.source, row.offset)
                 if where in refusals.reasons:
@@ -163,6 +170,28 @@ class _Task(Reading, Sending, Transactions):
             if not produce(row.topic, row.partition, row, row.headers, delivered):
                 self._hold(row)   # the producer's queue is full: later
                 return
+
+    def _cancelled(self, row: Row, cancel: Row, first: bool) -> None:
+        """`row` dropped by `cancel`: its ledger row says so, and the cancel is done with it; a
+        copy of it dropped again is done (the first's ledger row stands for both)."""
+        if first:
+            row.status, row.cancel = CANCELLED, cancel
+            self._acked(row, self._now_ms(), None)
+        else:
+            self.offsets[row.source].done(row.offset)
+            self.held[row.level] -= 1
+
+    def _expire(self) -> None:
+        """Cancels whose time is up and whose target cannot be held back any more (nothing due
+        before it waits): one that dropped nothing is a miss, with a ledger row of its own."""
+        if not self.tombstones or not self.skew.measured:
+            return
+        heads = [self.heap[0][0]] if self.heap else []
+        if (wanted := self.bodies.first_wanted()) is not None:
+            heads.append(wanted[0])
+        for cancel, hit in self.tombstones.expired(self.skew.broker_ms(), min(heads, default=None)):
+            if not hit:
+                self._missed(cancel)
 
     def _later(self, send: Callable[[], bool | None], delay_s: float | None = None) -> None:
         """Call `send` again after a back-off (the retry's, or `delay_s`); a send that returns

@@ -13,6 +13,7 @@ from sinks.store import HadoopPath
 from state import headers as H
 from state.columns import TOMBSTONE
 from state.envelope import default_uniq_key
+from streaming.dispatch.cancels import CANCELLED, MISSED
 from streaming.dispatch.rules import READY_STOP, ready_row
 from streaming.kafka.config import librdkafka_config
 from streaming.ledger.records import ledger_rows
@@ -40,6 +41,12 @@ def _delivered(r) -> Whereabouts:
         "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
 
 
+def _cancelled(r) -> Whereabouts:
+    return Whereabouts("cancelled", {"level": r["level"], "due": _iso(r["due_ms"]),
+                                     "cancelled": _iso(r["sent_ms"]),
+                                     "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
+
+
 def _dead(r) -> Whereabouts:
     return Whereabouts("dead", {"reason": r["reason"], "at": _iso(r["dead_ms"]),
                                 "intake": f"{r['intake_partition']}-{r['intake_offset']}"})
@@ -59,7 +66,7 @@ def find(tables: Tables, settings, uniq_key: str, checkpoint: Path | HadoopPath)
     cancel's tombstone in the cold tier, the Kafka topics between the wheel and the tables
     (`in_topics`), the wheel's state."""
     if rows := tables.matching(settings.ledger_path, uniq_key):
-        return _delivered(rows[0])
+        return (_cancelled if rows[0].get("status") == CANCELLED else _delivered)(rows[0])
     if rows := tables.matching(settings.dead_letter_path, uniq_key):
         return _dead(rows[0])
     # Cancelled: a cancel leaves a tombstone in the cold tier, found its message or not.
@@ -108,13 +115,16 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
                 [TopicPartition(tp.topic, tp.partition, since_ms) for tp in tps], timeout=30)):
             if not msg.value() or uniq_key.encode() not in msg.value():
                 continue
-            rows = [r for r in ledger_rows(msg.value()).to_pylist() if r["uniq_key"] == uniq_key]
+            rows = [r for r in ledger_rows(msg.value()).to_pylist()
+                    if r["uniq_key"] == uniq_key and r["status"] != MISSED]   # a cancel's row
             if rows:
                 r = {**rows[0], "intake_partition": rows[0]["ipart"],
                      "intake_offset": rows[0]["ioff"]}
                 if r["status"] == "delivered":
                     return _delivered({**r, "lateness_ms": r["sent_ms"] - r["due_ms"],
                                        "batch_id": "- (in the ledger topic)"})
+                if r["status"] == CANCELLED:
+                    return _cancelled(r)
                 return _dead({**r, "dead_ms": r["sent_ms"]})
         for msg in _records(consumer, settings.ready_topic,
                             lambda tps: consumer.committed(tps, timeout=30), from_earliest=True):
@@ -143,7 +153,7 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
             from streaming.dispatch.direct import direct_rows   # the parse: pandas, numpy
             from streaming.stages import rules_of
 
-            rows, _, _ = direct_rows([msg], rules_of(settings, ""),
+            rows, *_ = direct_rows([msg], rules_of(settings, ""),
                                      settings.dispatch_direct_max_delay_ms,
                                      msg.timestamp()[1], settings.intake_topic)
             if rows and rows[0].uniq_key == uniq_key:

@@ -18,6 +18,7 @@ from sinks.base import BatchSummary
 from sinks.delta import append_once, query_id
 from sinks.dead_letters import dead_letter_columns
 from sinks.metrics import LATENESS_BUCKETS, Metrics
+from streaming.dispatch.cancels import CANCELLED, MISSED
 
 log = logging.getLogger(__name__)
 # A ledger row's group in the counts; "direct": read from the intake by the dispatch itself
@@ -141,8 +142,10 @@ class LedgerWriter:
             self.metrics.observe_batch(summary)
 
     def _append(self, rows: DataFrame, batch_id: int, now_ms: int) -> None:
-        append_once(rows.filter(F.col("status") == "delivered").select(
-            "uniq_key", "topic", "partition", "offset", "level",
+        """The delivered and the cancelled rows (`status`; a table from before it: null rows are
+        delivered ones)."""
+        append_once(rows.filter(F.col("status").isin("delivered", CANCELLED)).select(
+            "uniq_key", "status", "topic", "partition", "offset", "level",
             F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),
             "append_ms", "due_ms", "sent_ms",
             (F.col("sent_ms") - F.col("due_ms")).alias("lateness_ms"),
@@ -158,10 +161,11 @@ class LedgerWriter:
         delivered = [row for row in counted if row["status"] == "delivered"]
         for row in delivered:
             summary.add("deliver", row["level"], None, row["count_all"])
+        outcomes = {"dead": "dead", CANCELLED: "cancelled", MISSED: "cancel_unknown"}
         for row in counted:
-            if row["status"] == "dead":
-                summary.add("dead", None, row["reason"], row["count_all"])
-            if row["direct"]:
+            if row["status"] in outcomes:
+                summary.add(outcomes[row["status"]], None, row["reason"], row["count_all"])
+            if row["direct"] and row["status"] != MISSED:   # a miss's row is its cancel's
                 summary.add("tally", row["level"], None, 1, row["count_all"])
         if delivered:
             buckets = [sum(row[f"le{i}_sum"] for row in delivered)

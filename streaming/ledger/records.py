@@ -76,7 +76,8 @@ def ledger_record(sent: list[tuple[Row, int, str | None, tuple | None, bool]]) -
         "offset": [at[1] if at else None for at in landed],
         "sent_ms": sent_ms,
         "ready_offset": [r.offset if r.source is None else None for r in rows],
-        "status": ["delivered" if reason is None else "dead" for reason in reasons],
+        "status": [r.status or ("delivered" if reason is None else "dead")
+                   for r, reason in zip(rows, reasons)],
         "reason": reasons,
         "key": [r.key if r else None for r in dead],
         "value": [r.value if r else None for r in dead],

@@ -49,24 +49,31 @@ class Tables:
 
     def summary(self, ledger: str | Path, since_ms: int | None, until_ms: int | None) -> list[dict]:
         """Per level over [since, until): delivered, p50, p99 and max lateness (ms), early."""
-        where = " AND ".join(f"sent_ms {op} {int(ms)}" for op, ms in (
-            (">=", since_ms), ("<", until_ms)) if ms is not None) or "true"
+        where = [f"sent_ms {op} {int(ms)}" for op, ms in ((">=", since_ms), ("<", until_ms))
+                 if ms is not None]
+
+        def sql(names: list[str], percentile: str) -> str:
+            # Delivered rows: a cancelled message's has its status (a table from before: none).
+            kept = where + ["coalesce(status, 'delivered') = 'delivered'"] * ("status" in names)
+            return _SUMMARY.format(where=" AND ".join(kept) or "true", percentile=percentile)
         if store.is_local(ledger):
             from deltalake import QueryBuilder
 
             table = _delta_rs(ledger)
             if table is None:
                 return []
-            sql = _SUMMARY.format(where=where, percentile="approx_percentile_cont")   # DataFusion
-            result = QueryBuilder().register("ledger", table).execute(sql)
+            names = [f.name for f in table.schema().fields]
+            query = sql(names, "approx_percentile_cont")   # DataFusion's
+            result = QueryBuilder().register("ledger", table).execute(query)
             return pa.RecordBatchReader.from_stream(result).read_all().to_pylist()
         from sinks.delta import table_exists
 
         if not table_exists(ledger):
             return []
-        self.spark.read.format("delta").load(str(ledger)).createOrReplaceTempView("ledger")
-        sql = _SUMMARY.format(where=where, percentile="percentile_approx")
-        return [r.asDict() for r in self.spark.sql(sql).collect()]
+        table = self.spark.read.format("delta").load(str(ledger))
+        table.createOrReplaceTempView("ledger")
+        return [r.asDict() for r in self.spark.sql(sql(table.columns,
+                                                       "percentile_approx")).collect()]
 
 
 def _delta_rs(location: str | Path):

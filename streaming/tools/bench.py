@@ -11,6 +11,9 @@ Scenarios, in one run on one broker and one Spark session:
           starts): parse, wheel, ready topic, dispatch, ledger. Its ratio to raw is the headline.
   steady  delayq under a constant rate over chosen levels: lateness p50/p95/p99/max, early,
           lost, duplicates, throughput in and out, batch durations.
+  timers  timers of every header form at the steady rate, due within `timers_spread_s`, a fifth
+          within 3 s or in the past: lateness per band of due time after append (the direct
+          window and beyond it) (streaming/tools/bench_timers.py).
   burst   many timer messages due in the same second: how long after it the last one left.
   scattered
           timers due uniformly over the next 10 minutes, measured after 10 minutes of fill:
@@ -55,11 +58,12 @@ from streaming.tools.bench_load import Load, MemoryPeaks, fresh_topic, tidy
 # new job on a backlog; the steady load, burst and backlog run on the job it leaves (or start
 # one); restart and first-minute run their own, and cluster its own on a local standalone
 # cluster (asked for by name: streaming/tools/bench_cluster.py).
-SCENARIOS = ("raw", "raw-steady", "drain", "steady", "burst", "scattered", "backlog", "restart",
-             "first-minute", "cluster")
+SCENARIOS = ("raw", "raw-steady", "drain", "steady", "timers", "burst", "scattered", "backlog",
+             "restart", "first-minute", "cluster")
 # The scenarios in modules of their own, and those of them that run a job of their own.
 SCENARIO_MODULES = {"raw": "streaming.tools.bench_raw", "raw-steady": "streaming.tools.bench_raw",
                     "scattered": "streaming.tools.bench_scattered",
+                    "timers": "streaming.tools.bench_timers",
                     "backlog": "streaming.tools.bench_backlog",
                     "restart": "streaming.tools.bench_restart", "first-minute": "streaming.tools.bench_start",
                     "cluster": "streaming.tools.bench_cluster"}
@@ -91,6 +95,7 @@ class Plan:
     levels: tuple[int, ...] = (1, 2)
     burst: int = 500_000
     burst_lead_s: float = 90
+    timers_spread_s: float = 60   # timers: due within this after their append
     scattered_fill_s: float = 600   # scattered: load before the measured `seconds`
     scattered_spread_s: float = 600   # scattered: timer delays uniform below this
     restart_rate: float = 200
@@ -103,9 +108,10 @@ class Plan:
     @classmethod
     def short(cls) -> "Plan":
         """The CI form: small, quick, fails only on early or lost messages (restart: an outage)."""
-        return cls(scenarios=("raw", "raw-steady", "drain", "steady", "burst", "scattered",
-                              "backlog", "restart"), drain=5_000, rate=1_000, seconds=10,
-                   warmup_s=5, burst=5_000, burst_lead_s=25, scattered_fill_s=10,
+        return cls(scenarios=("raw", "raw-steady", "drain", "steady", "timers", "burst",
+                              "scattered", "backlog", "restart"), drain=5_000, rate=1_000,
+                   seconds=10, warmup_s=5, burst=5_000, burst_lead_s=25, timers_spread_s=20,
+                   scattered_fill_s=10,
                    scattered_spread_s=20, backlog=20_000, backlog_rate=500,
                    backlog_seconds=10, restart_down_s=5, restart_backlog=2_000)
 
@@ -188,21 +194,21 @@ class Bench:
         return self._constant("steady", self.plan.rate, self.plan.seconds, self.plan.warmup_s)
 
     def _constant(self, name: str, rate: float, seconds: float, warmup_s: float = 0,
-                  delay_spread_ms: int = 0) -> dict:
+                  delay_spread_ms: int = 0, timer_mix_ms: int = 0) -> dict:
         """`rate` msg/s for `warmup_s` + `seconds` over the plan's levels (timers delayed up to
-        `delay_spread_ms` when given), each on time or how late; lateness and batch figures
-        over the `seconds` after the warm-up."""
+        `delay_spread_ms`, or of every form up to `timer_mix_ms`, when given), each on time or
+        how late; lateness and batch figures over the `seconds` after the warm-up."""
         load = self._on_job(name)
         count = int(rate * (warmup_s + seconds))
-        longest = max(delay_spread_ms, *(self.settings.level_delays_ms[lv - 1]
-                                         for lv in self.plan.levels))
+        longest = max(delay_spread_ms, timer_mix_ms, *(self.settings.level_delays_ms[lv - 1]
+                                                       for lv in self.plan.levels))
         load.start_reader(timeout_s=warmup_s + seconds + longest / 1000 + 600)
         after = last_batch(self.job.query)
         first_summary = len(self.summaries)
         produced = load.produce(self.settings.intake_topic, count, rate, self.plan.size,
                                 levels=self.plan.levels,
                                 partitions=len(self.settings.level_delays_ms), wait=False,
-                                delay_spread_ms=delay_spread_ms)
+                                delay_spread_ms=delay_spread_ms, timer_mix_ms=timer_mix_ms)
         if warmup_s:
             time.sleep(warmup_s)
             after, first_summary = last_batch(self.job.query), len(self.summaries)

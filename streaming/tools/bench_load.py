@@ -43,10 +43,11 @@ class Load:
     def produce(self, intake: str, count: int, rate: float, size: int,
                 levels: tuple[int, ...] = (1,), deliver_at_ms: int = 0, partitions: int = 1,
                 wait: bool = True, deliver_spread_ms: int = 0, random_bodies: bool = False,
-                no_delay: bool = False, delay_spread_ms: int = 0):
+                no_delay: bool = False, delay_spread_ms: int = 0, timer_mix_ms: int = 0):
         """Sends `count` messages at `rate` (0: at once); each is due its level's delay after
         its append, or at its append with `no_delay` (the raw pipe, which keeps nothing), or
-        with `delay_spread_ms` a timer delay drawn uniformly below it."""
+        with `delay_spread_ms` a timer delay drawn uniformly below it, or with `timer_mix_ms`
+        a timer of every header form (loadgen.py TimerMix)."""
         delays = ",".join("0" if no_delay else str(d) for d in self.settings.level_delays_ms)
         proc = subprocess.Popen(
             [sys.executable, "-m", "streaming.tools.loadgen", "produce",
@@ -56,6 +57,7 @@ class Load:
              "--deliver-at-ms", str(deliver_at_ms), "--partitions", str(partitions),
              "--deliver-spread-ms", str(deliver_spread_ms),
              "--timer-delay-spread-ms", str(delay_spread_ms),
+             "--timer-mix-ms", str(timer_mix_ms),
              *(["--random-bodies"] if random_bodies else []),
              "--run", Path(self.out).name, "--seq-base", str(self.seq_base),
              "--out", self.out + "-sent.npz"],

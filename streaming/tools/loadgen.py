@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -60,13 +61,15 @@ def produce(args) -> None:
     # Timers each due its own delay after its append (TIMER_DELAY_MS), uniform over the spread.
     timer_delay = np.random.default_rng(1).integers(
         0, args.timer_delay_spread_ms, n, dtype=np.int64) if args.timer_delay_spread_ms else None
+    mix = TimerMix(n, args.timer_mix_ms) if args.timer_mix_ms else None
     started = time.time()
     i = 0
     while i < n:
         # Keep to the rate: send what is owed now, then yield to the delivery reports.
         owed = n if args.rate <= 0 else min(n, int((time.time() - started) * args.rate) + 1)
         while i < owed:
-            headers, part = _addressed(args, i, level_of, timer_due, timer_delay)
+            headers, part = (mix.addressed(args, i) if mix else
+                             _addressed(args, i, level_of, timer_due, timer_delay))
             # Random bodies where asked: one repeated body would compress away in the cold
             # tier's Parquet files and understate the bytes kept per message.
             body = os.urandom(args.size - SEQ) if args.random_bodies else pad
@@ -83,7 +86,38 @@ def produce(args) -> None:
         producer.poll(0.005 if args.rate > 0 else 0)
     producer.flush(120)
     _record(args, time.time() - started, append, delays, level_of, timer_due, failed,
-            timer_delay)
+            timer_delay, mix)
+
+
+class TimerMix:
+    """Timers in every header form (the `timers` scenario): a tenth in the past by up to 30 s
+    (TIMER_DELIVER_MS), a tenth due within 3 s, the rest within `spread_ms`; the others in turn
+    as TIMER_DELIVER_MS, TIMER_DELAY_MS and TIMER_DELAY_SEC (whole seconds)."""
+
+    def __init__(self, n: int, spread_ms: int):
+        rng = np.random.default_rng(2)
+        band = rng.integers(0, 10, n)
+        self.delay = np.where(band == 0, rng.integers(-30_000, 0, n),
+                              np.where(band == 1, rng.integers(0, 3_000, n),
+                                       rng.integers(3_000, spread_ms, n))).astype(np.int64)
+        self.form = np.where(band == 0, 0, np.arange(n) % 3)   # 0 deliver, 1 ms, 2 seconds
+        self.delay[self.form == 2] -= self.delay[self.form == 2] % 1000
+        self.at = np.zeros(n, np.int64)   # TIMER_DELIVER_MS: the producer's clock + delay
+
+    def addressed(self, args, i: int) -> tuple[list, int]:
+        uniq = f"{args.run}-{i}"
+        headers = [("REAL_TOPIC", args.real.encode()), ("UNIQ_KEY", uniq.encode())]
+        if self.form[i] == 0:
+            self.at[i] = int(time.time() * 1000) + self.delay[i]
+            headers.append(("TIMER_DELIVER_MS", str(self.at[i]).encode()))
+        elif self.form[i] == 1:
+            headers.append(("TIMER_DELAY_MS", str(self.delay[i]).encode()))
+        else:
+            headers.append(("TIMER_DELAY_SEC", str(self.delay[i] // 1000).encode()))
+        return headers, zlib.crc32(uniq.encode()) % args.partitions   # as DelayProducer does
+
+    def due(self, append: np.ndarray) -> np.ndarray:
+        return np.where(self.form == 0, np.maximum(append, self.at), append + self.delay)
 
 
 def _addressed(args, i: int, level_of: np.ndarray, timer_due,
@@ -106,13 +140,15 @@ def _addressed(args, i: int, level_of: np.ndarray, timer_due,
 
 
 def _record(args, elapsed: float, append: np.ndarray, delays: list[int], level_of: np.ndarray,
-            timer_due, failed: int, timer_delay=None) -> None:
+            timer_due, failed: int, timer_delay=None, mix: TimerMix | None = None) -> None:
     """Each message's append and due time and level (`args.out`.npz), then the `.done` file."""
     n = len(append)
-    timers = args.deliver_at_ms or timer_delay is not None
+    timers = args.deliver_at_ms or timer_delay is not None or mix is not None
     level_per_seq = (np.full(n, -1, dtype=np.int64) if timers
                      else level_of[np.arange(n) % len(level_of)].astype(np.int64))
-    if timer_delay is not None:
+    if mix is not None:
+        due = mix.due(append)
+    elif timer_delay is not None:
         due = append + timer_delay
     elif timer_due is not None:
         due = np.maximum(append, timer_due)
@@ -188,6 +224,8 @@ def main(argv=None) -> None:
                    help="timers due uniformly over [deliver-at, deliver-at + spread)")
     p.add_argument("--timer-delay-spread-ms", type=int, default=0,
                    help="timers due uniformly over [0, spread) ms after their append")
+    p.add_argument("--timer-mix-ms", type=int, default=0,
+                   help="timers of every header form, past and due within this (TimerMix)")
     p.add_argument("--random-bodies", action="store_true", help="a random body per message")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--run", default="bench")

@@ -148,23 +148,25 @@ def write_stamp(settings: Settings, checkpoint: str, started_ms: int = 0,
     """`seal`: `seal_of`'s key and offsets, kept in the stamp from then on."""
     store.write_atomic(store.path(checkpoint) / STAMP, json.dumps(
         {"settings": fingerprint(settings), "state_format": STATE_FORMAT, "spark": spark_line(),
-         "started_ms": started_ms, "seal_key": seal[0], "unsealed_before": list(seal[1])},
+         "started_ms": started_ms, "seal_key": seal[0], "legacy_before": list(seal[1])},
         indent=1) + "\n")
 
 
 def seal_of(checkpoint: str, verdict: str,
             intake_ends: Callable[[], dict[int, int]]) -> tuple[str, tuple[int, ...]]:
     """The key that seals the service's own intake records (state/seal.py), and per intake
-    partition the offset below which an unsealed one is honoured: the stamp's; a new key for a
-    new checkpoint; on one an older delayq wrote, a new key and the intake's end offsets now
-    (its unsealed rolls may still be unread)."""
+    partition the offset below which records follow the rules of the delayq before (state/
+    envelope.py Rules.legacy_before): the stamp's; a new key for a new checkpoint; on one an
+    older delayq wrote, a new key and the intake's end offsets now (what it wrote and split may
+    still be unread by the wheel or by the dispatch tasks)."""
     stamp = _stamp(store.path(checkpoint)) if verdict == "resume" else None
-    if stamp and stamp.get("seal_key"):
-        return stamp["seal_key"], tuple(stamp.get("unsealed_before", ()))
+    if stamp and stamp.get("seal_key") and "legacy_before" in stamp:
+        return stamp["seal_key"], tuple(stamp["legacy_before"])
     if verdict == "fresh":
         return new_key(), ()
     ends = intake_ends()
-    return new_key(), tuple(ends.get(p, 0) for p in range(max(ends, default=-1) + 1))
+    return ((stamp or {}).get("seal_key") or new_key(),
+            tuple(ends.get(p, 0) for p in range(max(ends, default=-1) + 1)))
 
 
 def _stamp(path: Path | HadoopPath, read=lambda stamp: stamp):

@@ -137,31 +137,52 @@ def test_any_input_is_delivered_on_time_or_dead_lettered_with_its_reason(data, b
         assert record.timestamp >= due, f"{due - record.timestamp} ms early"
 
 
-def test_the_wheel_leaves_out_exactly_the_records_the_dispatch_takes(spark, job_settings):
+# Header values for the split's two copies: integers at the edges of a long and of the window,
+# and what `parse` refuses (spaces, "+", non-ASCII digits, not UTF-8, empty, none).
+SPLIT_VALUES = st.one_of(
+    st.sampled_from([b"0", b"1", b"2", b"3", b"4", b"9", b"02", b"-0", b" 1", b"1 ", b"+1", b"",
+                     b"1\n", None, b"\xff", "１".encode(), "٣".encode(), b"9223372036854775807",
+                     b"9223372036854775808", b"-9223372036854775808", b"-9223372036854775809",
+                     b"9223372036854775", b"10000", b"10001", b"-60000"]),
+    st.integers(-2**64, 2**64).map(lambda n: str(n).encode()),
+    st.integers(-100_000, 20_000).map(lambda n: ("at", n)))   # TIMER_DELIVER_MS near append
+SPLIT_NAMES = st.sampled_from([*H.DELAY_HEADERS, *H.DELAY_HEADERS, H.TIMER_DEL_UNIQKEY,
+                               H.HEARTBEAT, H.ROLLED, H.REAL_TOPIC, "delay", "trace"])
+
+
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(records=st.lists(st.tuples(st.lists(st.tuples(SPLIT_NAMES, SPLIT_VALUES), max_size=4),
+                                  st.integers(0, 3), st.integers(0, 40),
+                                  st.integers(0, 2**42)), min_size=300, max_size=400),
+       legacy=st.sampled_from([(), (20, 0, 40)]))
+def test_the_wheel_leaves_out_exactly_the_records_the_dispatch_takes(records, legacy, spark,
+                                                                     job_settings):
     """The split of the intake between the wheel and the dispatch tasks, computed twice: by
     the wheel in the JVM (streaming/wheel/query.py `direct_column`) and by a dispatch task in
-    Python (streaming/dispatch/direct.py `is_direct`). Every record must have exactly one owner."""
-    import itertools
+    Python (streaming/dispatch/direct.py `is_direct`), on the same drawn records, below and above
+    the offsets of an older delayq's split. Every record must have exactly one owner."""
+    from dataclasses import replace
 
-    from streaming.dispatch.direct import direct_values, is_direct
+    from streaming.dispatch.direct import is_direct
     from streaming.wheel.query import direct_column
 
     settings = job_settings(delay_levels="1s 5s 10s 30s", dispatch_direct_max_delay_ms=10_000)
-    values = direct_values(rules_of(settings, ""), settings.dispatch_direct_max_delay_ms)
-    parts = [(H.DELAY, v) for v in (b"0", b"1", b"3", b"4", b"9", b"02", b" 1", b"", None,
-                                    b"\xff", "１".encode())]
-    parts += [(name, b"1") for name in (H.TIMER_DELAY_MS, H.TIMER_DELAY_SEC, H.TIMER_DELIVER_MS,
-                                        H.TIMER_DEL_UNIQKEY, H.HEARTBEAT, H.ROLLED, "delay",
-                                        "trace")]
-    cases = [None, []] + [[(H.REAL_TOPIC, b"t"), *combo]
-                          for n in (0, 1, 2) for combo in itertools.permutations(parts, n)]
-    frame = spark.createDataFrame([(i, None if c is None else [(k, v) for k, v in c])
-                                   for i, c in enumerate(cases)],
-                                  "i int, headers array<struct<key:string,value:binary>>")
+    rules = replace(rules_of(settings, ""), legacy_before=legacy)
+    cases = [([(k, str(append + v[1]).encode() if isinstance(v, tuple) else v) for k, v in headers],
+              part, off, append) for headers, part, off, append in records]
+    cases += [([(H.DELAY, b"2")], 0, 50, 1), ([(H.DELAY, b"4")], 0, 50, 1)]   # one of each
+    frame = spark.createDataFrame(
+        [(i, part, off, append, headers or None) for i, (headers, part, off, append)
+         in enumerate(cases)],
+        "i int, ipart int, ioff long, append_ms long, "
+        "headers array<struct<key:string,value:binary>>")
+    window = settings.dispatch_direct_max_delay_ms
     jvm = {r["i"]: r["direct"] for r in
-           frame.select("i", direct_column(values).alias("direct")).collect()}
-    python = {i: is_direct(c, values) for i, c in enumerate(cases)}
-    assert jvm == python
+           frame.select("i", direct_column(rules, window).alias("direct")).collect()}
+    python = {i: is_direct(headers, append, part, off, rules, window)
+              for i, (headers, part, off, append) in enumerate(cases)}
+    differ = [cases[i] for i in python if python[i] != jvm[i]]
+    assert not differ, differ[:3]
     assert 0 < sum(python.values()) < len(cases)
 
 

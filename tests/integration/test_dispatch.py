@@ -23,7 +23,7 @@ from streaming.ledger.records import SENDER, ledger_rows
 from streaming.dispatch.task import run_partition
 from state import headers as H
 from streaming.stages import dispatch_config, rules_of
-from tests.support import consume_all, header_map
+from tests.support import assert_eventually, consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
 
@@ -63,7 +63,8 @@ def dispatch(new_topic, kafka_bootstrap):
 
 def write_fired(bootstrap: str, intake: str, ready: str, rows: list[dict], batch: int) -> None:
     """Each row's message on intake partition 0 (its own header "trace", REAL_TOPIC, REAL_QID if
-    the row has a "qid", DELAY 1 and UNIQ_KEY), then its reference on ready partition 0 as
+    the row has a "qid", DELAY 1 or the row's "delay" header, and UNIQ_KEY), then its reference
+    on ready partition 0 as
     sinks/ready.py writes it: keyed by the wheel batch `batch`, due at the row's "due"."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all",
                          "enable.idempotence": True, "linger.ms": 5})
@@ -72,7 +73,8 @@ def write_fired(bootstrap: str, intake: str, ready: str, rows: list[dict], batch
         qid = [] if row.get("qid") is None else [(H.REAL_QID, str(row["qid"]).encode())]
         producer.produce(intake, key=row.get("key"), value=row.get("value", b"v"), partition=0,
                          headers=[("trace", b"t"), (H.REAL_TOPIC, row["topic"].encode()), *qid,
-                                  (H.DELAY, b"1"), (H.UNIQ_KEY, row["uniq"].encode())],
+                                  row.get("delay", (H.DELAY, b"1")),
+                                  (H.UNIQ_KEY, row["uniq"].encode())],
                          on_delivery=lambda err, msg, i=i: landed.__setitem__(i, (err, msg)))
     assert producer.flush(60) == 0, "the intake took every row"
     for row, (err, msg) in zip(rows, landed):
@@ -458,7 +460,7 @@ def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
     config = replace(config, intake_topic=intake, direct_max_delay_ms=5000, rules=Rules(
         (1000, 5000, 10000), intake, config.dlq_topic, allowed_topics=frozenset(),
         max_delay_ms=86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
-        cold_bucket_ms=3_600_000, timer_parts=8, seal_key="", unsealed_before=()))
+        cold_bucket_ms=3_600_000, timer_parts=8, seal_key="", legacy_before=()))
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
 
     def send(level: bytes, n: int, tag: str, delay_header: str = H.DELAY) -> None:
@@ -529,7 +531,7 @@ def test_a_partition_added_to_the_intake_under_load_is_read_from_its_beginning(
                          (1000, 5000), intake, config.dlq_topic, allowed_topics=frozenset(),
                          max_delay_ms=86_400_000, clock_tolerance_ms=60_000,
                          near_horizon_ms=600_000, cold_bucket_ms=3_600_000, timer_parts=8,
-                         seal_key="", unsealed_before=()))
+                         seal_key="", legacy_before=()))
     sent = []
 
     def send(producer, partition: int, n: int, pause_s: float) -> None:
@@ -625,3 +627,54 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     assert all(reasons[k].startswith("intake_record_replaced: ") for k in ("m-other", "m112"))
     assert header_map(dead[0])["DELAYQ_INTAKE_RECORD"]
     assert result and result[0]["dead"] == 6
+
+
+def test_a_cancel_drops_its_target_that_comes_later_also_across_a_kill(
+        dispatch, new_topic, kafka_bootstrap):
+    """A cancel due within the window reaches the task before its target: the task keeps it
+    as a tombstone, holds its commit point below it, and when killed, its successor reads the
+    cancel again and drops the target that comes only now (a fired reference), with a ledger
+    row `cancelled`; its neighbour leaves on time. A cancel whose target never comes is a miss,
+    with a ledger row of its own once the target's due time and the window have passed."""
+    from streaming.dispatch.cancels import CANCELLED, MISSED
+
+    config, write = dispatch
+    config = transactional(replace(config, direct_max_delay_ms=8_000, rules=rules_of(
+        load_settings(intake_topic=config.intake_topic, dlq_topic=config.dlq_topic), "")))
+    intake = config.intake_topic
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    due = int(time.time() * 1000) + 7_000
+    cancels = [producer.send(intake, b"", partition=0, headers=[
+        (H.TIMER_DEL_UNIQKEY, key), (H.TIMER_DELIVER_MS, str(due).encode())]).get(30)
+        for key in (b"target", b"never")]
+    # A direct message after the cancels: it leaves and is done, the commit stays below them.
+    producer.send(intake, b"soon", partition=0, headers=[
+        (H.REAL_TOPIC, config.real.encode()), (H.DELAY, b"1"), (H.UNIQ_KEY, b"soon")]).get(30)
+    task = multiprocessing.get_context("spawn").Process(target=_run, args=(config,))
+    task.start()
+    consume_all(kafka_bootstrap, config.real, expected=1, timeout_s=60)
+    ledger_of(kafka_bootstrap, config.ledger_topic, 1)
+    reader = Consumer(config.consumer)
+    assert_eventually(lambda: reader.committed([TopicPartition(intake, 0)], timeout=10)[0].offset
+                      == cancels[0].offset, timeout_s=30, message="the commit held at the cancel")
+    reader.close()
+    task.kill()
+    task.join(30)
+    # The target comes only now, through the wheel (its intake record is a timer beyond the
+    # window, the wheel's), and its neighbour with it.
+    write([{"uniq": uniq, "due": due, "delay": (H.TIMER_DELAY_MS, b"60000")}
+           for uniq in ("target", "neighbour")])
+    thread, result = in_thread(config)
+    records = consume_all(kafka_bootstrap, config.real, expected=2, timeout_s=60, idle_s=2)
+    rows = ledger_of(kafka_bootstrap, config.ledger_topic, 4)   # soon, target, neighbour, never
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert sorted(header_map(r)["UNIQ_KEY"].decode() for r in records) == ["neighbour", "soon"]
+    assert all(r.timestamp >= int(header_map(r)[H.DELIVER_MS]) for r in records)
+    neighbour = next(r for r in records if r.value == b"v")
+    assert neighbour.timestamp - due < 1_500, "the neighbour on time"
+    status = {(r["uniq_key"], r["status"]) for r in rows}
+    assert {("target", CANCELLED), ("never", MISSED), ("neighbour", "delivered"),
+            ("soon", "delivered")} == status
+    assert next(r for r in rows if r["uniq_key"] == "never")["sent_ms"] >= due + 8_000
+    producer.close()

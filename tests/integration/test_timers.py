@@ -214,3 +214,80 @@ def test_a_cancel_finds_its_timer_in_the_cold_tier_in_the_wheel_and_ahead_of_it(
     for key in (waiting.uniq_key, "ahead", rolled.uniq_key):
         where = lookup.find(Tables(lambda: spark), settings, key, Path(job.checkpoint))
         assert where.status == "cancelled", (key, where)
+
+
+# The default direct window: every message due within 12 s of its append skips the wheel.
+WINDOW = dict(dispatch_direct_max_delay_ms=12_000)
+
+
+def test_timers_due_within_the_window_skip_the_wheel_in_every_form(
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log):
+    """A TIMER_DELAY_SEC=3 timer, a TIMER_DELAY_MS one, a TIMER_DELIVER_MS 4 s ahead and one
+    5 s in the past: each taken by a dispatch task straight from the intake (its ledger row
+    names no ready record) and delivered within a second of its due time, never before."""
+    from tests.integration.test_dispatch import ledger_of
+
+    settings = job_settings(**WINDOW)
+    real = new_topic(**LOG_APPEND)
+    start_job(settings)
+    raw = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    now = int(time.time() * 1000)
+    forms = {"sec": ("TIMER_DELAY_SEC", b"3"), "ms": ("TIMER_DELAY_MS", b"2500"),
+             "ahead": ("TIMER_DELIVER_MS", str(now + 4_000).encode()),
+             "past": ("TIMER_DELIVER_MS", str(now - 5_000).encode())}
+    sent = {}
+    for name, (header, value) in forms.items():
+        meta = raw.send(settings.intake_topic, name.encode(), key=name.encode(), headers=[
+            ("REAL_TOPIC", real.encode()), (header, value), ("UNIQ_KEY", name.encode())]
+                        ).get(timeout=30)
+        due = {"sec": meta.timestamp + 3_000, "ms": meta.timestamp + 2_500,
+               "ahead": max(meta.timestamp, now + 4_000), "past": meta.timestamp}[name]
+        sent[name] = Sent(name.encode(), name.encode(), [], due)
+    raw.close()
+    records = consume_all(kafka_bootstrap, real, expected=4, timeout_s=60, idle_s=2)
+    late: list[int] = []
+    check_deliveries(records, sent, lateness_log=late)
+    lateness_log.extend(late)
+    assert max(late) < 1_000, dict(zip(sent, late))
+    rows = ledger_of(kafka_bootstrap, settings.ledger_topic, 4)
+    assert {r["uniq_key"]: r["ready_offset"] for r in rows} == dict.fromkeys(forms), \
+        "read by a dispatch task from the intake, not fired by the wheel"
+
+
+def test_a_cancel_within_the_window_finds_its_timer_in_its_dispatch_task(
+        job_settings, start_job, new_topic, kafka_bootstrap, lateness_log, spark):
+    """A timer due 9 s out (the dispatch task holds it from its read) cancelled 1.5 s after it
+    was sent, and one due 20 s out (through the wheel) cancelled 10 s before its due time (its
+    cancel in the window: to the task): neither arrives, their neighbours do, on time; the
+    ledger says `cancelled`, and so does `delayq ledger`."""
+    from pathlib import Path
+
+    from streaming.ledger import lookup
+    from streaming.ledger.tables import Tables
+    from tests.integration.test_dispatch import ledger_of
+
+    settings = job_settings(**WINDOW)
+    real = new_topic(**LOG_APPEND)
+    job = start_job(settings)
+    sent = {}
+    with DelayProducer(settings) as producer:
+        near, far = (producer.send(real, b"cancelled", delay_ms=ms) for ms in (9_000, 20_000))
+        for ms in (9_000, 20_000):
+            h = producer.send(real, b"kept", delay_ms=ms)
+            sent[h.uniq_key] = Sent(None, b"kept", [], h.due_ms)
+        time.sleep(1.5)
+        producer.cancel(near)
+        time.sleep(max(0.0, (far.due_ms - 10_000) / 1000 - time.time()))
+        producer.cancel(far)
+    records = consume_all(kafka_bootstrap, real, expected=2, timeout_s=60, idle_s=3)
+    late: list[int] = []
+    check_deliveries(records, sent, lateness_log=late)
+    lateness_log.extend(late)
+    assert max(late) < 2_000, late
+    rows = ledger_of(kafka_bootstrap, settings.ledger_topic, 4)
+    assert {r["uniq_key"]: r["status"] for r in rows if r["status"] != "delivered"} == {
+        near.uniq_key: "cancelled", far.uniq_key: "cancelled"}
+    tables = Tables(lambda: spark)
+    for handle in (near, far):
+        where = lookup.find(tables, settings, handle.uniq_key, Path(job.checkpoint))
+        assert where.status == "cancelled", (handle, where)

@@ -184,7 +184,7 @@ def test_the_seal_key_is_made_once_and_kept_and_an_older_checkpoint_honours_what
     write_stamp(SETTINGS, older, 1)   # as an older delayq wrote it: no key
     stamp = json.loads((tmp_path / "older" / STAMP).read_text())
     (tmp_path / "older" / STAMP).write_text(json.dumps(
-        {k: v for k, v in stamp.items() if k not in ("seal_key", "unsealed_before")}))
+        {k: v for k, v in stamp.items() if k not in ("seal_key", "legacy_before")}))
     upgraded = seal_of(older, "resume", lambda: {0: 7, 2: 9})
     assert upgraded[0] != key and upgraded[1] == (7, 0, 9)
     write_stamp(SETTINGS, older, 1, upgraded)

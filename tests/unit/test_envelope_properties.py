@@ -17,7 +17,7 @@ RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="inta
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
               clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000,
               timer_parts=8, seal_key=KEY,
-              unsealed_before=())
+              legacy_before=())
 APPEND = 1_700_000_000_000
 
 CONTRACT_NAMES = sorted(H.CONTROL_HEADERS - {H.HEARTBEAT})
@@ -199,10 +199,10 @@ def test_the_services_own_records_are_honoured_with_their_seal_only():
 
 def test_an_older_delayqs_unsealed_records_are_honoured_below_its_offsets_only():
     """On a checkpoint an older delayq wrote, what it rolled and had not yet read is honoured
-    as before: below the intake's end offsets at the upgrade (the stamp's unsealed_before)."""
+    as before: below the intake's end offsets at the upgrade (the stamp's legacy_before)."""
     from dataclasses import replace
 
-    rules = replace(RULES, unsealed_before=(0, 100))
+    rules = replace(RULES, legacy_before=(0, 100))
     old = [(H.REAL_TOPIC, b"orders"), (H.UNIQ_KEY, b"u1"),
            (H.TIMER_DELIVER_MS, str(APPEND + 9_000).encode()), (H.ROLLED, b"3")]
     assert parse(old, 1, 99, APPEND, rules, APPEND).rolled

@@ -17,13 +17,13 @@ RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="inta
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
               clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000,
               timer_parts=8, seal_key=KEY,
-              unsealed_before=())
+              legacy_before=())
 # Levels that reach beyond the near horizon: the common path must send them to the cold tier.
 COLD_RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
                    dlq_topic="intake.DLQ", allowed_topics=frozenset({"orders", "b.c"}),
                    max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000,
                    near_horizon_ms=3_000, cold_bucket_ms=1_000, timer_parts=8, seal_key=KEY,
-              unsealed_before=())
+              legacy_before=())
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 topics = st.sampled_from([b"orders", b"b.c", b" orders ", b"intake", b"intake.DLQ", b"__x",
@@ -125,44 +125,60 @@ def test_a_batch_of_common_rows_takes_the_batch_path():
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
-       st.sampled_from([-1, 0, 1_000, 5_000, 10_000]), st.booleans())
-def test_the_records_the_dispatch_takes_parse_as_short_levels_or_dead(
-        rows, base_ms, direct, immediate):
-    """streaming/dispatch/direct.py `is_direct` (and the wheel's JVM copy of it, tested against it in
-    tests/integration/test_delivery.py) splits the intake by headers alone: a dispatch task
-    holds each record it takes, of a level no longer than the setting, or dead-letters it; never
-    a timer, a cancel, a heartbeat or a rolled one."""
-    from streaming.dispatch.direct import direct_values, is_direct
+       st.sampled_from([-1, 0, 1_000, 5_000, 10_000, 12_000]), st.booleans())
+def test_the_dispatch_takes_exactly_what_is_due_within_its_window(rows, base_ms, window,
+                                                                   immediate):
+    """streaming/dispatch/direct.py `is_direct` (and the wheel's JVM copy of it, tested against
+    it in tests/integration/test_bad_input.py) splits the intake by the record alone: a dispatch
+    task takes every record `parse` finds due (a cancel: its target due) within the window of its
+    append, level or timer, and no other but dead letters; never a heartbeat or a rolled one."""
+    from streaming.dispatch.direct import is_direct
 
     if immediate:   # the common immediate message: REAL_TOPIC and maybe UNIQ_KEY only
         rows = [[h for h in r if h[0] not in H.DELAY_HEADERS] for r in rows]
     data = batch(rows, [base_ms] * len(rows), 0)
-    values = direct_values(RULES, direct)
-    mine = [is_direct([(h["key"], h["value"]) for h in r or []], values)
-            for r in data.column("headers").to_pylist()]
-    parsed = parse_batch(data, RULES, 1_000, 2, base_ms)
-    delays = (0, *RULES.level_delays_ms)
-    for taken, kind, level in zip(mine, parsed.column("kind").to_pylist(),
-                                  parsed.column("level").to_pylist()):
-        if taken:
-            assert kind == "dead" or (kind in ("now", "delay") and delays[level] <= direct)
-    assert direct >= 0 or not any(mine)
+    mine = [is_direct([(h["key"], h["value"]) for h in r or []], base_ms, 0, i, RULES, window)
+            for i, r in enumerate(data.column("headers").to_pylist())]
+    parsed = parse_batch(data, RULES, 1_000, 2, base_ms).to_pydict()
+    for taken, kind, due in zip(mine, parsed["kind"], parsed["due_ms"]):
+        if kind != "dead":
+            assert taken == (window >= 0 and kind != "cold" and due - base_ms <= window), kind
+    assert window >= 0 or not any(mine)
 
 
-def test_the_split_takes_the_plain_short_levels_and_immediate_messages():
-    from streaming.dispatch.direct import direct_values, is_direct
+def test_the_split_takes_levels_timers_and_cancels_due_within_the_window():
+    from dataclasses import replace
 
-    values = direct_values(RULES, 5_000)
-    assert values == {b"0", b"1", b"2"}
-    topic = (H.REAL_TOPIC, b"orders")
-    assert is_direct([topic, (H.DELAY, b"2"), ("trace", b"t")], values)
-    assert is_direct([topic], values) and is_direct(None, values)
-    assert is_direct([topic, (H.DELAY, b"1"), (H.DELAY, b"1")], values)   # a dead letter's
-    for other in ([(H.DELAY, b"3")], [(H.DELAY, b"02")], [(H.DELAY, None)],
-                  [(H.TIMER_DELAY_MS, b"100")], [(H.DELAY, b"1"), (H.TIMER_DEL_UNIQKEY, b"k")],
-                  [(H.HEARTBEAT, b"1")], [(H.ROLLED, b"1"), (H.DELAY, b"1")]):
-        assert not is_direct([topic, *other], values), other
-    assert not is_direct([topic], direct_values(RULES, -1))
+    from streaming.dispatch.direct import is_direct
+
+    at = 10**12
+    direct = lambda headers, window=5_000, rules=RULES, offset=0: is_direct(  # noqa: E731
+        [(H.REAL_TOPIC, b"orders"), *headers], at, 0, offset, rules, window)
+    assert direct([(H.DELAY, b"2"), ("trace", b"t")]) and direct([])
+    assert is_direct(None, at, 0, 0, RULES, 0)
+    for short in ([(H.DELAY, b"02")], [(H.TIMER_DELAY_MS, b"5000")], [(H.TIMER_DELAY_SEC, b"5")],
+                  [(H.TIMER_DELIVER_MS, str(at + 5_000).encode())],
+                  [(H.TIMER_DELIVER_MS, str(at - 30_000).encode())],   # past, within tolerance
+                  [(H.TIMER_DELAY_MS, b"-1")],                         # a dead letter's
+                  [(H.TIMER_DEL_UNIQKEY, b"k")],                       # no time: at append
+                  [(H.TIMER_DEL_UNIQKEY, b"k"), (H.DELAY, b"3"),
+                   (H.TIMER_DELIVER_MS, str(at + 5_000).encode())]):
+        assert direct(short), short
+    for other in ([(H.DELAY, b"3")], [(H.DELAY, None)], [(H.DELAY, b" 1")], [(H.DELAY, b"-1")],
+                  [(H.TIMER_DELAY_MS, b"5001")], [(H.TIMER_DELAY_SEC, b"9223372036854775807")],
+                  [(H.TIMER_DELIVER_MS, b"-9223372036854775808")],
+                  [(H.DELAY, b"1"), (H.TIMER_DELAY_MS, b"1")], [(H.DELAY, b"1"), (H.DELAY, b"1")],
+                  [(H.TIMER_DEL_UNIQKEY, b"k"), (H.TIMER_DELIVER_MS, str(at + 5_001).encode())],
+                  [heartbeat_header()],
+                  [(H.ROLLED, b"1"), (H.DELAY, b"1")]):
+        assert not direct(other), other
+    assert not direct([], window=-1)
+    # Below the offsets of the delayq before (Rules.legacy_before): its split, short levels only.
+    older = replace(RULES, legacy_before=(10,))
+    assert not direct([(H.TIMER_DELAY_MS, b"100")], rules=older, offset=9)
+    assert direct([(H.TIMER_DELAY_MS, b"100")], rules=older, offset=10)
+    assert direct([(H.DELAY, b"2")], rules=older, offset=9)
+    assert not direct([(H.DELAY, b"02")], rules=older, offset=9)
 
 
 def test_a_direct_rows_due_time_is_its_own_whatever_the_hosts_clock():
