@@ -31,28 +31,31 @@ _TOMBSTONE_KEEPS = ("uniq_key", "level", "due_ms", "append_ms", "ipart", "ioff")
 
 class ColdTier:
     def __init__(self, spark: SparkSession, path: Path, checkpoint: str, intake_topic: str,
-                 intake_partitions: int, kafka_options: dict[str, str], bucket_ms: int,
+                 kafka_options: dict[str, str], bucket_ms: int,
                  horizon_ms: int, seal_key: str, clock=time.time):
         self.spark, self.path, self.checkpoint = spark, str(path), checkpoint
-        self.intake, self.partitions = intake_topic, max(1, intake_partitions)
+        self.intake = intake_topic
         self.options, self.bucket_ms, self.horizon_ms = kafka_options, bucket_ms, horizon_ms
         self.clock, self._seal_key = clock, seal_key
         self.marker = store.path(checkpoint) / "cold" / "loaded_until"
+        self._loaded: int | None = None   # the marker as last read or written here
 
     # The marker: every bucket up to and including it is in the wheel.
     def loaded_until(self) -> int:
+        if self._loaded is not None:
+            return self._loaded
         try:
-            return int(json.loads(self.marker.read_text())["loaded_until"])
+            self._loaded = int(json.loads(self.marker.read_text())["loaded_until"])
         except FileNotFoundError:
-            first = self._horizon_bucket()
-            self._set_loaded(first)
-            return first
+            self._set_loaded(self._horizon_bucket())
+        return self._loaded
 
     def _horizon_bucket(self) -> int:
         return bucket_start(int(self.clock() * 1000) + self.horizon_ms, self.bucket_ms)
 
     def _set_loaded(self, bucket: int) -> None:
         store.write_atomic(self.marker, json.dumps({"loaded_until": bucket}))
+        self._loaded = bucket
 
     def park(self, batch: DataFrame, bodied: DataFrame | None, summary: BatchSummary) -> None:
         """The batch's cold rows, records read back (`bodied`, WITH_BODY), to the table (rolled at
@@ -127,7 +130,8 @@ class ColdTier:
                     waiting.join(messages, named, "left_anti").count())
 
     def roll(self, rows: DataFrame) -> None:
-        """Put cold messages back on the intake, addressed to their wheel group."""
+        """Put cold messages back on the intake, each on the partition it came in on (where its
+        producer writes its cancel too), marked and sealed as the cold tier's (state/seal.py)."""
         headers = appended_headers(
             header_struct(H.REAL_TOPIC, F.col("topic")),
             header_struct(H.REAL_QID, F.col("partition").cast("string")),
@@ -135,16 +139,14 @@ class ColdTier:
             header_struct(H.TIMER_DELIVER_MS, F.col("due_ms").cast("string")),
             header_struct(H.ROLLED, F.concat(F.col("level").cast("string"), F.lit(":"),
                                              self._sealed())))
-        partition = F.when(F.col("level") > 0, F.pmod(F.col("level") - 1, F.lit(self.partitions))) \
-            .otherwise(F.pmod(F.hash("uniq_key"), F.lit(self.partitions)))
-        (rows.select(F.lit(self.intake).alias("topic"), partition.cast("int").alias("partition"),
+        (rows.select(F.lit(self.intake).alias("topic"), F.col("ipart").alias("partition"),
                      "key", "value", headers.alias("headers"))
          .write.mode("append").format("kafka").options(**self.options).save())
 
     def _sealed(self) -> F.Column:
-        """state/seal.py `seal` of `rolled_text` (level, due time, UNIQ_KEY), in Spark SQL."""
-        def sha(*parts: F.Column) -> F.Column:
+        """state/seal.py `seal` of `rolled_text`, in Spark SQL."""
+        def sha(*parts) -> F.Column:
             return F.sha2(F.concat(F.lit(f"{self._seal_key}:"), *parts), 256)
-        return F.substring(sha(sha(F.col("level").cast("string"), F.lit(":"),
-                                   F.col("due_ms").cast("string"), F.lit(":"), "uniq_key")),
-                           1, LENGTH)
+        text = [F.col("level").cast("string"), F.col("due_ms").cast("string"), F.col("topic"),
+                F.coalesce(F.col("partition").cast("string"), F.lit("")), F.col("uniq_key")]
+        return F.substring(sha(sha(F.concat_ws(":", *text))), 1, LENGTH)

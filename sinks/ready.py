@@ -1,6 +1,8 @@
 """The wheel's Kafka sink: fired references to the ready topic, keyed by batch id (a replay writes
 again; the dispatch knows a copy by it), and dead letters. Ready partition = intake partition mod
-ready partitions (one sender per intake partition), in due order: overdue rows go out as read."""
+ready partitions (one sender per intake partition), in due order: overdue rows go out as read.
+A cancel due within the direct window goes to the dispatch task too: the wheel's outcome of it
+follows on the ready topic as a notice (streaming/dispatch/cancels.py)."""
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, Observation
@@ -22,11 +24,13 @@ def reference_value() -> F.Column:
         "due_ms", "level", "ipart", "ioff", "append_ms", "uniq_key"))), "UTF-8")
 
 
-def observed_counts() -> list[F.Column]:
+def observed_counts(decided_elsewhere: F.Column) -> list[F.Column]:
     """What a write counts of its batch, as aggregates in the write's own job (an Observation),
-    so rows never move to Python: rows of each kind, dead letters' reasons and tally rows."""
+    so rows never move to Python: rows of each kind (but the rows `decided_elsewhere`), dead
+    letters' reasons and tally rows."""
     kind = F.col("kind")
-    return [*(F.count_if(kind == name).alias(name) for name in _COUNTED_KINDS),
+    return [*(F.count_if((kind == name) & ~decided_elsewhere).alias(name)
+              for name in _COUNTED_KINDS),
             F.collect_list(F.when(kind == "dead", F.coalesce("reason", F.lit("")))).alias("dead"),
             F.collect_list(F.when(kind == "tally", F.struct(
                 "level", "received", "pending_delta"))).alias("tally")]
@@ -50,22 +54,37 @@ class ReadySink:
     Spark job) and its dead letters (with their records read back, when it has any)."""
 
     def __init__(self, options: dict[str, str], ready_topic: str, partitions: int,
-                 max_request_bytes: int = 1_048_576):
+                 window_ms: int, bucket_ms: int, max_request_bytes: int = 1_048_576):
+        """`window_ms`: dispatch_direct_max_delay_ms (-1: none); `bucket_ms`: the cold tier's."""
         self._sent = [F.lit(ready_topic).alias("topic"),
                       F.pmod("ipart", F.lit(partitions)).cast("int").alias("partition"),
                       reference_value().alias("value")]
-        self._counts = observed_counts()
+        self._window, self._bucket = window_ms, bucket_ms
         self._partitions = partitions
         self._options = {"kafka.max.request.size": str(max_request_bytes), **options}
 
-    def write_batch(self, batch: DataFrame, summary: BatchSummary) -> None:
-        """Fired references to the ready topic keyed by batch id, in the batch's one Spark job,
-        every row counted into `summary` on the way (`observed_counts`)."""
+    def write_batch(self, batch: DataFrame, summary: BatchSummary,
+                    loaded_until: int | None = None) -> None:
+        """Fired references and notices of cancels to the ready topic keyed by batch id, in the
+        batch's one Spark job, every row counted into `summary` on the way (`observed_counts`).
+        A cancel the wheel found nothing for is the dispatch task's to count; one whose target's
+        bucket is beyond `loaded_until` waits beside it in the cold tier (sinks/cold.py)."""
         key = F.encode(F.lit(str(summary.batch_id)), "UTF-8").alias("key")
+        kind, due = F.col("kind"), F.col("due_ms")
+        notice = kind.isin("cancelled", "cancel_unknown") & (
+            due - F.col("append_ms") <= F.lit(self._window)) & F.lit(self._window >= 0)
+        parked = F.lit(loaded_until is not None) & (
+            due - F.pmod(due, F.lit(self._bucket)) > F.lit(loaded_until or 0))
+        found_nothing = notice & (kind == "cancel_unknown") & ~parked
+        outcome = F.when(found_nothing, F.lit(H.OPEN)).otherwise(F.lit(H.SETTLED))
+        headers = F.when(notice, F.array(F.struct(F.lit(H.READY_CANCEL).alias("key"),
+                                                  outcome.alias("value"))))
         seen = Observation()
-        (batch.observe(seen, *self._counts).filter(F.col("kind") == "deliver")
+        (batch.observe(seen, *observed_counts(found_nothing))
+         .filter((kind == "deliver") | notice)
          .repartition(self._partitions, F.pmod("ipart", F.lit(self._partitions)))
-         .sortWithinPartitions("due_ms", "ipart", "ioff").select(*self._sent, key)
+         .sortWithinPartitions("due_ms", "ipart", "ioff")
+         .select(*self._sent, key, headers.alias("headers"))
          .write.mode("append").format("kafka").options(**self._options).save())
         add_counts(seen.get, summary)
 

@@ -9,8 +9,8 @@ from enum import Enum
 from state import headers as H
 from state.levels import clamp_level
 from state.reasons import reason
-from state.seal import HEARTBEAT_TEXT, is_sealed, rolled_text
-from state.values import BadInput, header_integer, header_text
+from state.seal import is_sealed, rolled_text
+from state.values import BadInput, header_integer, header_text, legacy_integers
 from state.timing import beyond_max_delay, correct_deliver_timestamps, in_the_past, is_cold
 
 # Kafka's own rule for topic names (org.apache.kafka.common.internals.Topic).
@@ -121,10 +121,15 @@ def parse(headers: list[Header], partition: int, offset: int, append_ms: int,
                                 reason=reason("duplicate_header", f"header {name} appears twice"))
             control[name] = value
     older = is_legacy(rules, partition, offset)
+    if older:
+        control = legacy_integers(control)
     uniq = default_key   # a dead letter's too, unless its own UNIQ_KEY is good
     try:
-        if H.HEARTBEAT in control:
-            return _heartbeat(control, default_key, rules, older)
+        if H.HEARTBEAT in control:   # the job's clock tick carries no message
+            if len(control) > 1:
+                raise BadInput("forged_header", f"header {H.HEARTBEAT} marks the job's clock "
+                               f"tick, which carries no other control header")
+            return Envelope(Kind.HEARTBEAT, default_key)
         if H.UNIQ_KEY in control:
             key = header_text(H.UNIQ_KEY, control[H.UNIQ_KEY]).strip()
             if not key:
@@ -140,32 +145,23 @@ def is_legacy(rules: Rules, partition: int, offset: int) -> bool:
     return partition < len(rules.legacy_before) and offset < rules.legacy_before[partition]
 
 
-def _forged(name: str) -> BadInput:
-    return BadInput("forged_header", f"header {name} is the service's own, and this record does "
-                    f"not carry the service's seal: producers may not write it")
+def _forged() -> BadInput:
+    return BadInput("forged_header", f"header {H.ROLLED} is the cold tier's, and this record "
+                    f"does not carry its seal: producers may not write it")
 
 
-def _heartbeat(control: dict[str, bytes | None], uniq: str, rules: Rules, older: bool) -> Envelope:
-    """The job's own clock tick (streaming/wheel/heartbeat.py): a sealed value, nothing else."""
-    value = header_text(H.HEARTBEAT, control[H.HEARTBEAT])
-    if len(control) > 1 or not (is_sealed(rules.seal_key, HEARTBEAT_TEXT, value)
-                                or older and value == "1"):
-        raise _forged(H.HEARTBEAT)
-    return Envelope(Kind.HEARTBEAT, uniq)
-
-
-def _rolled(control: dict[str, bytes | None], uniq: str, append_ms: int, rules: Rules,
-            older: bool) -> tuple[Kind, int, int]:
+def _rolled(control: dict[str, bytes | None], uniq: str, topic: str, qid: int | None,
+            append_ms: int, rules: Rules, older: bool) -> tuple[Kind, int, int]:
     """A message the cold tier rolled back onto the intake (sinks/cold.py roll), placed by the
     level and due time it sealed: (kind, level, due)."""
     text, _, claimed = header_text(H.ROLLED, control[H.ROLLED]).partition(":")
     if not (claimed or older):
-        raise _forged(H.ROLLED)
+        raise _forged()
     level = header_integer(H.ROLLED, None, text)
     due = header_integer(H.TIMER_DELIVER_MS, control.get(H.TIMER_DELIVER_MS))
-    if not (is_sealed(rules.seal_key, rolled_text(level, due, uniq), claimed)
+    if not (is_sealed(rules.seal_key, rolled_text(level, due, uniq, topic, qid), claimed)
             or older and not claimed) or (level != TIMER_LEVEL and level < 1):
-        raise _forged(H.ROLLED)
+        raise _forged()
     if level > 0:
         level = clamp_level(level, len(rules.level_delays_ms))
     return Kind.DELAY if due > append_ms else Kind.NOW, level, due
@@ -190,7 +186,7 @@ def _parse_control(control: dict[str, bytes | None], uniq: str, append_ms: int, 
         if qid < 0 or qid > 2**31 - 1:
             raise BadInput("not_a_partition", f"header REAL_QID={qid} is not a partition number")
     if H.ROLLED in control:
-        kind, level, due = _rolled(control, uniq, append_ms, rules, older)
+        kind, level, due = _rolled(control, uniq, topic, qid, append_ms, rules, older)
         return Envelope(kind, uniq, topic, qid, level, due, rolled=True)
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
@@ -205,7 +201,7 @@ def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, app
     time (TIMER_DELIVER_MS). With only its original delay header it is placed by that alone,
     which finds timers with an absolute time; for levels the client always sends the due time."""
     if H.ROLLED in control:   # the cold tier rolls messages, never cancels
-        raise _forged(H.ROLLED)
+        raise _forged()
     target = header_text(H.TIMER_DEL_UNIQKEY, control[H.TIMER_DEL_UNIQKEY]).strip()
     if not target:
         raise BadInput("empty_header", "header TIMER_DEL_UNIQKEY is empty")

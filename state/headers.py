@@ -14,6 +14,10 @@ DLQ_REASON = "DLQ_REASON"
 HEARTBEAT = "DELAYQ_HEARTBEAT"
 # Internal: a message rolled back from the cold tier into the wheel; the value is its level.
 ROLLED = "DELAYQ_ROLLED"
+# Internal, on the ready topic: the wheel's notice of a cancel within the direct window, and its
+# values: the wheel dropped the target or parked the cancel with it; or found nothing there.
+READY_CANCEL = "DELAYQ_READY_CANCEL"
+SETTLED, OPEN = b"settled", b"open"
 
 TIMER_HEADERS = (TIMER_DELIVER_MS, TIMER_DELAY_MS, TIMER_DELAY_SEC)
 DELAY_HEADERS = (DELAY, *TIMER_HEADERS)

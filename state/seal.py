@@ -1,7 +1,8 @@
-"""The seal on the service's own intake records. A producer may write any header, the service's
-own (`DELAYQ_ROLLED`, `DELAYQ_HEARTBEAT`) included; they are honoured only with a seal made with
-the checkpoint's key (`delayq.json`), which producers never see. A rolled record's seal covers its
-level, due time and UNIQ_KEY, so no producer can place a message with one.
+"""The seal on the cold tier's rolls. A producer may write any header, `DELAYQ_ROLLED` included;
+it is honoured only with a seal made with the checkpoint's key (`delayq.json`), which producers
+never see. The seal covers a rolled record's level, due time, UNIQ_KEY, REAL_TOPIC and REAL_QID,
+so no producer can place a message with one. (A record whose only control header is
+`DELAYQ_HEARTBEAT` is a clock tick and carries no message; with any other it is refused.)
 
 The seal is SHA-256 nested as H(key : H(key : text)) (no length extension), cut to 128 bits:
 Spark SQL has `sha2` but no HMAC, and the cold tier seals in the JVM (sinks/cold.py `sealed`)."""
@@ -13,7 +14,6 @@ import secrets
 
 # Hex digits kept of the digest: 128 bits.
 LENGTH = 32
-HEARTBEAT_TEXT = "heartbeat"
 
 
 def new_key() -> str:
@@ -25,9 +25,10 @@ def seal(key: str, text: str) -> str:
     return hashlib.sha256(f"{key}:{inner}".encode()).hexdigest()[:LENGTH]
 
 
-def rolled_text(level: int, due_ms: int, uniq_key: str) -> str:
-    """What a rolled record's seal covers (the cold tier builds the same text in Spark SQL)."""
-    return f"{level}:{due_ms}:{uniq_key}"
+def rolled_text(level: int, due_ms: int, uniq_key: str, topic: str, qid: int | None) -> str:
+    """What a rolled record's seal covers (the cold tier builds the same text in Spark SQL; no
+    REAL_QID: empty)."""
+    return f"{level}:{due_ms}:{topic}:{'' if qid is None else qid}:{uniq_key}"
 
 
 def is_sealed(key: str, text: str, claimed: str) -> bool:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import re
 
+from state import headers as H
 from state.reasons import reason
 
 # ASCII digits only (Python's \d takes "٣"), no spaces, no "+".
 _INTEGER = re.compile(r"-?[0-9]{1,19}")
 _LONG = 2**63
+# The rule of the delayq before, for its records (state/envelope.py Rules.legacy_before): spaces
+# around, a sign, any Unicode digits.
+_LEGACY_INTEGER = re.compile(r"[+-]?\d{1,19}")
+_INTEGER_HEADERS = (H.REAL_QID, *H.DELAY_HEADERS)
 
 
 class BadInput(Exception):
@@ -50,3 +55,17 @@ def long_of(raw: bytes | None) -> int | None:
         return header_integer("", raw)
     except BadInput:
         return None
+
+
+def legacy_integers(control: dict[str, bytes | None]) -> dict[str, bytes | None]:
+    """`control` with each integer header the older rule took written as the rule takes it now:
+    what an older delayq accepted (and may hold a reference to) is accepted still."""
+    out = dict(control)
+    for name in _INTEGER_HEADERS:
+        try:
+            text = control[name].decode("utf-8").strip()
+        except (KeyError, AttributeError, UnicodeDecodeError):
+            continue
+        if _LEGACY_INTEGER.fullmatch(text):
+            out[name] = str(int(text)).encode()
+    return out

@@ -154,13 +154,13 @@ class DelayJob:
     def _batch_writer(self, partitions: int, largest: int) -> BatchWriter:
         """The wheel query's foreachBatch, its Delta tables created before the first batch."""
         kafka = ReadySink({**producer_options(self.settings), **spark_options(self.settings)},
-                          self.settings.ready_topic, partitions, max_request_bytes=largest)
+                          self.settings.ready_topic, partitions,
+                          self.settings.dispatch_direct_max_delay_ms,
+                          self.settings.cold_bucket_ms, max_request_bytes=largest)
         self._step("dispatch_topics")
         intake = self.settings.intake_topic
         # Rolls clock_tolerance early: the driver's clock may trail the broker's (DESIGN.md 3).
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint, intake,
-                        kadmin.topic_partitions(self._admin, [intake])[intake]
-                        or len(self.settings.level_delays_ms),
                         spark_options(self.settings), self.settings.cold_bucket_ms,
                         self.settings.near_horizon_ms + self.settings.clock_tolerance_ms,
                         self._rules.seal_key)
@@ -183,7 +183,7 @@ class DelayJob:
                 heartbeats=self.settings.heartbeat_partition))
         self._listener = ProgressJsonListener(self.query_name, *observers)
         self.spark.streams.addListener(self._listener)
-        self._heartbeat = Heartbeat(self.settings, self._rules.seal_key)
+        self._heartbeat = Heartbeat(self.settings)
         self._heartbeat.start()
 
     def failure(self) -> str | None:

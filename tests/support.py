@@ -127,20 +127,15 @@ def check_deliveries(records, sent: dict, lateness_log=None) -> None:
     assert not missing, f"{len(missing)} of {len(sent)} never delivered: {sorted(missing)[:5]}"
 
 
-# The seal key of the unit tests' Rules, and the service's own headers sealed with it.
+# The seal key of the unit tests' Rules, and DELAYQ_ROLLED sealed with it.
 KEY = "k" * 64
 
 
-def heartbeat_header(key: str = KEY) -> tuple[str, bytes]:
-    from state import headers as H
-    from state.seal import HEARTBEAT_TEXT, seal
-
-    return H.HEARTBEAT, seal(key, HEARTBEAT_TEXT).encode()
-
-
-def rolled_header(level: int, due_ms: int, uniq_key: str, key: str = KEY) -> tuple[str, bytes]:
+def rolled_header(level: int, due_ms: int, uniq_key: str, topic: str, qid: int | None = None,
+                  key: str = KEY) -> tuple[str, bytes]:
     """DELAYQ_ROLLED as the cold tier writes it (sinks/cold.py roll)."""
     from state import headers as H
     from state.seal import rolled_text, seal
 
-    return H.ROLLED, f"{level}:{seal(key, rolled_text(level, due_ms, uniq_key))}".encode()
+    text = rolled_text(level, due_ms, uniq_key, topic, qid)
+    return H.ROLLED, f"{level}:{seal(key, text)}".encode()

@@ -7,11 +7,13 @@ import time
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from state import headers as H
 from streaming.dispatch.bodies import Bodies
-from streaming.dispatch.cancels import CANCELLED, MISSED, Tombstones
+from streaming.dispatch.cancels import DIRECT, NOTICE, Tombstones
 from streaming.dispatch.direct import direct_rows
 from streaming.dispatch.rules import READY_STOP, Offsets, Refired, Row, ready_row
-from streaming.dispatch.start import committed, in_ledger, owned_partitions, retrying
+from streaming.dispatch.start import (CANCEL_SETTLED, TARGET_DONE, committed, in_ledger,
+                                      owned_partitions, retrying)
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ class Reading:
         self._gathered: list = []   # intake records read and not yet parsed (`gather_s`)
         self._gathered_since = 0.0
 
-    def _resume(self) -> dict[tuple[str, int], str]:
+    def _resume(self) -> dict[tuple[str, int], int]:
         """Where this run starts: its partitions, their commit points, and what the ledger holds
         from the last mark on (kept for the task's life: a copy read later is a copy still)."""
         consumer, config = self.consumer, self.config
@@ -46,7 +48,7 @@ class Reading:
             self.refired = Refired(*batch)
         return done
 
-    def _consume(self, wait_s: float, done: dict[tuple[str, int], str]) -> None:
+    def _consume(self, wait_s: float, done: dict[tuple[str, int], int]) -> None:
         """The ready partition's records and the intake's the task reads itself (gathered, and
         parsed together every `gather_s`), waiting up to `wait_s` for the first."""
         for msg in self.consumer.consume(5000, timeout=wait_s):
@@ -103,7 +105,7 @@ class Reading:
         if self.paused:   # a task holding its most keeps every partition paused (`_pace`)
             self.consumer.pause(added)
 
-    def _take_intake(self, msgs: list, done: dict[tuple[str, int], str]) -> None:
+    def _take_intake(self, msgs: list, done: dict[tuple[str, int], int]) -> None:
         """Intake records: the direct ones are held like fired rows (or skipped, when the
         ledger holds them already), their cancels kept; every other is the wheel's."""
         # correctDeliverTimestamp (state/timing.py) on the broker's clock as read here.
@@ -113,10 +115,10 @@ class Reading:
         for part, offset in others:
             self.offsets[(self.config.intake_topic, part)].skip(offset)
         for cancel in cancels:
-            self._take_cancel(cancel, done.get((cancel.uniq_key, cancel.due_ms)) if done else None)
+            self._take_cancel(cancel, done, DIRECT)
         for row, reason in [*((row, None) for row in rows), *dead]:
             offsets = self.offsets[row.source]
-            if done and (row.uniq_key, row.due_ms) in done:
+            if done and done.get((row.uniq_key, row.due_ms), 0) & TARGET_DONE:
                 offsets.skip(row.offset)
                 self.skipped += 1
                 continue
@@ -127,26 +129,18 @@ class Reading:
             else:   # bad input: its dead letter now, with the wheel's reason
                 self._dead_letter(row, reason)
 
-    def _take_cancel(self, cancel: Row, settled: str | None) -> None:
-        """A cancel (its uniq_key and due_ms name its target), open until its outcome is in the
-        ledger: its target's row dropped, or its own as a miss. `settled`: the target's ledger
-        status as the start read it (a cancel read again after a restart)."""
+    def _take_cancel(self, cancel: Row, done: dict, side: str, notice: bytes | None = None):
+        """A cancel (its uniq_key and due_ms name its target) read from the intake or from the
+        wheel's notice, open until its outcome is settled (cancels.py), unless the ledger says
+        it is already (a cancel read again after a restart)."""
         offsets = self.offsets[cancel.source]
-        if settled in (CANCELLED, MISSED):   # its outcome is in the ledger already
+        if done and done.get((cancel.uniq_key, cancel.due_ms), 0) & CANCEL_SETTLED:
             offsets.skip(cancel.offset)
             return
         offsets.read(cancel.offset, self.ledger_end)
-        if settled is not None:   # its target was sent (or dead-lettered) before: a miss
-            self._missed(cancel)
-        elif not self.tombstones.add(cancel):   # a second cancel of one target: the first's
-            offsets.done(cancel.offset)
+        self.tombstones.add(cancel, side, notice)
 
-    def _missed(self, cancel: Row) -> None:
-        cancel.status = MISSED
-        self.held[cancel.level] += 1   # its ledger row counts it out as it does a held row
-        self._acked(cancel, self._now_ms(), None)
-
-    def _take(self, msg, done: dict[tuple[str, int], str]) -> None:
+    def _take(self, msg, done: dict[tuple[str, int], int]) -> None:
         """One ready record: the run's stop, a row done before the start (known for `Refired`),
         one in the ledger or a refired copy (skipped), or one whose body to read back."""
         offset, headers = msg.offset(), msg.headers() or []
@@ -159,7 +153,10 @@ class Reading:
         copy = self.refired.copy(msg.key(), offset, row)
         if offset < self._known_below:
             return
-        if copy or (done and (row.uniq_key, row.due_ms) in done):
+        if headers and headers[-1][0] == H.READY_CANCEL and not copy:   # the wheel's notice
+            self._take_cancel(row, done, NOTICE, headers[-1][1])
+            return
+        if copy or (done and done.get((row.uniq_key, row.due_ms), 0) & TARGET_DONE):
             self.offsets[None].skip(offset)
             self.skipped += 1
             return

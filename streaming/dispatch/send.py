@@ -154,8 +154,10 @@ class Sending:
         for row in rows:
             self.offsets[row.source].done(row.offset)
             self.held[row.level] -= 1
-            if row.cancel is not None:   # the cancel that dropped it is done with it
-                self.offsets[row.cancel.source].done(row.cancel.offset)
+            if row.cancel is not None:   # a cancel's outcome: its tombstone is settled
+                row.cancel.settled = True
+                if row.cancel.ended:
+                    self._settled(row.cancel)
 
     def _probe(self, wait: bool = False) -> None:
         """An empty ledger record whose ack measures the clock (Skew); the ledger query ignores

@@ -9,10 +9,18 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from streaming.dispatch.cancels import CANCELLED, MISSED
 from streaming.dispatch.rules import DispatchConfig
 from streaming.ledger.records import ledger_rows
 
 log = logging.getLogger(__name__)
+
+
+# What the ledger says of a (UNIQ_KEY, due), as bits (`in_ledger`): the message is done (sent,
+# dead-lettered or dropped), which a restart skips; a cancel of it is settled, heard no more.
+TARGET_DONE, CANCEL_SETTLED = 1, 2
+_BITS = {"delivered": TARGET_DONE, "dead": TARGET_DONE, CANCELLED: TARGET_DONE | CANCEL_SETTLED,
+         MISSED: CANCEL_SETTLED}
 
 
 class Aborted(Exception):
@@ -80,13 +88,14 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
 
 
 def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
-              ) -> tuple[dict[tuple[str, int], str], dict, int]:
-    """From the ledger mark (or the beginning) to the end of `ledger`: the messages done
-    (UNIQ_KEY, due) with their ledger status, which a restart skips; each source's last row
-    there, which the commits' marks wait for (rules.py Offsets); and the partition's end."""
+              ) -> tuple[dict[tuple[str, int], int], dict, int]:
+    """From the ledger mark (or the beginning) to the end of `ledger`: what it says of each
+    (UNIQ_KEY, due) as TARGET_DONE and CANCEL_SETTLED bits, which a restart skips; each source's
+    last row there, which the commits' marks wait for (rules.py Offsets); and the partition's
+    end."""
     low, high = consumer.get_watermark_offsets(ledger, timeout=60)
     position = low if mark is None else max(low, min(mark, high))
-    done: dict[tuple[str, int], str] = {}
+    done: dict[tuple[str, int], int] = {}
     last: dict = {}
     if position >= high:
         return done, last, high
@@ -103,7 +112,8 @@ def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
             columns = (rows.column(name).to_pylist() for name in (
                 "uniq_key", "due_ms", "ready_offset", "ipart", "ioff", "status"))
             for key, due, ready, ipart, ioff, status in zip(*columns):
-                done[(key, due)] = status   # a resend, due at another time, is sent
+                # A resend, due at another time, is sent.
+                done[(key, due)] = done.get((key, due), 0) | _BITS.get(status, TARGET_DONE)
                 source, offset = (None, ready) if ready is not None else \
                     ((intake_topic, ipart), ioff)
                 last[source] = max(last.get(source, -1), offset)

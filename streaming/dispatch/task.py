@@ -12,10 +12,11 @@ from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streaming.dispatch.cancels import CANCELLED
+from streaming.dispatch.cancels import CANCELLED, MISSED, Tombstone
 from streaming.dispatch.clock import Skew
 from streaming.dispatch.reading import Reading
 from streaming.dispatch.rules import DispatchConfig, Offsets, Row
+from state.envelope import is_legacy
 from streaming.dispatch.send import Sending
 from streaming.dispatch.start import Aborted, retrying
 from streaming.dispatch.txn import Refusals, Transactions
@@ -152,11 +153,9 @@ class _Task(Reading, Sending, Transactions):
         refusals = self.refusals
         while heap and heap[0][0] <= broker_ms() and (first is None or heap[0][:3] < first):
             row = pop(heap)[-1]
-            if self.tombstones:
-                cancel, alone = self.tombstones.drop(row)
-                if cancel is not None:
-                    self._cancelled(row, cancel, alone)
-                    continue
+            if self.tombstones and (tomb := self.tombstones.drop(row)) is not None:
+                self._cancelled(row, tomb)
+                continue
             if refusals.reasons or refusals.alone:   # refused in an aborted transaction
                 where = (row.source, row.offset)
                 if where in refusals.reasons:
@@ -171,27 +170,40 @@ class _Task(Reading, Sending, Transactions):
                 self._hold(row)   # the producer's queue is full: later
                 return
 
-    def _cancelled(self, row: Row, cancel: Row, first: bool) -> None:
-        """`row` dropped by `cancel`: its ledger row says so, and the cancel is done with it; a
-        copy of it dropped again is done (the first's ledger row stands for both)."""
-        if first:
-            row.status, row.cancel = CANCELLED, cancel
+    def _cancelled(self, row: Row, tomb: Tombstone) -> None:
+        """`row` dropped by a cancel: its ledger row says so and settles the tombstone; a copy
+        of it dropped again is done (the first's ledger row stands for both)."""
+        if tomb.dropped is None:
+            tomb.dropped = "task"
+            row.status, row.cancel = CANCELLED, tomb
             self._acked(row, self._now_ms(), None)
         else:
             self.offsets[row.source].done(row.offset)
             self.held[row.level] -= 1
 
     def _expire(self) -> None:
-        """Cancels whose time is up and whose target cannot be held back any more (nothing due
-        before it waits): one that dropped nothing is a miss, with a ledger row of its own."""
+        """Tombstones that end (cancels.py): one that dropped nothing is a miss, with a ledger
+        row of its own that settles it; the rows of a settled one are done."""
         if not self.tombstones or not self.skew.measured:
             return
         heads = [self.heap[0][0]] if self.heap else []
         if (wanted := self.bodies.first_wanted()) is not None:
             heads.append(wanted[0])
-        for cancel, hit in self.tombstones.expired(self.skew.broker_ms(), min(heads, default=None)):
-            if not hit:
-                self._missed(cancel)
+        legacy = lambda part, offset: is_legacy(self.config.rules, part, offset)   # noqa: E731
+        for tomb in self.tombstones.ended(self.skew.broker_ms(), min(heads, default=None),
+                                          legacy):
+            if tomb.dropped is None:
+                miss = tomb.members[0]
+                miss.status, miss.cancel = MISSED, tomb
+                self.held[miss.level] += 1   # its ledger row counts it out as a held row's
+                self._acked(miss, self._now_ms(), None)
+            elif tomb.settled:
+                self._settled(tomb)
+
+    def _settled(self, tomb: Tombstone) -> None:
+        """The rows of an ended tombstone's cancels are done: its outcome is durable."""
+        for member in tomb.members:
+            self.offsets[member.source].done(member.offset)
 
     def _later(self, send: Callable[[], bool | None], delay_s: float | None = None) -> None:
         """Call `send` again after a back-off (the retry's, or `delay_s`); a send that returns

@@ -44,8 +44,10 @@ def wheel_stream(source: DataFrame, rules: Rules, config: WheelConfig,
     """The wheel's fired WHEEL_OUT rows from `source` (`intake_stream`); level messages due
     before `overdue_before_ms` (0: none) pass through without state."""
     window = config.direct_max_delay_ms
-    parsed = index_of(source.filter(~direct_column(rules, window)) if window >= 0 else source
-                      ).mapInArrow(
+    # A cancel the dispatch task takes comes here too (streaming/dispatch/cancels.py).
+    cancel = F.exists("headers", lambda h: h["key"] == H.TIMER_DEL_UNIQKEY)
+    kept = ~direct_column(rules, window) | F.coalesce(cancel, F.lit(False))
+    parsed = index_of(source.filter(kept) if window >= 0 else source).mapInArrow(
         make_parser(rules, config.slot_ms, config.spread, overdue_before_ms=overdue_before_ms),
         INDEX_ENVELOPE_SPARK)
     timed = (parsed.withColumn("event_time", F.timestamp_millis("append_ms"))

@@ -83,7 +83,8 @@ class BatchWriter:
 
     def _write(self, batch: DataFrame, summary: BatchSummary, lap: Callable[[str], None],
                releases: list) -> None:
-        self.kafka.write_batch(batch, summary)
+        self.kafka.write_batch(batch, summary,
+                               self.cold.loaded_until() if self.cold is not None else None)
         lap("kafka")
         bodied = None
         if summary.count("dead") or summary.count("cold"):

@@ -36,7 +36,7 @@ def test_buckets_due_while_down_roll_in_one_pass_with_their_own_tombstones(
     intake = new_topic(partitions=3)
     now = [100.0]   # seconds: the horizon's edge at 110 s, bucket 110,000 ms
     key = "5e" * 32
-    cold = ColdTier(spark, tmp_path / "cold", str(tmp_path / "ckpt"), intake, 3,
+    cold = ColdTier(spark, tmp_path / "cold", str(tmp_path / "ckpt"), intake,
                     spark_options(test_settings), bucket_ms=BUCKET, horizon_ms=HORIZON,
                     seal_key=key, clock=lambda: now[0])
     assert cold.loaded_until() == 110_000

@@ -661,9 +661,16 @@ def test_a_cancel_drops_its_target_that_comes_later_also_across_a_kill(
     task.kill()
     task.join(30)
     # The target comes only now, through the wheel (its intake record is a timer beyond the
-    # window, the wheel's), and its neighbour with it.
+    # window, the wheel's), and its neighbour with it; then the wheel's notices of the two
+    # cancels, as it writes them once it read them (sinks/ready.py): it found neither target.
     write([{"uniq": uniq, "due": due, "delay": (H.TIMER_DELAY_MS, b"60000")}
            for uniq in ("target", "neighbour")])
+    notices = Producer({"bootstrap.servers": kafka_bootstrap})
+    for key, meta in zip(("target", "never"), cancels):
+        notices.produce(config.ready_topic, key=b"99", partition=0,
+                        value=f"{due},-1,0,{meta.offset},{meta.timestamp},{key}".encode(),
+                        headers=[(H.READY_CANCEL, H.OPEN)])
+    notices.flush(30)
     thread, result = in_thread(config)
     records = consume_all(kafka_bootstrap, config.real, expected=2, timeout_s=60, idle_s=2)
     rows = ledger_of(kafka_bootstrap, config.ledger_topic, 4)   # soon, target, neighbour, never

@@ -6,7 +6,7 @@ from state.columns import HEADERS
 from state.envelope import TIMER_LEVEL, Kind, Rules, parse, topic_refusal
 from state.parse import parse_batch
 from state.reasons import reason_label
-from tests.support import KEY, heartbeat_header, rolled_header  # noqa: F401
+from tests.support import KEY, rolled_header  # noqa: F401
 
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000), intake_topic="SCHEDULE_TOPIC_XXXX",
               dlq_topic="SCHEDULE_TOPIC_XXXX.DLQ", allowed_topics=frozenset(),
@@ -120,7 +120,7 @@ def test_correct_deliver_timestamp_allows_the_clock_tolerance():
 
 
 def test_heartbeat_and_cancel():
-    assert env(heartbeat_header()).kind == Kind.HEARTBEAT
+    assert env(("DELAYQ_HEARTBEAT", b"1")).kind == Kind.HEARTBEAT
     c = env(("TIMER_DEL_UNIQKEY", b"abc"), ("DELAY", b"1"))
     assert (c.kind, c.cancel_key, c.level) == (Kind.CANCEL, "abc", 1)
 
@@ -163,7 +163,7 @@ def test_far_messages_go_cold_only_when_their_whole_bucket_is_beyond_the_horizon
 def test_rolled_messages_come_back_to_their_level_with_their_due_time():
     headers = (("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"u1"),
                ("TIMER_DELIVER_MS", str(APPEND + 9_000).encode()),
-               rolled_header(3, APPEND + 9_000, "u1"),
+               rolled_header(3, APPEND + 9_000, "u1", "t"),
                ("trace", b"x"))
     rolled = env(*headers, rules=COLD_RULES)
     assert (rolled.kind, rolled.level, rolled.due_ms, rolled.uniq_key, rolled.rolled) == \

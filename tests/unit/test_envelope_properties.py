@@ -11,7 +11,7 @@ from state import headers as H
 from state.columns import HEADERS
 from state.envelope import TIMER_LEVEL, Kind, Rules, parse
 from state.parse import parse_batch
-from tests.support import KEY, heartbeat_header, rolled_header
+from tests.support import KEY, rolled_header
 
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
@@ -141,7 +141,7 @@ def test_edge_values_of_every_header_the_parse_reads_are_decided_per_record():
     """The crash found in the field: DELAYQ_ROLLED=2147483648 beside a REAL_TOPIC failed the
     wheel's whole batch (a level beyond int32). Every such record is decided on both of the
     parse's paths, in one batch with good neighbours, as `parse` decides it alone; a dead one
-    says why, and no unsealed service header is ever honoured."""
+    says why, no unsealed roll is honoured and no heartbeat hides a message."""
     records = _edge_records()
     neighbour = [(H.REAL_TOPIC, b"orders"), (H.DELAY, b"2")]
     batch = _intake(APPEND, rows=[neighbour, *records, neighbour])
@@ -153,7 +153,9 @@ def test_edge_values_of_every_header_the_parse_reads_are_decided_per_record():
             assert (out["due_ms"][i], out["level"][i]) == (alone.due_ms, alone.level), headers
             if alone.kind == Kind.DEAD:
                 assert out["reason"][i] and not out["reason"][i].startswith("unparsable"), headers
-            assert alone.kind != Kind.HEARTBEAT and not alone.rolled, headers
+            assert not alone.rolled, headers
+            if alone.kind == Kind.HEARTBEAT:   # a clock tick: nothing else
+                assert [name for name, _ in headers] == [H.HEARTBEAT], headers
         assert out["kind"][0] == out["kind"][-1] == Kind.DELAY.value
 
 
@@ -167,32 +169,40 @@ service_values = st.one_of(st.sampled_from(SERVICE_EDGES), st.binary(max_size=40
                                                            service_values)), max_size=6),
        append_times)
 def test_no_header_a_producer_writes_is_honoured_as_the_services_own(headers, append_ms):
-    """Without the checkpoint's key no record is a heartbeat or a rolled message, whatever
-    its headers; such a record is dead-lettered as forged or for another reason."""
+    """Without the checkpoint's key no record is a rolled message, whatever its headers, and
+    a heartbeat hides no message (it has no other control header); a record with either
+    header is dead-lettered, as forged or for another reason, unless it is a bare tick."""
     e = parse(headers, 0, 1, append_ms, RULES, now_ms=append_ms)
-    assert e.kind != Kind.HEARTBEAT and not e.rolled
-    if any(name in (H.ROLLED, H.HEARTBEAT) for name, _ in headers):
+    assert not e.rolled
+    names = [name for name, _ in headers]
+    if e.kind == Kind.HEARTBEAT:
+        assert set(names) == {H.HEARTBEAT} and len(names) == 1
+    elif H.ROLLED in names or H.HEARTBEAT in names:
         assert e.kind == Kind.DEAD and e.reason
     out = parse_batch(_intake(append_ms, headers=headers), RULES, 1_000, 2, append_ms)
     assert out.column("kind").to_pylist() == [e.kind.value]
 
 
 def test_the_services_own_records_are_honoured_with_their_seal_only():
-    rolled = [(H.REAL_TOPIC, b"orders"), (H.UNIQ_KEY, b"u1"),
-              (H.TIMER_DELIVER_MS, str(APPEND + 9_000).encode()), rolled_header(3, APPEND + 9_000,
-                                                                                "u1")]
+    seal = rolled_header(3, APPEND + 9_000, "u1", "orders", 4)
+    rolled = [(H.REAL_TOPIC, b"orders"), (H.REAL_QID, b"4"), (H.UNIQ_KEY, b"u1"),
+              (H.TIMER_DELIVER_MS, str(APPEND + 9_000).encode()), seal]
     e = parse(rolled, 0, 1, APPEND, RULES, APPEND)
     assert (e.kind, e.level, e.due_ms, e.rolled) == (Kind.DELAY, 3, APPEND + 9_000, True)
-    # The seal covers level, due time and UNIQ_KEY: any of them changed is a forgery.
+    # The seal covers level, due time, topic, partition and UNIQ_KEY: any changed is a forgery.
     for changed in ((H.UNIQ_KEY, b"u2"), (H.TIMER_DELIVER_MS, str(APPEND + 1).encode()),
-                    rolled_header(3, APPEND + 9_000, "u1", key="0" * 64),
-                    (H.ROLLED, rolled_header(3, APPEND + 9_000, "u1")[1].replace(b"3:", b"2:"))):
+                    (H.REAL_TOPIC, b"other"), (H.REAL_QID, b"5"),
+                    rolled_header(3, APPEND + 9_000, "u1", "orders", 4, key="0" * 64),
+                    (H.ROLLED, seal[1].replace(b"3:", b"2:"))):
         forged = [changed if name == changed[0] else (name, v) for name, v in rolled]
         e = parse(forged, 0, 1, APPEND, RULES, APPEND)
         assert e.kind == Kind.DEAD and e.reason.startswith("forged_header"), changed
-    assert parse([heartbeat_header()], 0, 1, APPEND, RULES, APPEND).kind == Kind.HEARTBEAT
-    for forged in ([heartbeat_header(key="0" * 64)], [(H.HEARTBEAT, b"1")],
-                   [heartbeat_header(), (H.REAL_TOPIC, b"orders")]):   # a message never hides
+    e = parse([h for h in rolled if h[0] != H.REAL_QID], 0, 1, APPEND, RULES, APPEND)
+    assert e.kind == Kind.DEAD, "REAL_QID removed"
+    # A heartbeat is a bare clock tick: one beside a message would hide it, and is refused.
+    assert parse([(H.HEARTBEAT, b"x")], 0, 1, APPEND, RULES, APPEND).kind == Kind.HEARTBEAT
+    for forged in ([(H.HEARTBEAT, b"1"), (H.REAL_TOPIC, b"orders")],
+                   [(H.HEARTBEAT, b"1"), (H.DELAY, b"1")]):
         e = parse(forged, 0, 1, APPEND, RULES, APPEND)
         assert e.kind == Kind.DEAD and e.reason.startswith("forged_header"), forged
 
@@ -206,11 +216,13 @@ def test_an_older_delayqs_unsealed_records_are_honoured_below_its_offsets_only()
     old = [(H.REAL_TOPIC, b"orders"), (H.UNIQ_KEY, b"u1"),
            (H.TIMER_DELIVER_MS, str(APPEND + 9_000).encode()), (H.ROLLED, b"3")]
     assert parse(old, 1, 99, APPEND, rules, APPEND).rolled
-    assert parse([(H.HEARTBEAT, b"1")], 1, 99, APPEND, rules, APPEND).kind == Kind.HEARTBEAT
+    # ... and its integers read by its rule (spaces, a sign, any digits): what it took, it held.
+    spaced = [(H.REAL_TOPIC, b"orders"), (H.DELAY, b" +2"), (H.REAL_QID, "٣".encode())]
+    e = parse(spaced, 1, 99, APPEND, rules, APPEND)
+    assert (e.kind, e.level, e.real_qid) == (Kind.DELAY, 2, 3)
     for partition, offset in ((1, 100), (0, 0), (2, 0)):
         assert parse(old, partition, offset, APPEND, rules, APPEND).kind == Kind.DEAD
-        assert parse([(H.HEARTBEAT, b"1")], partition, offset, APPEND, rules,
-                     APPEND).kind == Kind.DEAD
+        assert parse(spaced, partition, offset, APPEND, rules, APPEND).kind == Kind.DEAD
 
 
 def _intake(append_ms: int, level: int = 1, headers: list | None = None,

@@ -22,7 +22,7 @@ from state.wheel import BUCKET_DEAD, BUCKET_NOW, WheelConfig, group_of, make_whe
 from streaming.wheel.schema import STATE_SPARK
 
 NOW = 1_700_000_000_000
-from tests.support import KEY, heartbeat_header, rolled_header  # noqa: F401
+from tests.support import KEY, rolled_header  # noqa: F401
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),
               max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
               cold_bucket_ms=3_600_000, timer_parts=8, seal_key=KEY,
@@ -150,7 +150,7 @@ def test_messages_beyond_the_horizon_stay_with_a_new_timeout():
 def test_immediate_dead_and_cold_pass_through_without_state():
     far = str(NOW + 5 * 3_600_000).encode()
     frame = envelopes(([("REAL_TOPIC", b"t"), ("UNIQ_KEY", b"now")], 1),
-                      ([("DELAY", b"1")], 2), ([heartbeat_header()], 3),
+                      ([("DELAY", b"1")], 2), ([("DELAYQ_HEARTBEAT", b"1")], 3),
                       ([("REAL_TOPIC", b"t"), ("REAL_QID", b"4"), ("TIMER_DELIVER_MS", far),
                         ("UNIQ_KEY", b"cold")], 4))
     for bucket in (BUCKET_NOW, BUCKET_DEAD, -3):
@@ -305,7 +305,7 @@ def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
     first = envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"a")], 1))
     st = state(NOW - 10_000)
     assert run(first, st).empty
-    again = envelopes(([("REAL_TOPIC", b"t"), rolled_header(2, NOW + 2_000, "a"),
+    again = envelopes(([("REAL_TOPIC", b"t"), rolled_header(2, NOW + 2_000, "a", "t"),
                         ("TIMER_DELIVER_MS", str(NOW + 2_000).encode()), ("UNIQ_KEY", b"a")], 7),
                       ([("REAL_TOPIC", b"t"), ("DELAY", b"2"), ("UNIQ_KEY", b"b")], 8))
     again["bucket"], again["slot"] = first["bucket"].iloc[0], first["slot"].iloc[0]
@@ -375,7 +375,7 @@ def test_level_messages_due_before_the_checkpoint_s_start_pass_through_without_s
             ([("REAL_TOPIC", b"t"), ("DELAY", b"1"), ("UNIQ_KEY", b"old-b")], 5),
             ([("REAL_TOPIC", b"t"), ("TIMER_DELIVER_MS", str(NOW + 1_500).encode()),
               ("UNIQ_KEY", b"timer")], 6),
-            ([("REAL_TOPIC", b"t"), rolled_header(1, NOW + 1_000, "rolled"),
+            ([("REAL_TOPIC", b"t"), rolled_header(1, NOW + 1_000, "rolled", "t"),
               ("TIMER_DELIVER_MS", str(NOW + 1_000).encode()), ("UNIQ_KEY", b"rolled")], 7),
             ([("REAL_TOPIC", b"t"), ("DELAY", b"3"), ("UNIQ_KEY", b"later")], 8))
     # Appended at NOW: "old-*" due at NOW + 1 s and the timer at NOW + 1.5 s, before the start
