@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     dispatch_probe_interval_ms: PositiveInt
     dispatch_intake_refresh_ms: PositiveInt
     dispatch_direct_max_delay_ms: int
+    ring_slots: NonNegativeInt
+    ring_slot_ms: PositiveInt
+    ring_read_lead_ms: NonNegativeInt
     dispatch_fetch_gap: NonNegativeInt
     fire_lead_per_message_us: NonNegativeInt
     heartbeat_ms: PositiveInt
@@ -167,6 +170,15 @@ class Settings(BaseSettings):
     dead_letter_path = _in_store("tables/dead_letters")
     ready_topic = property(lambda self: f"{self.intake_topic}.READY")
     ledger_topic = property(lambda self: f"{self.intake_topic}.LEDGER")
+    ring_topic = property(lambda self: f"{self.intake_topic}.TIMERS")
+
+    @property
+    def ring_horizon_ms(self) -> int:
+        """How far after its append a timer may be due to go to the ring (0: no ring): two
+        slots short of a turn, so a slot is never written while it is read or after, and no
+        further than near_horizon, where the cold tier begins."""
+        turn = (self.ring_slots - 2) * self.ring_slot_ms if self.ring_slots >= 3 else 0
+        return min(turn, self.near_horizon_ms)
     data_path = property(lambda self: self.data_dir.resolve())
 
     @property

@@ -131,7 +131,9 @@ class ColdTier:
 
     def roll(self, rows: DataFrame) -> None:
         """Put cold messages back on the intake, each on the partition it came in on (where its
-        producer writes its cancel too), marked and sealed as the cold tier's (state/seal.py)."""
+        producer writes its cancel too), marked and sealed as the cold tier's (state/seal.py), in
+        due order within each partition: the wheel fires them in that order, and their dispatch
+        task reads their bodies back forward (streaming/dispatch/bodies.py)."""
         headers = appended_headers(
             header_struct(H.REAL_TOPIC, F.col("topic")),
             header_struct(H.REAL_QID, F.col("partition").cast("string")),
@@ -139,8 +141,9 @@ class ColdTier:
             header_struct(H.TIMER_DELIVER_MS, F.col("due_ms").cast("string")),
             header_struct(H.ROLLED, F.concat(F.col("level").cast("string"), F.lit(":"),
                                              self._sealed())))
-        (rows.select(F.lit(self.intake).alias("topic"), F.col("ipart").alias("partition"),
-                     "key", "value", headers.alias("headers"))
+        (rows.repartition("ipart").sortWithinPartitions("due_ms", "ipart", "ioff")
+         .select(F.lit(self.intake).alias("topic"), F.col("ipart").alias("partition"),
+                 "key", "value", headers.alias("headers"))
          .write.mode("append").format("kafka").options(**self.options).save())
 
     def _sealed(self) -> F.Column:

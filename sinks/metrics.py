@@ -65,6 +65,9 @@ class Metrics:
                                   "A dispatch task's host clock minus the broker's, at most (as "
                                   "measured on the ledger topic), by ready partition.",
                                   ["partition"], **r)
+        self.ring_lag = Gauge("delayq_ring_lag_seconds", "How long past its time a dispatch "
+                              "task's next ring slot waits to be read, by ready partition.",
+                              ["partition"], **r)
         self.lateness = LatenessHistogram("delayq_delivery_lateness_seconds",
                                           "Delivery time minus due time.", LATENESS_BUCKETS)
         registry.register(self.lateness)
@@ -107,7 +110,8 @@ class Metrics:
                 self.pending.labels(level=level).set(
                     self._in_wheel[level] + self._in_dispatch.get(level, 0))
 
-    def set_dispatch(self, held_by_level: dict[int, int], clock_ms: dict[int, int]) -> None:
+    def set_dispatch(self, held_by_level: dict[int, int], clock_ms: dict[int, int],
+                     ring_lag_ms: dict[int, int] | None = None) -> None:
         """What the dispatch tasks' last commits report (streaming/dispatch/supervisor.py): the
         messages they hold, by level, and each one's clock offset to the broker's."""
         with self._pending_lock:
@@ -118,6 +122,8 @@ class Metrics:
                     self._in_wheel.get(level, 0) + self._in_dispatch.get(level, 0))
         for partition, ms in clock_ms.items():
             self.clock_offset.labels(partition=str(partition)).set(ms / 1000)
+        for partition, ms in (ring_lag_ms or {}).items():
+            self.ring_lag.labels(partition=str(partition)).set(ms / 1000)
 
     def observe_batch(self, summary: BatchSummary) -> None:
         for level, n in summary.received_by_level.items():

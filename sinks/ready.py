@@ -54,12 +54,14 @@ class ReadySink:
     Spark job) and its dead letters (with their records read back, when it has any)."""
 
     def __init__(self, options: dict[str, str], ready_topic: str, partitions: int,
-                 window_ms: int, bucket_ms: int, max_request_bytes: int = 1_048_576):
-        """`window_ms`: dispatch_direct_max_delay_ms (-1: none); `bucket_ms`: the cold tier's."""
+                 window_ms: int, ring_horizon_ms: int, bucket_ms: int,
+                 max_request_bytes: int = 1_048_576):
+        """`window_ms`: dispatch_direct_max_delay_ms (-1: none); `ring_horizon_ms`: the timers'
+        the dispatch tasks take (Rules.ring_horizon_ms); `bucket_ms`: the cold tier's."""
         self._sent = [F.lit(ready_topic).alias("topic"),
                       F.pmod("ipart", F.lit(partitions)).cast("int").alias("partition"),
                       reference_value().alias("value")]
-        self._window, self._bucket = window_ms, bucket_ms
+        self._window, self._ring, self._bucket = window_ms, ring_horizon_ms, bucket_ms
         self._partitions = partitions
         self._options = {"kafka.max.request.size": str(max_request_bytes), **options}
 
@@ -71,8 +73,10 @@ class ReadySink:
         bucket is beyond `loaded_until` waits beside it in the cold tier (sinks/cold.py)."""
         key = F.encode(F.lit(str(summary.batch_id)), "UTF-8").alias("key")
         kind, due = F.col("kind"), F.col("due_ms")
-        notice = kind.isin("cancelled", "cancel_unknown") & (
-            due - F.col("append_ms") <= F.lit(self._window)) & F.lit(self._window >= 0)
+        after = due - F.col("append_ms")
+        notice = kind.isin("cancelled", "cancel_unknown") & F.lit(self._window >= 0) & (
+            (after <= F.lit(self._window))
+            | ((F.col("level") == F.lit(-1)) & (after <= F.lit(self._ring))))
         parked = F.lit(loaded_until is not None) & (
             due - F.pmod(due, F.lit(self._bucket)) > F.lit(loaded_until or 0))
         found_nothing = notice & (kind == "cancel_unknown") & ~parked

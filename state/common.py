@@ -153,4 +153,7 @@ def _placed(rows, topics, uniq, at, level, is_level, timer_due, ioff, rules: Rul
         "rows": rows, "kind": kind.astype(object), "level": level, "due_ms": due,
         "bucket": np.where(delay, level, np.where(cold, BUCKET_COLD, BUCKET_NOW)),
         "slot": slot, "uniq_key": uniq, "topic": topics,
+        # streaming/dispatch/direct.py due_after: no clock's correction, a past time as it is
+        "after": np.where(is_level, np.where(level > 0, delays, 0), timer_due - at),
+        "timer": ~is_level,
     }

@@ -47,6 +47,9 @@ class Rules:
     cold_bucket_ms: int
     # The groups a timer slot is split into, by UNIQ_KEY (state/groups.py part_of).
     timer_parts: int
+    # Timers (and their cancels) due within this of their append go to the dispatch tasks'
+    # rings (streaming/dispatch/ring.py; 0: none), a rule of the record alone.
+    ring_horizon_ms: int
     # The checkpoint's key for the service's own records (state/seal.py): never shown.
     seal_key: str = field(repr=False)
     # Per intake partition, the offset below which records follow an older delayq's rules: its

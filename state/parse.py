@@ -13,10 +13,11 @@ import pyarrow.compute as pc
 
 from state import headers as H
 from state.columns import ENVELOPE, INDEX_ENVELOPE
-from state.envelope import Envelope, Kind, Rules, default_uniq_key, parse
+from state.envelope import Envelope, Kind, Rules, default_uniq_key, is_legacy, parse
 from state.common import common_rows
 from state.errors import ParseError
 from state.reasons import reason
+from state.split import is_direct
 from state.wheel import group_of
 from state.worker import settle
 
@@ -40,19 +41,22 @@ def _flat_headers(headers: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
 
 def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
              names: pa.Array, values: pa.Array, numbers: dict[str, np.ndarray], rules: Rules,
-             slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int) -> np.ndarray:
+             slot_ms: int, spread: int, now_ms: int, overdue_before_ms: int,
+             direct: np.ndarray | None = None, window_ms: int = -1) -> np.ndarray:
     """`parse` and `group_of` for each of `rows` (the batch's rows the common path left),
-    written into `cols`; returns which of the batch's rows are dead letters."""
+    written into `cols`; returns which of the batch's rows are dead letters. With `direct`,
+    each row's `is_direct` (the dispatch tasks take it) into it."""
     dead = np.zeros(len(starts) - 1, dtype=bool)
     if not rows:
         return dead
     name_list, value_list = names.to_pylist(), values.to_pylist()
     ipart, ioff, append = (numbers[name].tolist() for name in ("ipart", "ioff", "append_ms"))
     for i in rows:
-        a, b = starts[i], starts[i + 1]
+        headers = list(zip(name_list[starts[i]:starts[i + 1]], value_list[starts[i]:starts[i + 1]]))
+        if direct is not None:
+            direct[i] = is_direct(headers, append[i], ipart[i], ioff[i], rules, window_ms)
         try:
-            env = parse(list(zip(name_list[a:b], value_list[a:b])), ipart[i], ioff[i], append[i],
-                        rules, now_ms)
+            env = parse(headers, ipart[i], ioff[i], append[i], rules, now_ms)
             kind = env.kind
             if kind == Kind.DELAY and env.level > 0 and not env.rolled \
                     and env.due_ms < overdue_before_ms:
@@ -77,6 +81,19 @@ def _per_row(rows: list[int], cols: dict[str, np.ndarray], starts: np.ndarray,
     return dead
 
 
+def _common_split(n: int, taken: np.ndarray, after, timer, slow: np.ndarray,
+                  numbers: dict[str, np.ndarray], rules: Rules, window_ms: int) -> np.ndarray:
+    """state/split.py `is_direct` of the common rows at once (their due time after append and
+    whether each is a timer); a row of the older split's takes the per-row rules (`slow`)."""
+    direct = np.zeros(n, dtype=bool)
+    if len(taken):
+        direct[taken] = (window_ms >= 0) & ((after <= window_ms)
+                                            | (timer & (after <= rules.ring_horizon_ms)))
+        slow[[i for i in taken.tolist() if is_legacy(
+            rules, int(numbers["ipart"][i]), int(numbers["ioff"][i]))]] = True
+    return direct
+
+
 def _fits(env: Envelope, bucket: int, slot: int) -> None:
     """Raises unless every number fits its ENVELOPE column."""
     for name, value in (("level", env.level), ("qid", env.real_qid), ("bucket", bucket),
@@ -86,41 +103,45 @@ def _fits(env: Envelope, bucket: int, slot: int) -> None:
 
 
 def parse_batch(batch: pa.RecordBatch, rules: Rules, slot_ms: int, spread: int,
-                now_ms: int, overdue_before_ms: int = 0, common: bool = True) -> pa.RecordBatch:
-    """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns, or
-    without key and value → INDEX_ENVELOPE columns. A level message due before
-    `overdue_before_ms` (the checkpoint's first start) goes out with the immediate ones, so a
-    backlog is sent as read, still in due order; timers and rolled messages keep to the wheel.
-    `common=False`: every row takes the per-row rules (tests compare both paths)."""
+                now_ms: int, overdue_before_ms: int = 0, common: bool = True,
+                window_ms: int | None = None) -> pa.RecordBatch:
+    """Intake columns (key, value, ipart, ioff, append_ms, headers) → ENVELOPE columns (without
+    key and value: INDEX_ENVELOPE). A level due before `overdue_before_ms` (the checkpoint's first
+    start) goes out with the immediate ones, so a backlog leaves as read, in due order. With
+    `window_ms` (the wheel's parse), what the dispatch tasks take but cancels is left out
+    (state/split.py). `common=False`: all by the per-row rules (tests compare both paths)."""
     n = batch.num_rows
     counts, names, values = _flat_headers(batch.column("headers"))
     row_of = np.repeat(np.arange(n), counts)
     starts = np.concatenate(([0], np.cumsum(counts)))
     numbers = {name: batch.column(name).to_numpy(zero_copy_only=False).astype(np.int64)
                for name in ("ipart", "ioff", "append_ms")}
-    control = pc.fill_null(pc.is_in(names, value_set=_CONTROL), False).to_numpy(
-        zero_copy_only=False)
+    control = pc.fill_null(pc.is_in(names, value_set=_CONTROL), False).to_numpy(False)
     fast = common_rows(n, row_of, control, names, values, numbers["ipart"], numbers["ioff"],
                        numbers["append_ms"], rules, slot_ms, spread, now_ms, overdue_before_ms) \
         if common else {"rows": np.zeros(0, np.int64)}
-
     cols = {name: np.empty(n, dtype=object)
             for name in ("kind", "bucket", "slot", *_ENVELOPE_FIELDS)}
-    taken = fast.pop("rows")
+    taken, after, timer = fast.pop("rows"), fast.pop("after", None), fast.pop("timer", None)
     for name, column in fast.items():
         cols[name][taken] = column
     cols["rolled"][taken] = False
     slow = np.ones(n, dtype=bool)
     slow[taken] = False
+    direct = None if window_ms is None else _common_split(
+        n, taken, after, timer, slow, numbers, rules, window_ms)
     dead = _per_row(np.flatnonzero(slow).tolist(), cols, starts, names, values, numbers, rules,
-                    slot_ms, spread, now_ms, overdue_before_ms)
+                    slot_ms, spread, now_ms, overdue_before_ms, direct,
+                    -1 if window_ms is None else window_ms)
     try:
-        return _envelopes(batch, cols, ~control | dead[row_of], row_of, names, values)
+        out = _envelopes(batch, cols, ~control | dead[row_of], row_of, names, values)
     except (pa.ArrowException, OverflowError, ValueError) as exc:
         raise ParseError(
             f"the parse of intake records {_positions(numbers)} failed as a whole ({exc}). No "
             f"rule of one record explains it, so the job stops rather than skip them; they "
             f"stay in the intake. Report it with these positions.") from exc
+    return out if direct is None or not direct.any() else out.filter(
+        pa.array(~direct | (cols["kind"] == Kind.CANCEL.value)))   # a cancel: the wheel's too
 
 
 def _positions(numbers: dict[str, np.ndarray]) -> str:
@@ -160,12 +181,14 @@ def _user_headers(keep: np.ndarray, row_of: np.ndarray, n: int, names: pa.Array,
             pa.ListArray.from_arrays(offsets, values.filter(mask)))
 
 
-def make_parser(rules: Rules, slot_ms: int, spread: int, overdue_before_ms: int = 0):
-    """The function handed to mapInArrow."""
+def make_parser(rules: Rules, slot_ms: int, spread: int, window_ms: int,
+                overdue_before_ms: int = 0):
+    """The function handed to mapInArrow: the wheel's parse, leaving out what the dispatch tasks
+    take within `window_ms` (-1: none) and the ring's horizon."""
 
     def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
         for batch in batches:
             yield parse_batch(batch, rules, slot_ms, spread, int(time.time() * 1000),
-                              overdue_before_ms)
+                              overdue_before_ms, window_ms=window_ms)
     return parse_batches

@@ -76,6 +76,8 @@ class DelayJob:
         started_ms, now_ms = self._check_checkpoint()
         self._step("checkpoint")
         partitions, ledger_max = kadmin.ensure_dispatch_topics(self.settings, self._admin, largest)
+        kadmin.ensure_ring(self.settings, self._admin, partitions, largest)
+        kadmin.check_ring_positions(self.settings, self._admin)
         sizing.check_slots(self.spark, self.settings, partitions)
         writer = self._writer = self._batch_writer(partitions, largest)
         # The pending gauge starts from the last committed batch's state; this run adds deltas.
@@ -156,7 +158,8 @@ class DelayJob:
         kafka = ReadySink({**producer_options(self.settings), **spark_options(self.settings)},
                           self.settings.ready_topic, partitions,
                           self.settings.dispatch_direct_max_delay_ms,
-                          self.settings.cold_bucket_ms, max_request_bytes=largest)
+                          self.settings.ring_horizon_ms, self.settings.cold_bucket_ms,
+                          max_request_bytes=largest)
         self._step("dispatch_topics")
         intake = self.settings.intake_topic
         # Rolls clock_tolerance early: the driver's clock may trail the broker's (DESIGN.md 3).

@@ -6,6 +6,7 @@ from __future__ import annotations
 from conf.settings import Settings
 from state.envelope import Rules
 from state.groups import WheelConfig
+from streaming.dispatch.ring import RingConfig
 from streaming.dispatch.rules import DispatchConfig
 from streaming.dispatch.supervisor import Supervision
 from streaming.kafka.config import librdkafka_config, spark_options
@@ -20,7 +21,8 @@ def rules_of(settings: Settings, seal_key: str, legacy_before: tuple[int, ...] =
                  max_delay_ms=settings.max_delay_ms,
                  clock_tolerance_ms=settings.clock_tolerance_ms,
                  near_horizon_ms=settings.near_horizon_ms, cold_bucket_ms=settings.cold_bucket_ms,
-                 timer_parts=settings.timer_parts, seal_key=seal_key,
+                 timer_parts=settings.timer_parts, ring_horizon_ms=settings.ring_horizon_ms,
+                 seal_key=seal_key,
                  legacy_before=legacy_before)
 
 
@@ -72,7 +74,14 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           ready_partitions=partitions, intake_start=intake_start,
                           fetch_gap=settings.dispatch_fetch_gap,
                           transactional_id=consumer["group.id"] if exactly else "",
-                          offsets_interval_s=settings.dispatch_commit_interval_ms / 1000)
+                          offsets_interval_s=settings.dispatch_commit_interval_ms / 1000,
+                          ring=ring_of(settings))
+
+
+def ring_of(settings: Settings) -> RingConfig:
+    slots = settings.ring_slots if settings.ring_horizon_ms else 0
+    return RingConfig(settings.ring_topic, slots, settings.ring_slot_ms,
+                      settings.ring_read_lead_ms)
 
 
 def supervision_of(settings: Settings) -> Supervision:

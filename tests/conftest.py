@@ -113,6 +113,11 @@ def test_settings(work_dir, kafka_bootstrap):
         # Immediate and level-1 messages go the dispatch tasks' own way from the intake, levels
         # 2 and 3 through the wheel: every test of delivery covers both paths.
         dispatch_direct_max_delay_ms=1000,
+        # Timers due from 1 s to 8 s after their append go through each dispatch task's ring
+        # of 6 slots of 2 s (streaming/dispatch/ring.py), later ones through the wheel.
+        ring_slots=6,
+        ring_slot_ms=2000,
+        ring_read_lead_ms=1000,
         spark_master="local[*]",
         spark_driver_memory="1500m",
         spark_shuffle_partitions=2,

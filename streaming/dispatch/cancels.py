@@ -20,6 +20,8 @@ from streaming.dispatch.rules import Row
 # A cancel's outcome, the status of its ledger row (streaming/ledger/records.py): the target's
 # row, dropped; or the cancel's own, its target sent before it came or never come.
 CANCELLED, MISSED = "cancelled", "cancel_missed"
+# The ledger status of a timer written to the ring (ring.py): its intake record is done.
+RINGED = "ringed"
 # Where the task read a cancel: the intake, or the wheel's notice (H.READY_CANCEL).
 DIRECT, NOTICE = "direct", "notice"
 

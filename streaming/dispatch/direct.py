@@ -13,63 +13,9 @@ import pyarrow as pa
 from streaming.dispatch.rules import Row
 from state import headers as H
 from state.columns import HEADERS
-from state.envelope import Kind, Rules, is_legacy
-from state.values import fits_long, long_of
+from state.envelope import Kind, Rules
 from state.parse import parse_batch
-
-# The service's own records stay with the wheel.
-SERVICE_HEADERS = (H.HEARTBEAT, H.ROLLED)
-# The split of the delayq before (Rules.legacy_before): short levels' exact DELAY values only.
-LEGACY_WHEEL_HEADERS = frozenset((*H.TIMER_HEADERS, H.TIMER_DEL_UNIQKEY, *SERVICE_HEADERS))
-
-
-def due_after(headers: list | None, append_ms: int, level_delays_ms: tuple[int, ...]
-              ) -> int | None:
-    """How long after its append a record is due, by its headers alone (a cancel: its target,
-    by its TIMER_DELIVER_MS), as `parse` reads them; None where the wheel decides: a service
-    record, several delay headers, a value `parse` refuses or a sum beyond a long."""
-    delays, cancel = [], False
-    for name, value in headers or ():
-        if name in SERVICE_HEADERS:
-            return None
-        if name == H.TIMER_DEL_UNIQKEY:
-            cancel = True
-        elif name in H.DELAY_HEADERS:
-            delays.append((name, value))
-    if cancel:
-        delays = [d for d in delays if d[0] == H.TIMER_DELIVER_MS] or delays
-    if len(delays) != 1:
-        return None if delays else 0
-    name, value = delays[0][0], long_of(delays[0][1])
-    if value is None:
-        return None
-    if name == H.DELAY:
-        return None if value < 0 else (0, *level_delays_ms)[min(value, len(level_delays_ms))]
-    if name == H.TIMER_DELAY_MS:
-        return value
-    after = value * 1000 if name == H.TIMER_DELAY_SEC else value - append_ms
-    return after if fits_long(after) else None
-
-
-def is_direct(headers: list | None, append_ms: int, partition: int, offset: int, rules: Rules,
-              direct_max_delay_ms: int) -> bool:
-    """Whether a dispatch task takes this intake record itself: due within the window of its
-    append (`due_after`; negative window: none). Parses as NOW, DELAY, CANCEL or DEAD."""
-    if direct_max_delay_ms < 0:
-        return False
-    if is_legacy(rules, partition, offset):
-        values = legacy_values(rules, direct_max_delay_ms)
-        return not any(name in LEGACY_WHEEL_HEADERS or (name == H.DELAY and value not in values)
-                       for name, value in headers or ())
-    after = due_after(headers, append_ms, rules.level_delays_ms)
-    return after is not None and after <= direct_max_delay_ms
-
-
-def legacy_values(rules: Rules, direct_max_delay_ms: int) -> frozenset[bytes]:
-    """The older split's DELAY values ("0", "1", …): the levels of at most the window."""
-    return frozenset(str(level).encode() for level, delay in
-                     enumerate((0, *rules.level_delays_ms)) if delay <= direct_max_delay_ms)
-
+from state.split import is_direct
 
 def intake_batch(msgs: list, each: list | None = None) -> pa.RecordBatch:
     """Consumed intake records in the layout the wheel's parse reads (streaming/wheel/query.py

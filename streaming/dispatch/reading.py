@@ -12,8 +12,10 @@ from streaming.dispatch.bodies import Bodies
 from streaming.dispatch.cancels import DIRECT, NOTICE, Tombstones
 from streaming.dispatch.direct import direct_rows
 from streaming.dispatch.rules import READY_STOP, Offsets, Refired, Row, ready_row
-from streaming.dispatch.start import (CANCEL_SETTLED, TARGET_DONE, committed, in_ledger,
-                                      owned_partitions, retrying)
+from streaming.dispatch.ring import Ring
+from streaming.dispatch.start import (CANCEL_SETTLED, IN_RING, TARGET_DONE, committed,
+                                      in_ledger, owned_partitions, retrying)
+from state.envelope import TIMER_LEVEL
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,8 @@ class Reading:
         self.intake: list = []   # the intake's TopicPartitions this task reads (direct.py)
         self.paused = False
         self.refired = Refired()
+        self.ring = Ring(config.consumer, config.ring, self.partition) \
+            if config.ring is not None and config.ring.slots else None
         # Cancels of what the task holds or will hold, kept a window past their target's due.
         self.tombstones = Tombstones(max(config.direct_max_delay_ms, 0))
         self._known_below = 0   # ready rows below this were done before the start (`Refired`)
@@ -37,13 +41,18 @@ class Reading:
         from the last mark on (kept for the task's life: a copy read later is a copy still)."""
         consumer, config = self.consumer, self.config
         self.intake = retrying(lambda: owned_partitions(consumer, config, self.partition))
+        ring = [] if self.ring is None else [TopicPartition(self.ring.config.topic, p)
+                                             for p in self.ring.partitions()]
         starts, mark, batch = retrying(lambda: committed(consumer, config,
-                                                         [self.ready, *self.intake]))
+                                                         [self.ready, *self.intake, *ring]))
         done, last, self.ledger_end = retrying(lambda: in_ledger(
-            consumer, self.ledger, mark, config.intake_topic))
+            consumer, self.ledger, mark, config.intake_topic, ring[0].topic if ring else None))
         self.offsets = {source: Offsets(start, mark or 0, last.get(source, -1))
                         for source, start in starts.items()}
         self._known_below = starts[None]
+        for tp in ring:   # their ends, for the count of what waits there (`_in_ring`)
+            self.ring.ends[tp.partition] = retrying(lambda: consumer.get_watermark_offsets(
+                tp, timeout=60))[1]
         if batch:   # the newest wheel batch's rows below the commit point are read to know them
             self.refired = Refired(*batch)
         return done
@@ -116,18 +125,22 @@ class Reading:
             self.offsets[(self.config.intake_topic, part)].skip(offset)
         for cancel in cancels:
             self._take_cancel(cancel, done, DIRECT)
+        window = self.config.direct_max_delay_ms
         for row, reason in [*((row, None) for row in rows), *dead]:
             offsets = self.offsets[row.source]
-            if done and done.get((row.uniq_key, row.due_ms), 0) & TARGET_DONE:
+            if done and done.get((row.uniq_key, row.due_ms), 0) & (TARGET_DONE | IN_RING):
                 offsets.skip(row.offset)
                 self.skipped += 1
                 continue
             offsets.read(row.offset, self.ledger_end)
             self.held[row.level] += 1
-            if reason is None:
-                self._hold(row)
-            else:   # bad input: its dead letter now, with the wheel's reason
+            if reason is not None:   # bad input: its dead letter now, with the wheel's reason
                 self._dead_letter(row, reason)
+            elif self.ring is not None and row.level == TIMER_LEVEL \
+                    and row.due_ms - row.append_ms > window:
+                self._ring_write(row)
+            else:
+                self._hold(row)
 
     def _take_cancel(self, cancel: Row, done: dict, side: str, notice: bytes | None = None):
         """A cancel (its uniq_key and due_ms name its target) read from the intake or from the

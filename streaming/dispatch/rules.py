@@ -48,6 +48,8 @@ class DispatchConfig:
     # committed every `offsets_interval_s`; empty: at least once, no transactions.
     transactional_id: str = ""
     offsets_interval_s: float = 1.0
+    # The task's own timer wheel (ring.py RingConfig; None: no ring).
+    ring: object = None
 
 
 class Row:

@@ -112,7 +112,8 @@ class Sending:
                 and time.monotonic() - self._unledgered_since < self.config.gather_s:
             return
         acked, self._unledgered = self._unledgered, []
-        for rows, record in ledger_chunks(acked, batch, self.config.ledger_bytes):
+        ring = self.ring.config.topic if self.ring is not None else None
+        for rows, record in ledger_chunks(acked, batch, self.config.ledger_bytes, ring):
             send = self._ledger_send(record, rows)
             if not send():
                 self._later(send, 0.05)

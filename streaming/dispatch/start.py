@@ -9,7 +9,7 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from streaming.dispatch.cancels import CANCELLED, MISSED
+from streaming.dispatch.cancels import CANCELLED, MISSED, RINGED
 from streaming.dispatch.rules import DispatchConfig
 from streaming.ledger.records import ledger_rows
 
@@ -17,10 +17,11 @@ log = logging.getLogger(__name__)
 
 
 # What the ledger says of a (UNIQ_KEY, due), as bits (`in_ledger`): the message is done (sent,
-# dead-lettered or dropped), which a restart skips; a cancel of it is settled, heard no more.
-TARGET_DONE, CANCEL_SETTLED = 1, 2
+# dead-lettered or dropped), which a restart skips; a cancel of it is settled, heard no more; it
+# was written to the ring (ring.py), which a restart reading its intake record skips.
+TARGET_DONE, CANCEL_SETTLED, IN_RING = 1, 2, 4
 _BITS = {"delivered": TARGET_DONE, "dead": TARGET_DONE, CANCELLED: TARGET_DONE | CANCEL_SETTLED,
-         MISSED: CANCEL_SETTLED}
+         MISSED: CANCEL_SETTLED, RINGED: IN_RING}
 
 
 class Aborted(Exception):
@@ -82,12 +83,12 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
                 batch = meta.get("batch") or []
             continue
         low, _ = consumer.get_watermark_offsets(tp, timeout=60)
-        starts[source] = low if source is None else max(
-            low, config.intake_start.get(tp.partition, low))
+        starts[source] = max(low, config.intake_start.get(tp.partition, low)) \
+            if tp.topic == config.intake_topic else low
     return starts, min(marks) if marks else None, batch
 
 
-def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
+def in_ledger(consumer, ledger, mark: int | None, intake_topic: str, ring_topic: str | None
               ) -> tuple[dict[tuple[str, int], int], dict, int]:
     """From the ledger mark (or the beginning) to the end of `ledger`: what it says of each
     (UNIQ_KEY, due) as TARGET_DONE and CANCEL_SETTLED bits, which a restart skips; each source's
@@ -110,12 +111,14 @@ def in_ledger(consumer, ledger, mark: int | None, intake_topic: str
                 continue
             rows = ledger_rows(msg.value())
             columns = (rows.column(name).to_pylist() for name in (
-                "uniq_key", "due_ms", "ready_offset", "ipart", "ioff", "status"))
-            for key, due, ready, ipart, ioff, status in zip(*columns):
+                "uniq_key", "due_ms", "ready_offset", "ipart", "ioff", "status",
+                "ring_partition", "ring_offset"))
+            for key, due, ready, ipart, ioff, status, ring, ring_offset in zip(*columns):
                 # A resend, due at another time, is sent.
                 done[(key, due)] = done.get((key, due), 0) | _BITS.get(status, TARGET_DONE)
-                source, offset = (None, ready) if ready is not None else \
-                    ((intake_topic, ipart), ioff)
+                source, offset = ((None, ready) if ready is not None else
+                                  ((ring_topic, ring), ring_offset) if ring is not None else
+                                  ((intake_topic, ipart), ioff))
                 last[source] = max(last.get(source, -1), offset)
         # Past what read_committed skips, too (an aborted transaction's records and markers).
         [now] = consumer.position([TopicPartition(ledger.topic, ledger.partition)])

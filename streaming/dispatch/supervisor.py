@@ -95,14 +95,15 @@ class Dispatcher:
             self._beats[partition] = metadata, now
             self.spark.sparkContext.cancelJobGroup(self._group(partition))
 
-    def reports(self) -> tuple[dict[int, int], dict[int, int]]:
+    def reports(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
         """From the tasks' last commits' metadata (one request, whatever the rate): messages read
-        and not yet finished, by level, and each task's clock offset to the broker's in ms (Skew),
-        by ready partition."""
+        and not yet finished, by level, and by ready partition each task's clock offset to the
+        broker's in ms (Skew) and how late it reads its ring (ms past its next slot's time)."""
         if self._reader is None:
             self._reader = Consumer(self.config.consumer)
         held: dict[int, int] = {}
         clocks: dict[int, int] = {}
+        rings: dict[int, int] = {}
         for got in self._reader.committed([TopicPartition(self.config.ready_topic, p)
                                            for p in range(self.partitions)], timeout=10):
             self._alive(got.partition, got.metadata)
@@ -111,7 +112,9 @@ class Dispatcher:
                 held[int(level)] = held.get(int(level), 0) + n
             if meta.get("clock_ms") is not None:
                 clocks[got.partition] = meta["clock_ms"]
-        return held, clocks
+            if meta.get("ring_lag_ms") is not None:
+                rings[got.partition] = meta["ring_lag_ms"]
+        return held, clocks, rings
 
     def _group(self, partition: int) -> str:
         return f"delayq-dispatch-{self.config.ready_topic}-{partition}"

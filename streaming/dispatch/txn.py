@@ -102,6 +102,8 @@ class Transactions:
             return   # an idle task commits no empty transactions
         retrying(lambda: self.producer.commit_transaction(30), timeout_s=math.inf)
         self.in_transaction = False
+        if self.ring is not None:
+            self.ring.dirty.clear()
         self.at_commit = (self.sent, self.dead)
         self.producer.begin_transaction()
 
@@ -145,11 +147,14 @@ class Transactions:
             meta = {"ledger": mark}
             if source is None:   # the driver's gauges, and a beat for its liveness check
                 meta["beat"] = time.monotonic_ns() // 1_000_000
-                meta["held"] = {str(k): n for k, n in self.held.items() if n}
+                held = self.held + self._in_ring()   # the ring's count as timers held
+                meta["held"] = {str(k): n for k, n in held.items() if n}
                 if self.refired.batch is not None:
                     meta["batch"] = [self.refired.batch, self.refired.start]
                 if self.skew.measured:
                     meta["clock_ms"] = round(self.skew.offset_ms())
+                    if self.ring is not None:
+                        meta["ring_lag_ms"] = self.ring.lag_ms(self.skew.broker_ms())
             topic, part = (self.ready.topic, self.partition) if source is None else source
             commits.append(TopicPartition(topic, part, point, metadata=json.dumps(meta)))
         return commits

@@ -140,6 +140,59 @@ def ensure_dispatch_topics(settings: Settings, admin: KafkaAdminClient,
     return ready, max_message_bytes(admin, settings.ledger_topic) or KAFKA_DEFAULT_MAX_MESSAGE
 
 
+def ensure_ring(settings: Settings, admin: KafkaAdminClient, tasks: int, largest: int) -> None:
+    """The dispatch tasks' rings (streaming/dispatch/ring.py): `tasks` x ring_slots partitions of
+    <intake>.TIMERS, LogAppendTime, keeping a record the ring's turn and downtime_tolerance;
+    an existing one is refused with the fix when it differs (its partitions are frozen)."""
+    if not settings.ring_horizon_ms:
+        return
+    topic, wanted = settings.ring_topic, tasks * settings.ring_slots
+    keep = settings.ring_slots * settings.ring_slot_ms + settings.downtime_tolerance_ms
+    create_topic(admin, topic, wanted, {**LOG_APPEND_TIME, "retention.ms": str(keep),
+                                        "max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)})
+    why = "the ring holds timers until their slot is read"
+    require_log_append_time(admin, topic, why)
+    have = topic_partitions(admin, [topic])[topic]
+    if have != wanted:
+        raise JobError(f"topic {topic} has {have} partitions; the dispatch tasks' rings need "
+                       f"{wanted} ({tasks} tasks x ring_slots {settings.ring_slots}). Put "
+                       f"ring_slots back, or let the job drain and delete the topic")
+    retention = int(topic_config(admin, topic, "retention.ms") or KAFKA_DEFAULT_RETENTION_MS)
+    if 0 <= retention < keep:
+        raise JobError(f"topic {topic} has retention.ms={retention}, and {why}, up to {keep} ms "
+                       f"(a turn of the ring and downtime_tolerance). Fix: kafka-configs.sh "
+                       f"--alter --entity-type topics --entity-name {topic} --add-config "
+                       f"retention.ms={keep}")
+
+
+def check_ring_positions(settings: Settings, admin: KafkaAdminClient) -> None:
+    """Refuse a start whose dispatch tasks would read a ring partition from below its log's
+    start: what retention deleted there were timers not yet delivered."""
+    from kafka import TopicPartition
+    from kafka.admin import OffsetSpec
+
+    if not settings.ring_horizon_ms:
+        return
+    group, topic = f"delayq.{settings.intake_topic}.dispatch", settings.ring_topic
+    committed = {tp.partition: meta.offset for tp, meta in
+                 admin.list_group_offsets({group: None}).get(group, {}).items()
+                 if tp.topic == topic and meta.offset >= 0}
+    if not committed:
+        return
+    starts = admin.list_partition_offsets(
+        {TopicPartition(topic, p): OffsetSpec.EARLIEST for p in committed})
+    lost = {tp.partition: (committed[tp.partition], found.offset) for tp, found in starts.items()
+            if found.offset > committed[tp.partition]}
+    if lost:
+        shown = ", ".join(f"{p}: committed {c}, log starts at {s}" for p, (c, s) in sorted(
+            lost.items()))
+        raise JobError(f"ring topic {topic} lost timers to its retention before the dispatch "
+                       f"tasks read them ({shown}). Raise its retention.ms (and "
+                       f"downtime_tolerance) to keep this from happening; to start anyway, "
+                       f"accepting the loss: kafka-consumer-groups.sh --group {group} "
+                       f"--reset-offsets --to-earliest --topic {topic} --execute")
+
+
 def require_log_append_time(admin: KafkaAdminClient, topic: str, why: str) -> None:
     """Refuse a topic without LogAppendTime, naming the fix (delayq alters no topic it finds)."""
     kind = topic_config(admin, topic, "message.timestamp.type")

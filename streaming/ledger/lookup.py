@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from sinks.store import HadoopPath
 from state import headers as H
 from state.columns import TOMBSTONE
 from state.envelope import default_uniq_key
-from streaming.dispatch.cancels import CANCELLED, MISSED
+from streaming.dispatch.cancels import CANCELLED, MISSED, RINGED
 from streaming.dispatch.rules import READY_STOP, ready_row
 from streaming.kafka.config import librdkafka_config
 from streaming.ledger.records import ledger_rows
@@ -109,23 +110,20 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
                          "group.id": f"delayq.{settings.intake_topic}.dispatch",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
-        since_ms = (int(time.time() * 1000) - 3 * settings.ledger_interval_ms
-                    - settings.clock_tolerance_ms)   # this host may lead the broker
+        # A timer in a ring waits at most its horizon; this host may lead the broker.
+        since_ms = (int(time.time() * 1000) - settings.clock_tolerance_ms
+                    - max(3 * settings.ledger_interval_ms, settings.ring_horizon_ms))
+        last = None
         for msg in _records(consumer, settings.ledger_topic, lambda tps: consumer.offsets_for_times(
                 [TopicPartition(tp.topic, tp.partition, since_ms) for tp in tps], timeout=30)):
             if not msg.value() or uniq_key.encode() not in msg.value():
                 continue
             rows = [r for r in ledger_rows(msg.value()).to_pylist()
                     if r["uniq_key"] == uniq_key and r["status"] != MISSED]   # a cancel's row
-            if rows:
-                r = {**rows[0], "intake_partition": rows[0]["ipart"],
-                     "intake_offset": rows[0]["ioff"]}
-                if r["status"] == "delivered":
-                    return _delivered({**r, "lateness_ms": r["sent_ms"] - r["due_ms"],
-                                       "batch_id": "- (in the ledger topic)"})
-                if r["status"] == CANCELLED:
-                    return _cancelled(r)
-                return _dead({**r, "dead_ms": r["sent_ms"]})
+            last = rows[-1] if rows else last
+        if last is not None:
+            return _from_topic({**last, "intake_partition": last["ipart"],
+                                "intake_offset": last["ioff"]})
         for msg in _records(consumer, settings.ready_topic,
                             lambda tps: consumer.committed(tps, timeout=30), from_earliest=True):
             headers = msg.headers() or []
@@ -160,6 +158,18 @@ def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
                 return _pending_at(rows[0], where="held by the dispatch task of intake "
                                                   f"partition {rows[0].ipart}")
     return None
+
+
+def _from_topic(r: dict) -> Whereabouts:
+    """The last ledger row of a message in the ledger topic."""
+    if r["status"] == "delivered":
+        return _delivered({**r, "lateness_ms": r["sent_ms"] - r["due_ms"],
+                           "batch_id": "- (in the ledger topic)"})
+    if r["status"] == CANCELLED:
+        return _cancelled(r)
+    if r["status"] == RINGED:
+        return _pending_at(SimpleNamespace(**r), where="the dispatch task's ring")
+    return _dead({**r, "dead_ms": r["sent_ms"]})
 
 
 def intake_topic_of(settings, ipart: int, ioff: int) -> str | None:

@@ -72,8 +72,10 @@ def decoding(counts):
 
 def _count(table, pc) -> list[dict]:
     lateness = pc.subtract(table.column("sent_ms"), table.column("due_ms"))
-    keyed = (table.select(list(_GROUP[:-1])).append_column(
-        "direct", pc.is_null(table.column("ready_offset"))).append_column("lateness", lateness))
+    direct = pc.and_(pc.is_null(table.column("ready_offset")),   # neither fired nor ringed
+                     pc.is_null(table.column("ring_offset")))
+    keyed = (table.select(list(_GROUP[:-1])).append_column("direct", direct)
+             .append_column("lateness", lateness))
     for i, bound in enumerate(LATENESS_BUCKETS):
         keyed = keyed.append_column(
             f"le{i}", pc.cast(pc.less_equal(lateness, int(bound * 1000)), "int64"))

@@ -31,7 +31,9 @@ def ledger_schema():
         ("append_ms", pa.int64()), ("due_ms", pa.int64()), ("sent_ms", pa.int64()),
         ("ready_offset", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
         ("key", pa.binary()), ("value", pa.binary()),
-        ("headers", HEADERS), ("offset", pa.int64())])
+        ("headers", HEADERS), ("offset", pa.int64()),
+        # A row read from the ring (streaming/dispatch/ring.py): where (else null).
+        ("ring_partition", pa.int32()), ("ring_offset", pa.int64())])
 
 
 # Bytes, with room, of a ledger row besides its strings and message (fixed columns, offsets,
@@ -40,10 +42,12 @@ _LEDGER_ROW_BYTES = 128
 _LEDGER_RECORD_BYTES = 8192
 
 
-def ledger_chunks(acked: list[tuple], most_rows: int, most_bytes: int):
+def ledger_chunks(acked: list[tuple], most_rows: int, most_bytes: int,
+                  ring_topic: str | None = None):
     """`acked` (row, sent_ms, reason or None, landed (partition, offset) or None) as (rows,
     record) pairs of at most `most_rows` rows and `most_bytes` bytes, in order. A dead letter's
-    row carries its message unless it could not fit a record alone (the DLQ topic has it)."""
+    row carries its message unless it could not fit a record alone (the DLQ topic has it); a
+    row whose source is `ring_topic` says where in it."""
     room = most_bytes - _LEDGER_RECORD_BYTES
     chunk: list = []
     size = 0
@@ -56,15 +60,16 @@ def ledger_chunks(acked: list[tuple], most_rows: int, most_bytes: int):
             whole = cost + message <= room
             cost += message if whole else 0
         if chunk and (len(chunk) >= most_rows or size + cost > room):
-            yield [r for r, *_ in chunk], ledger_record(chunk)
+            yield [r for r, *_ in chunk], ledger_record(chunk, ring_topic)
             chunk, size = [], 0
         chunk.append((row, sent_ms, reason, landed, whole))
         size += cost
     if chunk:
-        yield [r for r, *_ in chunk], ledger_record(chunk)
+        yield [r for r, *_ in chunk], ledger_record(chunk, ring_topic)
 
 
-def ledger_record(sent: list[tuple[Row, int, str | None, tuple | None, bool]]) -> bytes:
+def ledger_record(sent: list[tuple[Row, int, str | None, tuple | None, bool]],
+                  ring_topic: str | None = None) -> bytes:
     """One Arrow IPC stream of ledger rows (`ledger_schema`) from (row, sent_ms, reason, landed,
     with its message) tuples, built a column at a time."""
     rows, sent_ms, reasons, landed, wholes = (list(column) for column in zip(*sent))
@@ -82,6 +87,9 @@ def ledger_record(sent: list[tuple[Row, int, str | None, tuple | None, bool]]) -
         "key": [r.key if r else None for r in dead],
         "value": [r.value if r else None for r in dead],
         "headers": [[{"key": k, "value": v} for k, v in r.headers] if r else None for r in dead]})
+    ring = [r.source is not None and r.source[0] == ring_topic for r in rows]
+    columns.update(ring_partition=[r.source[1] if on else None for r, on in zip(rows, ring)],
+                   ring_offset=[r.offset if on else None for r, on in zip(rows, ring)])
     schema = ledger_schema()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:

@@ -74,7 +74,7 @@ def main() -> None:
     settings = load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"])
     config = replace(
         dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
-                        rules=rules_of(settings, "")),
+                        rules=rules_of(settings, "")), ring=None,
         consumer={"bootstrap.servers": opts.bootstrap, "group.id": f"readback-{tag}"},
         producer={"bootstrap.servers": opts.bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "message.max.bytes": 1_048_576},

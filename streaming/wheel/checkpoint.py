@@ -24,7 +24,8 @@ STAMP = "delayq.json"
 # a held one read again after a restart must be judged as it was.
 SHAPING = ("intake_topic", "level_delays_ms", "slot_ms", "timer_parts",
            "spark_shuffle_partitions", "late_tolerance_ms", "cold_bucket_ms", "near_horizon_ms",
-           "dispatch_direct_max_delay_ms", "allowed_topics", "dlq_topic")
+           "dispatch_direct_max_delay_ms", "allowed_topics", "dlq_topic", "ring_slots",
+           "ring_slot_ms")
 
 
 class CheckpointError(JobError):

@@ -175,6 +175,8 @@ def job_process(kafka_bootstrap, work_dir):
                       # Immediate and level-1 messages go the dispatch tasks' own way from the
                       # intake, levels 2 and 3 through the wheel: both paths under each fault.
                       dispatch_direct_max_delay_ms=1000,
+                      # Timers from 1 s to 8 s through the dispatch tasks' rings.
+                      ring_slots=6, ring_slot_ms=2000, ring_read_lead_ms=1000,
                       spark_driver_memory="1g", ledger_interval="10s")
         values.update(overrides)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
@@ -191,15 +193,19 @@ def job_process(kafka_bootstrap, work_dir):
 
 
 class SteadyLoad(threading.Thread):
-    """Messages of random levels to one real topic, one every `interval_s`, until stopped.
+    """Messages of random levels to one real topic, one every `interval_s`, until stopped; with
+    `timers`, every other one a timer due 1.5 to 7.5 s after its append (the dispatch tasks'
+    rings of the fault tests' settings).
     Only acknowledged sends count as sent; a send the broker refused (it may be down) is
     retried as a new message, as a real producer would. A send whose acknowledgement was lost
     may still have been written: its UNIQ_KEY is kept in `unacknowledged`, may be delivered,
     and if it is, must not be early."""
 
-    def __init__(self, settings, real: str, levels=(0, 1, 2, 3), interval_s: float = 0.02):
+    def __init__(self, settings, real: str, levels=(0, 1, 2, 3), interval_s: float = 0.02,
+                 timers: bool = True):
         super().__init__(name="steady-load", daemon=True)
         self.settings, self.real, self.levels, self.interval_s = settings, real, levels, interval_s
+        self.timers = timers
         self.sent: dict[str, int] = {}  # UNIQ_KEY -> due_ms
         self.level_of: dict[str, int] = {}
         self.failed = 0
@@ -217,8 +223,10 @@ class SteadyLoad(threading.Thread):
             while not self._stop_event.is_set():
                 uniq = new_uniq_key()
                 try:
+                    when = ({"delay_ms": rng.randint(1_500, 7_500)} if self.timers and i % 2
+                            else {"level": rng.choice(self.levels)})
                     handle = producer.send(self.real, f"m{i}".encode(), key=str(i).encode(),
-                                           level=rng.choice(self.levels), uniq_key=uniq)
+                                           uniq_key=uniq, **when)
                     self.sent[handle.uniq_key] = handle.due_ms
                     self.level_of[handle.uniq_key] = handle.level
                 except KafkaError:
@@ -237,6 +245,17 @@ class Outcome:
     records: list
     duplicates: int
     lateness_ms: list[int] = field(default_factory=list)
+
+    def twice(self) -> set[str]:
+        """The UNIQ_KEYs read more than once."""
+        from tests.support import header_map
+
+        seen: set[str] = set()
+        twice = set()
+        for record in self.records:
+            uniq = header_map(record)["UNIQ_KEY"].decode()
+            (twice if uniq in seen else seen).add(uniq)
+        return twice
 
 
 def check_all_delivered(settings, real: str, sent: dict[str, int], timeout_s: float = 180,

@@ -57,7 +57,7 @@ def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicate
     settings = load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"])
     config = replace(
         dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
-                        rules=rules_of(settings, "")),
+                        rules=rules_of(settings, "")), ring=None,
         consumer={"bootstrap.servers": bootstrap, "group.id": f"replicated-{tag}"},
         producer={"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
                   "enable.idempotence": True, "message.max.bytes": 1_048_576},

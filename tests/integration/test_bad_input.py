@@ -157,33 +157,54 @@ SPLIT_NAMES = st.sampled_from([*H.DELAY_HEADERS, *H.DELAY_HEADERS, H.TIMER_DEL_U
        legacy=st.sampled_from([(), (20, 0, 40)]))
 def test_the_wheel_leaves_out_exactly_the_records_the_dispatch_takes(records, legacy, spark,
                                                                      job_settings):
-    """The split of the intake between the wheel and the dispatch tasks, computed twice: by
-    the wheel in the JVM (streaming/wheel/query.py `direct_column`) and by a dispatch task in
-    Python (streaming/dispatch/direct.py `is_direct`), on the same drawn records, below and above
-    the offsets of an older delayq's split. Every record must have exactly one owner."""
+    """The split of the intake between the wheel and the dispatch tasks, on the same drawn
+    records, below and above the offsets of an older delayq's split: what the wheel reads (the
+    JVM's filter, streaming/wheel/query.py `surely_direct`, then its parse, state/parse.py) is
+    exactly what a dispatch task leaves (state/split.py `is_direct`), and every cancel. Every
+    record has one owner; a cancel the task takes, the wheel reads too."""
+    import pyarrow as pa
     from dataclasses import replace
 
-    from streaming.dispatch.direct import is_direct
-    from streaming.wheel.query import direct_column
+    from state.columns import HEADERS
+    from state.envelope import Kind
+    from state.parse import parse_batch
+    from state.split import is_direct
+    from streaming.wheel.query import surely_direct
 
-    settings = job_settings(delay_levels="1s 5s 10s 30s", dispatch_direct_max_delay_ms=10_000)
-    rules = replace(rules_of(settings, ""), legacy_before=legacy)
+    settings = job_settings(delay_levels="1s 5s 10s 30s", dispatch_direct_max_delay_ms=10_000,
+                            ring_slots=12, ring_slot_ms=2_000)   # timers to 20 s: the ring's
+    # Offsets made unique (a record is known by its position), each on its side of `legacy`.
+    rules = replace(rules_of(settings, ""), legacy_before=tuple(o * 1000 for o in legacy))
     cases = [([(k, str(append + v[1]).encode() if isinstance(v, tuple) else v) for k, v in headers],
-              part, off, append) for headers, part, off, append in records]
-    cases += [([(H.DELAY, b"2")], 0, 50, 1), ([(H.DELAY, b"4")], 0, 50, 1)]   # one of each
+              part, off * 1000 + i, append) for i, (headers, part, off, append) in enumerate(records)]
+    cases += [([(H.DELAY, b"2")], 0, 50_998, 1), ([(H.DELAY, b"4")], 0, 50_999, 1)]   # one each
+    window = settings.dispatch_direct_max_delay_ms
     frame = spark.createDataFrame(
         [(i, part, off, append, headers or None) for i, (headers, part, off, append)
          in enumerate(cases)],
         "i int, ipart int, ioff long, append_ms long, "
         "headers array<struct<key:string,value:binary>>")
-    window = settings.dispatch_direct_max_delay_ms
-    jvm = {r["i"]: r["direct"] for r in
-           frame.select("i", direct_column(rules, window).alias("direct")).collect()}
-    python = {i: is_direct(headers, append, part, off, rules, window)
-              for i, (headers, part, off, append) in enumerate(cases)}
-    differ = [cases[i] for i in python if python[i] != jvm[i]]
-    assert not differ, differ[:3]
-    assert 0 < sum(python.values()) < len(cases)
+    jvm = {r["i"]: r["surely"] for r in
+           frame.select("i", surely_direct(rules, window).alias("surely")).collect()}
+    dispatch = [is_direct(h, append, part, off, rules, window) for h, part, off, append in cases]
+    assert not [cases[i] for i, surely in jvm.items() if surely and not dispatch[i]], \
+        "the JVM drops only what the dispatch takes"
+    rest = [i for i in range(len(cases)) if not jvm[i]]
+    batch = pa.record_batch({
+        "ipart": pa.array([cases[i][1] for i in rest], pa.int32()),
+        "ioff": pa.array([cases[i][2] for i in rest], pa.int64()),
+        "append_ms": pa.array([cases[i][3] for i in rest], pa.int64()),
+        "headers": pa.array([[{"key": k, "value": v} for k, v in cases[i][0]] for i in rest],
+                            HEADERS),
+        "i": pa.array(rest, pa.int64())})
+    kinds = parse_batch(batch, rules, 1_000, 2, 10**12).column("kind").to_pylist()
+    read = parse_batch(batch, rules, 1_000, 2, 10**12, window_ms=window)
+    wheel = {(p, o) for p, o in zip(read.column("ipart").to_pylist(),
+                                    read.column("ioff").to_pylist())}
+    for i, kind in zip(rest, kinds):
+        want = not dispatch[i] or kind == Kind.CANCEL.value
+        assert ((cases[i][1], cases[i][2]) in wheel) == want, cases[i]
+    assert 0 < sum(dispatch) < len(cases) and any(jvm.values())
 
 
 def test_intake_writes_of_an_aborted_transaction_are_never_delivered_or_dead_lettered(

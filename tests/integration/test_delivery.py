@@ -254,10 +254,10 @@ def stop_during_a_write(job, settings, real: str, sent: dict, *, hold, after_wri
         stopper.start()
         hold(batch)
 
-    def write_batch(batch, summary):
+    def write_batch(batch, summary, *rest):
         if not after_write and not asked:
             stop_here(batch, summary)
-        written = write(batch, summary)
+        written = write(batch, summary, *rest)
         if after_write and not asked and summary.count("deliver"):
             stop_here(batch, summary)
         return written

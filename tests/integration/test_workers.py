@@ -24,7 +24,7 @@ def test_a_spark_python_worker_freezes_what_it_holds_at_the_parse(spark):
         before = gc.get_freeze_count()
         for batch in batches:
             pass
-        list(make_parser(RULES, 1_000, 2)(iter([])))   # the job's parse, on no rows
+        list(make_parser(RULES, 1_000, 2, -1)(iter([])))   # the job's parse, on no rows
         yield pa.record_batch({"reused": [bool(os.environ.get("SPARK_REUSE_WORKER"))],
                                "before": [before], "after": [gc.get_freeze_count()]})
 

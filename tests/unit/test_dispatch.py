@@ -128,6 +128,7 @@ def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
     task.skew, task._refused, task.txn = Skew("ledger", 60_000), set(), False
     task.partition, task.ledger, task._sender = 0, SimpleNamespace(topic="ledger"), []
     task.producer, task.retry, task.ledger_end, task._last_ack = Producer(), [], 0, 0.0
+    task.ring = None
     task.offsets, task.held = {None: Offsets(0)}, {1: 4}
     rows = [Row(1000, 0, i, i, "real", None, None, b"v", [], 1, 0, f"u{i}") for i in range(4)]
     for row in rows:

@@ -16,13 +16,13 @@ from tests.support import KEY, rolled_header  # noqa: F401
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
               clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000,
-              timer_parts=8, seal_key=KEY,
+              timer_parts=8, ring_horizon_ms=0, seal_key=KEY,
               legacy_before=())
 # Levels that reach beyond the near horizon: the common path must send them to the cold tier.
 COLD_RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
                    dlq_topic="intake.DLQ", allowed_topics=frozenset({"orders", "b.c"}),
                    max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000,
-                   near_horizon_ms=3_000, cold_bucket_ms=1_000, timer_parts=8, seal_key=KEY,
+                   near_horizon_ms=3_000, cold_bucket_ms=1_000, timer_parts=8, ring_horizon_ms=0, seal_key=KEY,
               legacy_before=())
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
@@ -125,33 +125,40 @@ def test_a_batch_of_common_rows_takes_the_batch_path():
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
-       st.sampled_from([-1, 0, 1_000, 5_000, 10_000, 12_000]), st.booleans())
+       st.sampled_from([-1, 0, 1_000, 5_000, 10_000, 12_000]), st.booleans(),
+       st.sampled_from([0, 8_000, 600_000]))
 def test_the_dispatch_takes_exactly_what_is_due_within_its_window(rows, base_ms, window,
-                                                                   immediate):
+                                                                   immediate, ring):
     """streaming/dispatch/direct.py `is_direct` (and the wheel's JVM copy of it, tested against
     it in tests/integration/test_bad_input.py) splits the intake by the record alone: a dispatch
     task takes every record `parse` finds due (a cancel: its target due) within the window of its
-    append, level or timer, and no other but dead letters; never a heartbeat or a rolled one."""
-    from streaming.dispatch.direct import is_direct
+    append, level or timer, and the timers (and their cancels) due within the ring's horizon,
+    and no other but dead letters; never a heartbeat or a rolled one."""
+    from dataclasses import replace
 
+    from state.split import is_direct
+
+    rules = replace(RULES, ring_horizon_ms=ring)
     if immediate:   # the common immediate message: REAL_TOPIC and maybe UNIQ_KEY only
         rows = [[h for h in r if h[0] not in H.DELAY_HEADERS] for r in rows]
     data = batch(rows, [base_ms] * len(rows), 0)
-    mine = [is_direct([(h["key"], h["value"]) for h in r or []], base_ms, 0, i, RULES, window)
+    mine = [is_direct([(h["key"], h["value"]) for h in r or []], base_ms, 0, i, rules, window)
             for i, r in enumerate(data.column("headers").to_pylist())]
-    parsed = parse_batch(data, RULES, 1_000, 2, base_ms).to_pydict()
-    for taken, kind, due in zip(mine, parsed["kind"], parsed["due_ms"]):
+    parsed = parse_batch(data, rules, 1_000, 2, base_ms).to_pydict()
+    for taken, kind, due, level in zip(mine, parsed["kind"], parsed["due_ms"], parsed["level"]):
         if kind == "hb":   # the job's clock tick is the wheel's
             assert not taken
         elif kind != "dead":
-            assert taken == (window >= 0 and kind != "cold" and due - base_ms <= window), kind
+            after = due - base_ms
+            assert taken == (window >= 0 and kind != "cold" and (
+                after <= window or level == -1 and after <= ring)), kind
     assert window >= 0 or not any(mine)
 
 
 def test_the_split_takes_levels_timers_and_cancels_due_within_the_window():
     from dataclasses import replace
 
-    from streaming.dispatch.direct import is_direct
+    from state.split import is_direct
 
     at = 10**12
     direct = lambda headers, window=5_000, rules=RULES, offset=0: is_direct(  # noqa: E731

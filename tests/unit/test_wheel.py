@@ -25,7 +25,7 @@ NOW = 1_700_000_000_000
 from tests.support import KEY, rolled_header  # noqa: F401
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),
               max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
-              cold_bucket_ms=3_600_000, timer_parts=8, seal_key=KEY,
+              cold_bucket_ms=3_600_000, timer_parts=8, ring_horizon_ms=0, seal_key=KEY,
               legacy_before=())
 CONFIG = WheelConfig(slot_ms=1_000, lead_ms=500, lead_per_message_us=0,
                      watermark_delay_ms=10_000, dlq_topic="in.DLQ", timer_parts=8, spread=4,

@@ -46,6 +46,6 @@ def settles(monkeypatch):
 
 def test_the_parse_and_the_wheel_each_settle_their_worker(settles):
     batch = intake(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0))
-    assert list(make_parser(RULES, 1_000, 2)(iter([batch])))
+    assert list(make_parser(RULES, 1_000, 2, -1)(iter([batch])))
     run(envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0)), group(NOW))
     assert settles == ["state.parse", "state.wheel"]

@@ -1,0 +1,83 @@
+"""A dispatch task's ring (streaming/dispatch/ring.py) without Kafka: which partition a timer's
+slot lives in, which timers go to the ring, which slot is read next, and a ring record read back
+as the row it was written from."""
+from __future__ import annotations
+
+from streaming.dispatch.ring import RING, Ring, RingConfig, ring_row, ring_value
+from streaming.dispatch.rules import Row
+
+CONFIG = RingConfig("in.TIMERS", slots=6, slot_ms=2_000, lead_ms=1_000)
+
+
+class Record:
+    """What confluent-kafka's consumer hands over, for `ring_row`."""
+
+    def __init__(self, row: Row, offset: int, partition: int):
+        self._row, self._offset, self._partition = row, offset, partition
+
+    def headers(self):
+        return [*self._row.headers, (RING, ring_value(self._row))]
+
+    def topic(self):
+        return CONFIG.topic
+
+    def partition(self):
+        return self._partition
+
+    def offset(self):
+        return self._offset
+
+    def key(self):
+        return self._row.key
+
+    def value(self):
+        return self._row.value
+
+
+def ring(task: int = 1) -> Ring:
+    ring = Ring.__new__(Ring)   # no consumer: the rules only
+    ring.config, ring.task, ring.ends, ring.reading, ring.dirty = CONFIG, task, {}, None, set()
+    return ring
+
+
+def timer(due: int, qid: int | None = 3) -> Row:
+    headers = [("trace", b"t"), ("UNIQ_KEY", b"u1"), ("DELIVER_MS", str(due).encode())]
+    return Row(due, 4, 77, 77, "orders", qid, b"k", b"v", headers, -1, due - 5_000, "u1",
+               source=("in", 4))
+
+
+def test_a_task_owns_its_slots_partitions_and_a_slot_maps_to_one_by_its_due_time():
+    r = ring(task=1)
+    assert r.partitions() == [6, 7, 8, 9, 10, 11]
+    assert [r.partition(r.slot(due)) for due in (0, 1_999, 2_000, 11_999, 12_000)] == \
+        [6, 6, 7, 11, 6]
+
+
+def test_a_timer_goes_to_the_ring_only_into_a_slot_not_read_yet_and_not_due_within_the_lead():
+    r = ring()
+    r.start(now_ms=100_000)
+    assert r.next_slot == 50 - 6 + 1, "a turn back: every partition is read once more"
+    r.next_slot = 51   # slot 50 (100.0-102.0 s) read
+    assert not r.takes(timer(101_500), now_ms=100_000), "its slot was read: held"
+    assert not r.takes(timer(102_500), now_ms=101_600), "due within the read lead: held"
+    assert r.takes(timer(104_000), now_ms=100_000)
+
+
+def test_the_next_slot_opens_its_lead_before_it_starts_and_an_empty_one_is_passed():
+    r = ring()
+    r.next_slot = 51
+    assert r.due_to_open(now_ms=100_999) is None
+    assert r.due_to_open(now_ms=101_000) == 51
+    r.open(51, position=0)   # its partition's end is 0 as far as the task knows: nothing there
+    assert r.next_slot == 52 and r.reading is None
+
+
+def test_a_ring_record_reads_back_as_the_row_written_its_source_the_ring():
+    for qid in (3, None):
+        row = timer(123_456, qid)
+        back = ring_row(Record(row, offset=9, partition=7))
+        assert (back.due_ms, back.ipart, back.ioff, back.offset, back.topic, back.partition,
+                back.key, back.value, back.headers, back.level, back.append_ms,
+                back.uniq_key, back.source) == (
+            row.due_ms, 4, 77, 9, "orders", qid, b"k", b"v", row.headers, -1, row.append_ms,
+            "u1", ("in.TIMERS", 7))
