@@ -137,7 +137,8 @@ class Reading:
             if reason is not None:   # bad input: its dead letter now, with the wheel's reason
                 self._dead_letter(row, reason)
             elif self.ring is not None and row.level == TIMER_LEVEL \
-                    and row.due_ms - row.append_ms > window:
+                    and row.due_ms - row.append_ms > window \
+                    and (row.source, row.offset) not in self.refusals.unringed:
                 self._ring_write(row)
             else:
                 self._hold(row)

@@ -11,9 +11,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from collections import Counter
+
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from streaming.dispatch.rules import Row
+from state.envelope import TIMER_LEVEL
+from streaming.dispatch.cancels import RINGED
+from streaming.dispatch.rules import Row, refusal
+from streaming.dispatch.start import TARGET_DONE
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,10 @@ class Ring:
             "fetch.wait.max.ms": 10})
         self.next_slot: int | None = None   # the first slot not yet read (`open`)
         self.reading: tuple[int, int] | None = None   # (slot, partition) being read
+        self.until = 0   # the open slot's partition is read to here at least (`open`)
+        self.read_to: int | None = None   # where its read ended, past markers (`pump`)
         self.dirty: set[int] = set()   # partitions written in the open transaction
+        self.written: dict[int, int] = {}   # partition → the latest slot written there
 
     def partitions(self) -> list[int]:
         n = self.config.slots
@@ -81,8 +89,10 @@ class Ring:
     def takes(self, row: Row, now_ms: int) -> bool:
         """Whether `row` (a timer in the ring's band) goes to the ring: its slot is not read yet
         and it is not due within the read lead; else the task holds it."""
-        return (self.slot(row.due_ms) > self.next_slot
-                and row.due_ms > now_ms + self.config.lead_ms)
+        slot = self.slot(row.due_ms)
+        # Never behind a later turn's row (a clock stepped back): it would wait a turn there.
+        return (slot > self.next_slot and row.due_ms > now_ms + self.config.lead_ms
+                and slot >= self.written.get(self.partition(slot), slot))
 
     def due_to_open(self, now_ms: int) -> int | None:
         """The next slot to read, if its time has come and no slot is being read."""
@@ -96,10 +106,12 @@ class Ring:
         return max(0, now_ms - (self.next_slot * self.config.slot_ms - self.config.lead_ms))
 
     def open(self, slot: int, position: int) -> None:
-        """Read `slot`'s partition forward from `position` (none past its end: the task is its
-        only writer, and knows it)."""
+        """Read `slot`'s partition forward from `position` to at least its end as the task knows
+        it (the task is its only writer): a transaction's commit returns before its markers are
+        written, and until then a read_committed read ends short of what it committed."""
         part = self.partition(slot)
-        if position >= self.ends.get(part, 0):
+        self.until, self.read_to = self.ends.get(part, 0), None
+        if position >= self.until:
             self.next_slot = slot + 1
             return
         self.reading = slot, part
@@ -116,8 +128,11 @@ class Ring:
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    return self._read(rows)
-                if err.fatal():
+                    if msg.offset() >= self.until:   # past the markers too: the task's position
+                        self.read_to = msg.offset()
+                        return self._read(rows)
+                    continue   # the commit's markers are not written yet
+                if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
                     raise RuntimeError(f"ring read of partition {part}: {err}")
                 log.warning("ring read of partition %d: %s", part, err)
                 continue
@@ -136,3 +151,79 @@ class Ring:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+class Ringing:
+    """The ring's part of streaming/dispatch/task.py's _Task, mixed into it: timers written to
+    their slots, the slots read when due."""
+
+    def _ring_write(self, row: Row) -> None:
+        """`row` to its slot's partition of the ring; once acked, its ledger row `ringed`
+        (with it in the transaction) settles its intake record. One whose slot was read while it
+        waited (a full queue, a retry) is held instead."""
+        if not self.ring.takes(row, self._now_ms()):
+            self._hold(row)
+            return
+        slot = self.ring.slot(row.due_ms)
+        part = self.ring.partition(slot)
+        if self._produce(self.ring.config.topic, part, row, [*row.headers, (RING, ring_value(row))],
+                         self._ringed):
+            self.ring.dirty.add(part)
+            self.ring.written[part] = max(slot, self.ring.written.get(part, slot))
+        else:   # the producer's queue is full
+            self._later(lambda: self._ring_write(row), 0.05)
+
+    def _ringed(self, err, msg, row: Row, sent_ms: int) -> None:
+        if err is None:
+            self.ring.ends[msg.partition()] = msg.offset() + 1
+            row.status = RINGED
+            self._acked(row, sent_ms, None)
+        elif self.txn and msg is not None:   # queued and refused: the transaction is lost,
+            self._refused_in_transaction(None, err)   # and the row, read again, is held
+            self.refusals.unringed.add((row.source, row.offset))
+        elif msg is None or refusal(err, row) is not None:   # refused for good: held instead
+            self._hold(row)
+        else:
+            log.warning("dispatch %d: writing %s to the ring failed (%s); retrying",
+                        self.partition, row.uniq_key, err)
+            self._later(lambda: self._ring_write(row))
+
+    def _in_ring(self) -> Counter:
+        """The ring's records not read yet (timers, as far as the task knows its partitions'
+        ends), by level."""
+        if self.ring is None:
+            return Counter()
+        topic = self.ring.config.topic
+        return Counter({TIMER_LEVEL: sum(max(0, end - self.offsets[(topic, p)].position)
+                                         for p, end in self.ring.ends.items())})
+
+    def _turn_ring(self, done: dict[tuple[str, int], int]) -> None:
+        """Read the ring's next slot when its time comes (after what the open transaction wrote
+        there is committed), one slot at a time and while the task holds under half its most;
+        its rows are held like any, or skipped when the ledger holds them done (read again after
+        a restart: the ring's offsets are committed outside the transactions)."""
+        ring = self.ring
+        if ring is None or not self.skew.measured:
+            return
+        if ring.reading is None:
+            slot = ring.due_to_open(self._now_ms())
+            if slot is None or len(self.heap) >= self.config.max_held // 2:
+                return
+            part = ring.partition(slot)
+            if part in ring.dirty:
+                self._commit_transaction() if self.txn else self.producer.flush(30)
+                ring.dirty.clear()
+            ring.open(slot, self.offsets[(ring.config.topic, part)].position)
+        rows = ring.pump()
+        if ring.read_to is not None:   # its position past the markers, which retention may drop
+            self.offsets[(ring.config.topic, ring.partition(ring.next_slot - 1))].skip(
+                ring.read_to - 1)
+            ring.read_to = None
+        for row in rows:
+            if done and done.get((row.uniq_key, row.due_ms), 0) & TARGET_DONE:
+                self.offsets[row.source].skip(row.offset)
+                self.skipped += 1
+                continue
+            self.offsets[row.source].read(row.offset, self.ledger_end)
+            self.held[row.level] += 1
+            self._hold(row)

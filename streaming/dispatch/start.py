@@ -101,27 +101,35 @@ def in_ledger(consumer, ledger, mark: int | None, intake_topic: str, ring_topic:
     if position >= high:
         return done, last, high
     consumer.assign([TopicPartition(ledger.topic, ledger.partition, position)])
-    deadline = time.monotonic() + 120
-    while position < high and time.monotonic() < deadline:
+    waited = time.monotonic()
+    while position < high:   # all of it: a skip that misses a row sends its message twice
+        if time.monotonic() - waited >= 120:
+            log.warning("reading the ledger partition %d for the restart's skip: at %d of "
+                        "%d", ledger.partition, position, high)
+            waited = time.monotonic()
         for msg in consumer.consume(1000, timeout=1.0):
             if msg.error():
                 continue
             position = msg.offset() + 1
             if not msg.value():   # a probe
                 continue
-            rows = ledger_rows(msg.value())
-            columns = (rows.column(name).to_pylist() for name in (
-                "uniq_key", "due_ms", "ready_offset", "ipart", "ioff", "status",
-                "ring_partition", "ring_offset"))
-            for key, due, ready, ipart, ioff, status, ring, ring_offset in zip(*columns):
-                # A resend, due at another time, is sent.
-                done[(key, due)] = done.get((key, due), 0) | _BITS.get(status, TARGET_DONE)
-                source, offset = ((None, ready) if ready is not None else
-                                  ((ring_topic, ring), ring_offset) if ring is not None else
-                                  ((intake_topic, ipart), ioff))
-                last[source] = max(last.get(source, -1), offset)
+            _learn(ledger_rows(msg.value()), done, last, intake_topic, ring_topic)
         # Past what read_committed skips, too (an aborted transaction's records and markers).
         [now] = consumer.position([TopicPartition(ledger.topic, ledger.partition)])
         position = max(position, now.offset)
     consumer.unassign()
     return done, last, high
+
+
+def _learn(rows, done: dict, last: dict, intake_topic: str, ring_topic: str | None) -> None:
+    """What a ledger record's rows say: each (UNIQ_KEY, due)'s bits, each source's last row."""
+    columns = (rows.column(name).to_pylist() for name in (
+        "uniq_key", "due_ms", "ready_offset", "ipart", "ioff", "status", "ring_partition",
+        "ring_offset"))
+    for key, due, ready, ipart, ioff, status, ring, ring_offset in zip(*columns):
+        # A resend, due at another time, is sent.
+        done[(key, due)] = done.get((key, due), 0) | _BITS.get(status, TARGET_DONE)
+        source, offset = ((None, ready) if ready is not None else
+                          ((ring_topic, ring), ring_offset) if ring is not None else
+                          ((intake_topic, ipart), ioff))
+        last[source] = max(last.get(source, -1), offset)

@@ -12,15 +12,15 @@ from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streaming.dispatch.cancels import CANCELLED, MISSED, RINGED, Tombstone
+from streaming.dispatch.cancels import CANCELLED, MISSED, Tombstone
 from streaming.dispatch.clock import Skew
 from streaming.dispatch.reading import Reading
-from streaming.dispatch.ring import RING, ring_value
+from streaming.dispatch.ring import Ringing
 from streaming.dispatch.rules import DispatchConfig, Offsets, Row
 from streaming.dispatch.send import Sending
-from streaming.dispatch.start import TARGET_DONE, Aborted, retrying
+from streaming.dispatch.start import Aborted, retrying
 from streaming.dispatch.txn import Refusals, Transactions
-from state.envelope import TIMER_LEVEL, is_legacy
+from state.envelope import is_legacy
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def run_partition(config: DispatchConfig, partition: int,
     yield {"partition": partition, **done}
 
 
-class _Task(Reading, Sending, Transactions):
+class _Task(Reading, Ringing, Sending, Transactions):
     """One run of a dispatch task over its ready partition (see `run_partition`)."""
 
     def __init__(self, config: DispatchConfig, partition: int, clock: Callable[[], float],
@@ -212,67 +212,6 @@ class _Task(Reading, Sending, Transactions):
         """The rows of an ended tombstone's cancels are done: its outcome is durable."""
         for member in tomb.members:
             self.offsets[member.source].done(member.offset)
-
-    def _ring_write(self, row: Row) -> None:
-        """`row` to its slot's partition of the ring; once acked, its ledger row `ringed`
-        (with it in the transaction) settles its intake record. One whose slot was read while it
-        waited (a full queue, a retry) is held instead."""
-        if not self.ring.takes(row, self._now_ms()):
-            self._hold(row)
-            return
-        part = self.ring.partition(self.ring.slot(row.due_ms))
-        if self._produce(self.ring.config.topic, part, row, [*row.headers, (RING, ring_value(row))],
-                         self._ringed):
-            self.ring.dirty.add(part)
-        else:   # the producer's queue is full
-            self._later(lambda: self._ring_write(row), 0.05)
-
-    def _ringed(self, err, msg, row: Row, sent_ms: int) -> None:
-        if err is None:
-            self.ring.ends[msg.partition()] = msg.offset() + 1
-            row.status = RINGED
-            self._acked(row, sent_ms, None)
-        elif self.txn and msg is not None:   # queued and refused: the transaction is lost
-            self._refused_in_transaction(None, err)
-        else:
-            log.warning("dispatch %d: writing %s to the ring failed (%s); retrying",
-                        self.partition, row.uniq_key, err)
-            self._later(lambda: self._ring_write(row))
-
-    def _in_ring(self) -> Counter:
-        """The ring's records not read yet (timers, as far as the task knows its partitions'
-        ends), by level."""
-        if self.ring is None:
-            return Counter()
-        topic = self.ring.config.topic
-        return Counter({TIMER_LEVEL: sum(max(0, end - self.offsets[(topic, p)].position)
-                                         for p, end in self.ring.ends.items())})
-
-    def _turn_ring(self, done: dict[tuple[str, int], int]) -> None:
-        """Read the ring's next slot when its time comes (after what the open transaction wrote
-        there is committed), one slot at a time and while the task holds under half its most;
-        its rows are held like any, or skipped when the ledger holds them done (read again after
-        a restart: the ring's offsets are committed outside the transactions)."""
-        ring = self.ring
-        if ring is None or not self.skew.measured:
-            return
-        if ring.reading is None:
-            slot = ring.due_to_open(self._now_ms())
-            if slot is None or len(self.heap) >= self.config.max_held // 2:
-                return
-            part = ring.partition(slot)
-            if part in ring.dirty:
-                self._commit_transaction() if self.txn else self.producer.flush(30)
-                ring.dirty.clear()
-            ring.open(slot, self.offsets[(ring.config.topic, part)].position)
-        for row in ring.pump():
-            if done and done.get((row.uniq_key, row.due_ms), 0) & TARGET_DONE:
-                self.offsets[row.source].skip(row.offset)
-                self.skipped += 1
-                continue
-            self.offsets[row.source].read(row.offset, self.ledger_end)
-            self.held[row.level] += 1
-            self._hold(row)
 
     def _later(self, send: Callable[[], bool | None], delay_s: float | None = None) -> None:
         """Call `send` again after a back-off (the retry's, or `delay_s`); a send that returns

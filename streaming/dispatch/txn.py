@@ -26,6 +26,7 @@ class Refusals:
     def __init__(self):
         self.reasons: dict[tuple, str] = {}   # dead-lettered with this reason
         self.alone: set[tuple] = set()        # sent in a record batch of its own
+        self.unringed: set[tuple] = set()     # held, not written to the ring that refused it
 
 
 # A topic found missing is looked up again at most this often.

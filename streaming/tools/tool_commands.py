@@ -72,7 +72,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plan = Plan.short() if args.short else Plan()
     changes = {name: getattr(args, name) for name in
                ("size", "drain", "drain_rate", "rate", "seconds", "warmup_s", "burst", "burst_lead_s",
-                "scattered_fill_s", "scattered_spread_s", "backlog", "backlog_rate",
+                "timers_spread_s", "scattered_fill_s", "scattered_spread_s", "backlog",
+                "backlog_rate",
                 "backlog_seconds", "restart_down_s", "restart_backlog")
                if getattr(args, name) is not None}
     if args.scenarios:
@@ -117,8 +118,8 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
                        help="the CI form: small counts, no restart scenario")
     bench.add_argument("--scenarios",
                        help="comma separated, run in this order whatever the order given: "
-                            "raw,raw-steady,drain,steady,burst,scattered,backlog,restart,"
-                            "first-minute (the default), "
+                            "raw,raw-steady,drain,steady,timers,burst,scattered,backlog,"
+                            "restart,first-minute (the default), "
                             "cluster (on a local standalone cluster: "
                             "deliveries per executor)")
     bench.add_argument("--size", type=int, help="message value bytes [1024]")
@@ -133,6 +134,9 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--levels", help="steady: levels, round robin [1,2]")
     bench.add_argument("--burst", type=int, help="burst: timers due in the same second [500000]")
     bench.add_argument("--burst-lead-s", type=float, help="burst: seconds from the first send to the due time [90]")
+    bench.add_argument("--timers-spread-s", type=float,
+                       help="timers: due within this after their append, every header form, "
+                            "a fifth past or within 3 s [60]")
     bench.add_argument("--scattered-fill-s", type=float,
                        help="scattered: seconds of load before the measured --seconds [600]")
     bench.add_argument("--scattered-spread-s", type=float,

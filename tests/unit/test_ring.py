@@ -1,7 +1,10 @@
 """A dispatch task's ring (streaming/dispatch/ring.py) without Kafka: which partition a timer's
-slot lives in, which timers go to the ring, which slot is read next, and a ring record read back
-as the row it was written from."""
+slot lives in, which timers go to the ring, which slot is read next, how far a slot is read, and a
+ring record read back as the row it was written from."""
 from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError
 
 from streaming.dispatch.ring import RING, Ring, RingConfig, ring_row, ring_value
 from streaming.dispatch.rules import Row
@@ -27,6 +30,9 @@ class Record:
     def offset(self):
         return self._offset
 
+    def error(self):
+        return None
+
     def key(self):
         return self._row.key
 
@@ -34,9 +40,39 @@ class Record:
         return self._row.value
 
 
+class End:
+    """A consumer's report at a partition's end (`error` names it), or another error."""
+
+    def __init__(self, offset: int, code=KafkaError._PARTITION_EOF):
+        self._offset, self._error = offset, KafkaError(code)
+
+    def offset(self):
+        return self._offset
+
+    def error(self):
+        return self._error
+
+
+class Consumer:
+    """Hands over a scripted list of messages at each consume."""
+
+    def __init__(self, *batches):
+        self.batches = list(batches)
+
+    def consume(self, n, timeout):
+        return self.batches.pop(0) if self.batches else []
+
+    def assign(self, parts):
+        pass
+
+    def unassign(self):
+        pass
+
+
 def ring(task: int = 1) -> Ring:
     ring = Ring.__new__(Ring)   # no consumer: the rules only
     ring.config, ring.task, ring.ends, ring.reading, ring.dirty = CONFIG, task, {}, None, set()
+    ring.written, ring.until, ring.read_to = {}, 0, None
     return ring
 
 
@@ -61,6 +97,8 @@ def test_a_timer_goes_to_the_ring_only_into_a_slot_not_read_yet_and_not_due_with
     assert not r.takes(timer(101_500), now_ms=100_000), "its slot was read: held"
     assert not r.takes(timer(102_500), now_ms=101_600), "due within the read lead: held"
     assert r.takes(timer(104_000), now_ms=100_000)
+    r.written[r.partition(52)] = 58   # a row of the slot a turn later is there already
+    assert not r.takes(timer(104_000), now_ms=100_000), "never behind a later turn's row"
 
 
 def test_the_next_slot_opens_its_lead_before_it_starts_and_an_empty_one_is_passed():
@@ -81,3 +119,30 @@ def test_a_ring_record_reads_back_as_the_row_written_its_source_the_ring():
                 back.uniq_key, back.source) == (
             row.due_ms, 4, 77, 9, "orders", qid, b"k", b"v", row.headers, -1, row.append_ms,
             "u1", ("in.TIMERS", 7))
+
+
+def test_a_slot_is_read_past_what_the_task_committed_there_and_its_markers():
+    """A commit returns before its markers are written: a read_committed read may end short of
+    it, and the slot is not read until it ends at or past the end the task knows."""
+    r = ring()
+    r.next_slot, r.ends[r.partition(51)] = 51, 3
+    rows = [Record(timer(102_100 + i), offset=i, partition=r.partition(51)) for i in range(3)]
+    r.consumer = Consumer([rows[0], End(1)], [*rows[1:], End(4)])
+    r.open(51, position=0)
+    assert len(r.pump()) == 1 and r.reading is not None, "ended short: still reading"
+    assert len(r.pump()) == 2 and r.reading is None and r.next_slot == 52
+    assert r.read_to == 4, "the position past the commit marker"
+
+
+def test_a_later_turns_row_ends_a_slots_read_and_a_lost_position_stops_the_task():
+    r = ring()
+    r.next_slot, r.ends[r.partition(51)] = 51, 5
+    later = Record(timer(102_100 + 12_000), offset=1, partition=r.partition(51))
+    r.consumer = Consumer([Record(timer(102_100), offset=0, partition=r.partition(51)), later])
+    r.open(51, position=0)
+    assert len(r.pump()) == 1 and r.reading is None and r.read_to is None
+    r.consumer = Consumer([End(0, KafkaError._AUTO_OFFSET_RESET)])
+    r.ends[r.partition(52)] = 5
+    r.open(52, position=0)
+    with pytest.raises(RuntimeError, match="ring read of partition"):
+        r.pump()
