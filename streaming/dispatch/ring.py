@@ -68,6 +68,13 @@ class Ring:
         self.reading: tuple[int, int] | None = None   # (slot, partition) being read
         self.until = 0   # the open slot's partition is read to here at least (`open`)
         self.read_to: int | None = None   # where its read ended, past markers (`pump`)
+        # The keys the open slot's read took: at least once, a restart between a ring write's
+        # ack and its ledger row's writes the timer again, next to the first (same due, slot).
+        self.seen: set[tuple[str, int]] = set()
+        # And the keys of ring timers held instead while the slots written before the start are
+        # read (`start`): a copy of one may wait there, written before its ledger row was.
+        self.held_instead: set[tuple[str, int]] = set()
+        self.first_turn_until = 0
         self.dirty: set[int] = set()   # partitions written in the open transaction
         self.written: dict[int, int] = {}   # partition → the latest slot written there
 
@@ -85,6 +92,7 @@ class Ring:
         """A turn back from now: every partition is read once more, oldest slot first, so what
         a stopped task left there leaves in due order (overdue rows at once)."""
         self.next_slot = self.slot(now_ms) - self.config.slots + 1
+        self.first_turn_until = (self.next_slot + 2 * self.config.slots) * self.config.slot_ms
 
     def takes(self, row: Row, now_ms: int) -> bool:
         """Whether `row` (a timer in the ring's band) goes to the ring: its slot is not read yet
@@ -110,7 +118,7 @@ class Ring:
         it (the task is its only writer): a transaction's commit returns before its markers are
         written, and until then a read_committed read ends short of what it committed."""
         part = self.partition(slot)
-        self.until, self.read_to = self.ends.get(part, 0), None
+        self.until, self.read_to, self.seen = self.ends.get(part, 0), None, set()
         if position >= self.until:
             self.next_slot = slot + 1
             return
@@ -162,6 +170,8 @@ class Ringing:
         (with it in the transaction) settles its intake record. One whose slot was read while it
         waited (a full queue, a retry) is held instead."""
         if not self.ring.takes(row, self._now_ms()):
+            if self._now_ms() < self.ring.first_turn_until:
+                self.ring.held_instead.add((row.uniq_key, row.due_ms))
             self._hold(row)
             return
         slot = self.ring.slot(row.due_ms)
@@ -205,6 +215,8 @@ class Ringing:
         ring = self.ring
         if ring is None or not self.skew.measured:
             return
+        if ring.held_instead and self._now_ms() >= ring.first_turn_until:
+            ring.held_instead.clear()
         if ring.reading is None:
             slot = ring.due_to_open(self._now_ms())
             if slot is None or len(self.heap) >= self.config.max_held // 2:
@@ -220,10 +232,13 @@ class Ringing:
                 ring.read_to - 1)
             ring.read_to = None
         for row in rows:
-            if done and done.get((row.uniq_key, row.due_ms), 0) & TARGET_DONE:
+            key = (row.uniq_key, row.due_ms)
+            if key in ring.seen or key in ring.held_instead or (
+                    done and done.get(key, 0) & TARGET_DONE):
                 self.offsets[row.source].skip(row.offset)
                 self.skipped += 1
                 continue
+            ring.seen.add(key)
             self.offsets[row.source].read(row.offset, self.ledger_end)
             self.held[row.level] += 1
             self._hold(row)

@@ -148,8 +148,9 @@ def ensure_ring(settings: Settings, admin: KafkaAdminClient, tasks: int, largest
         return
     topic, wanted = settings.ring_topic, tasks * settings.ring_slots
     keep = settings.ring_slots * settings.ring_slot_ms + settings.downtime_tolerance_ms
-    create_topic(admin, topic, wanted, {**LOG_APPEND_TIME, "retention.ms": str(keep),
-                                        "max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)})
+    if create_topic(admin, topic, wanted, {**LOG_APPEND_TIME, "retention.ms": str(keep),
+                                           "max.message.bytes": str(largest + DLQ_HEADROOM_BYTES)}):
+        return   # made so (and a new topic may be unknown to the answering broker for a moment)
     why = "the ring holds timers until their slot is read"
     require_log_append_time(admin, topic, why)
     have = topic_partitions(admin, [topic])[topic]

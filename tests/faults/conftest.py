@@ -1,6 +1,8 @@
 """Fault tests run the job as its own process (`delayq run`), so it can be killed for real."""
 from __future__ import annotations
 
+import contextlib
+
 import os
 import random
 import signal
@@ -50,9 +52,14 @@ class JobProcess:
         raise AssertionError(f"delayq run not ready in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
 
     def kill(self) -> None:
-        """SIGKILL the whole process group: the Python driver and its JVM, like a lost host."""
+        """SIGKILL the whole process group: the Python driver and its JVM, like a lost host (and
+        what spark-submit started in a session of its own, which would keep the job's ports)."""
         if self.proc and self.proc.poll() is None:
+            tree = descendants(self.proc.pid)
             kill_session(self.proc)
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
         """SIGTERM to the driver's Python process alone, as `docker stop` and Kubernetes send
@@ -92,7 +99,8 @@ def real_topic(settings, partitions: int = 2) -> str:
 def ledger_records(settings, partition: int) -> list[tuple[int, list[str]]]:
     """Ledger partition `partition`'s records (ready partition `partition`'s dispatch task's), as
     a read_committed reader sees them, oldest first: the pid that sent each (its SENDER header)
-    and the UNIQ_KEYs of its rows."""
+    and the UNIQ_KEYs of its outcome rows (not a timer's hand-over to the ring, `ringed`)."""
+    from streaming.dispatch.cancels import RINGED
     from confluent_kafka import Consumer, TopicPartition
 
     from streaming.ledger.records import SENDER, ledger_rows
@@ -105,8 +113,10 @@ def ledger_records(settings, partition: int) -> list[tuple[int, list[str]]]:
     while at < end and time.monotonic() < deadline:
         for msg in reader.consume(500, timeout=0.5):
             if not msg.error() and msg.value():   # not a probe
+                rows = ledger_rows(msg.value()).to_pydict()
                 records.append((int(dict(msg.headers())[SENDER].decode().split(":")[1]),
-                                ledger_rows(msg.value()).column("uniq_key").to_pylist()))
+                                [key for key, status in zip(rows["uniq_key"], rows["status"])
+                                 if status != RINGED]))
         at = reader.position([part])[0].offset   # past aborted records and markers too
     reader.close()
     return records

@@ -72,7 +72,8 @@ class Consumer:
 def ring(task: int = 1) -> Ring:
     ring = Ring.__new__(Ring)   # no consumer: the rules only
     ring.config, ring.task, ring.ends, ring.reading, ring.dirty = CONFIG, task, {}, None, set()
-    ring.written, ring.until, ring.read_to = {}, 0, None
+    ring.written, ring.until, ring.read_to, ring.seen = {}, 0, None, set()
+    ring.held_instead, ring.first_turn_until = set(), 0
     return ring
 
 
