@@ -209,7 +209,8 @@ class Ringing:
 
     def _turn_ring(self, done: dict[tuple[str, int], int]) -> None:
         """Read the ring's next slot when its time comes (after what the open transaction wrote
-        there is committed), one slot at a time and while the task holds under half its most;
+        there is committed), one slot at a time, opened while the task holds under half its most
+        and read while under its most (beyond, a slot's rows may leave out of due order);
         its rows are held like any, or skipped when the ledger holds them done (read again after
         a restart: the ring's offsets are committed outside the transactions)."""
         ring = self.ring
@@ -226,6 +227,8 @@ class Ringing:
                 self._commit_transaction() if self.txn else self.producer.flush(30)
                 ring.dirty.clear()
             ring.open(slot, self.offsets[(ring.config.topic, part)].position)
+        if len(self.heap) >= self.config.max_held:   # bounded: the rest of the slot waits
+            return
         rows = ring.pump()
         if ring.read_to is not None:   # its position past the markers, which retention may drop
             self.offsets[(ring.config.topic, ring.partition(ring.next_slot - 1))].skip(
