@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from state import headers as H
 from state.columns import ENVELOPE, INDEX_ENVELOPE
-from state.envelope import Envelope, Kind, Rules, default_uniq_key, is_legacy, parse
+from state.envelope import Envelope, Kind, Rules, default_uniq_key, parse
 from state.common import common_rows
 from state.errors import ParseError
 from state.reasons import reason
@@ -89,8 +89,11 @@ def _common_split(n: int, taken: np.ndarray, after, timer, slow: np.ndarray,
     if len(taken):
         direct[taken] = (window_ms >= 0) & ((after <= window_ms)
                                             | (timer & (after <= rules.ring_horizon_ms)))
-        slow[[i for i in taken.tolist() if is_legacy(
-            rules, int(numbers["ipart"][i]), int(numbers["ioff"][i]))]] = True
+        if rules.legacy_before:   # state/envelope.py `is_legacy`, for the batch at once
+            before = np.asarray(rules.legacy_before, dtype=np.int64)
+            part, off = numbers["ipart"][taken], numbers["ioff"][taken]
+            known = part < len(before)
+            slow[taken[known & (off < before[np.where(known, part, 0)])]] = True
     return direct
 
 
