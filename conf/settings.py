@@ -88,8 +88,10 @@ class Settings(BaseSettings):
     dispatch_failure_window: Duration
     dispatch_restart_backoff: Levels
     dispatch_liveness_timeout: Duration
+    dispatch_skip_deadline: Duration
     dispatch_retry_backoff_ms: PositiveInt
     dispatch_ledger_batch: PositiveInt
+    dispatch_read_batch: PositiveInt
     dispatch_probe_interval_ms: PositiveInt
     dispatch_intake_refresh_ms: PositiveInt
     dispatch_direct_max_delay_ms: int
@@ -161,6 +163,7 @@ class Settings(BaseSettings):
     ledger_interval_ms = _ms("ledger_interval")
     dispatch_failure_window_ms = _ms("dispatch_failure_window")
     dispatch_liveness_timeout_ms = _ms("dispatch_liveness_timeout")
+    dispatch_skip_deadline_s = _seconds("dispatch_skip_deadline")
     produce_timeout_s = _seconds("produce_timeout")
     connect_timeout_s = _seconds("connect_timeout")
     executor_slots_wait_s = _seconds("executor_slots_wait")

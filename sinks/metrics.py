@@ -27,17 +27,22 @@ class LatenessHistogram(Collector):
         self.name, self.documentation, self.buckets = name, documentation, buckets
         self.counts = [0] * (len(buckets) + 1)  # cumulative ≤ bucket, then +Inf
         self.sum = 0.0
+        # The ledger query adds while the scrape thread collects: a scrape sees a batch whole.
+        self._lock = threading.Lock()
 
     def add(self, cumulative: list[int], total: int, seconds_sum: float) -> None:
-        for i, n in enumerate(cumulative):
-            self.counts[i] += n
-        self.counts[-1] += total
-        self.sum += seconds_sum
+        with self._lock:
+            for i, n in enumerate(cumulative):
+                self.counts[i] += n
+            self.counts[-1] += total
+            self.sum += seconds_sum
 
     def collect(self):
         family = HistogramMetricFamily(self.name, self.documentation)
         bounds = [str(b) for b in self.buckets] + ["+Inf"]
-        family.add_metric([], list(zip(bounds, self.counts)), self.sum)
+        with self._lock:
+            counts, total = list(self.counts), self.sum
+        family.add_metric([], list(zip(bounds, counts)), total)
         yield family
 
 

@@ -25,7 +25,7 @@ from state.errors import JobError
 from streaming.kafka import admin as kadmin
 from streaming.wheel import checkpoint as ckpt
 from streaming.wheel import running, sizing
-from streaming.dispatch.supervisor import Dispatcher
+from streaming.dispatch.supervisor import Dispatcher, failure_reason
 from streaming.wheel.heartbeat import Heartbeat
 from streaming.kafka.config import spark_options
 from streaming.ledger.query import start_ledger_query
@@ -141,7 +141,8 @@ class DelayJob:
         """Returns (started_ms: level messages due before it pass through; now_ms: a new query's
         first watermark)."""
         verdict = ckpt.check(self.settings, self.checkpoint,
-                             ckpt.read_group_offsets(self._admin, self.settings),
+                             lambda: ckpt.read_group_offsets(self._admin, self.settings,
+                                                             self.checkpoint),
                              allow_fresh=self._allow_fresh,
                              allow_config_change=self._allow_config_change)
         now_ms = int(time.time() * 1000)
@@ -190,7 +191,13 @@ class DelayJob:
         self._heartbeat.start()
 
     def failure(self) -> str | None:
-        """Why the job cannot go on though its query runs (a dispatch stage gave up)."""
+        """Why the job cannot go on though its query runs: a dispatch stage gave up, or the
+        ledger query stopped (its tables and the delivery metrics would go silent)."""
+        ledger = self.ledger_query
+        if ledger is not None and not ledger.isActive:
+            exc = ledger.exception()
+            return (f"the ledger query stopped: {failure_reason(exc)}" if exc is not None
+                    else "the ledger query stopped")
         return self._dispatcher.failure if self._dispatcher is not None else None
 
     def lost_kept_rows(self) -> bool:

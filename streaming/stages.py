@@ -36,16 +36,20 @@ def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelCon
                        direct_max_delay_ms=settings.dispatch_direct_max_delay_ms)
 
 
+def _dispatch_consumer(settings: Settings) -> dict:
+    return {"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
+            "group.id": f"delayq.{settings.intake_topic}.dispatch",
+            # fetch.wait.max.ms stays 500: shorter waits cost the broker 1/5 core when idle.
+            # As the wheel's source: an aborted transaction's intake write is never delivered.
+            "isolation.level": "read_committed"}
+
+
 def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, partitions: int,
                     intake_start: dict[int, int], ledger_max_bytes: int, *,
                     rules: Rules) -> DispatchConfig:
     """`max_request_bytes`: largest record sent; `ledger_max_bytes`: ledger max.message.bytes;
     `rules`: the wheel's (`rules_of`)."""
-    consumer = {"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
-                "group.id": f"delayq.{settings.intake_topic}.dispatch",
-                # fetch.wait.max.ms stays 500: shorter waits cost the broker 1/5 core when idle.
-                # As the wheel's source: an aborted transaction's intake write is never delivered.
-                "isolation.level": "read_committed"}
+    consumer = _dispatch_consumer(settings)
     exactly = settings.delivery == "exactly_once"
     # Keyed rows without REAL_QID are placed as Kafka's Java client does (murmur2); an unknown
     # REAL_TOPIC is awaited `dispatch_topic_wait_ms` before the row is dead-lettered; batch.size
@@ -62,26 +66,27 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           commit_interval_s=(settings.dispatch_transaction_ms if exactly
                                              else settings.dispatch_commit_interval_ms) / 1000,
                           max_held=settings.dispatch_max_held,
+                          fetch_gap=settings.dispatch_fetch_gap,
                           gather_s=settings.dispatch_gather_ms / 1000,
                           retry_backoff_s=settings.dispatch_retry_backoff_ms / 1000,
                           probe_interval_s=settings.dispatch_probe_interval_ms / 1000,
                           ledger_batch=settings.dispatch_ledger_batch,
+                          read_batch=settings.dispatch_read_batch, ring=ring_of(settings),
                           ledger_bytes=min(ledger_max_bytes, max_request_bytes),
                           clock_tolerance_ms=settings.clock_tolerance_ms,
                           intake_refresh_s=settings.dispatch_intake_refresh_ms / 1000,
+                          skip_deadline_s=settings.dispatch_skip_deadline_s,
                           intake_topic=settings.intake_topic, rules=rules,
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start,
-                          fetch_gap=settings.dispatch_fetch_gap,
                           transactional_id=consumer["group.id"] if exactly else "",
-                          offsets_interval_s=settings.dispatch_commit_interval_ms / 1000,
-                          ring=ring_of(settings))
+                          offsets_interval_s=settings.dispatch_commit_interval_ms / 1000)
 
 
 def ring_of(settings: Settings) -> RingConfig:
     slots = settings.ring_slots if settings.ring_horizon_ms else 0
     return RingConfig(settings.ring_topic, slots, settings.ring_slot_ms,
-                      settings.ring_read_lead_ms)
+                      settings.ring_read_lead_ms, settings.fire_lead_per_message_us)
 
 
 def supervision_of(settings: Settings) -> Supervision:

@@ -37,8 +37,9 @@ class Bodies:
     """The references a task waits for the bodies of, by intake partition, and the consumer
     that reads them (never committed: the task's ready partition's commit covers them)."""
 
-    def __init__(self, consumer_config: dict, topic: str, rules: Rules, fetch_gap: int):
-        self.topic, self.rules, self.gap = topic, rules, fetch_gap
+    def __init__(self, consumer_config: dict, topic: str, rules: Rules, fetch_gap: int,
+                 read_batch: int):
+        self.topic, self.rules, self.gap, self.read_batch = topic, rules, fetch_gap, read_batch
         self.consumer = Consumer({
             **consumer_config, "enable.auto.commit": False, "auto.offset.reset": "error",
             "enable.partition.eof": True, "isolation.level": "read_committed",
@@ -86,7 +87,7 @@ class Bodies:
         found = []
         deadline = time.monotonic() + PUMP_S
         while self.reading and time.monotonic() < deadline:
-            msgs = self.consumer.consume(5000, timeout=wait_s)
+            msgs = self.consumer.consume(self.read_batch, timeout=wait_s)
             wait_s = 0
             if not msgs:
                 break

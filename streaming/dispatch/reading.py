@@ -24,11 +24,12 @@ class Reading:
     """The reading part of a dispatch task (streaming/dispatch/task.py `_Task`)."""
 
     def __init__(self, config):
-        self.bodies = Bodies(config.consumer, config.intake_topic, config.rules, config.fetch_gap)
+        self.bodies = Bodies(config.consumer, config.intake_topic, config.rules, config.fetch_gap,
+                             config.read_batch)
         self.intake: list = []   # the intake's TopicPartitions this task reads (direct.py)
         self.paused = False
         self.refired = Refired()
-        self.ring = Ring(config.consumer, config.ring, self.partition) \
+        self.ring = Ring(config.consumer, config.ring, self.partition, config.read_batch) \
             if config.ring is not None and config.ring.slots else None
         # Cancels of what the task holds or will hold, kept a window past their target's due.
         self.tombstones = Tombstones(max(config.direct_max_delay_ms, 0))
@@ -45,8 +46,9 @@ class Reading:
                                              for p in self.ring.partitions()]
         starts, mark, batch = retrying(lambda: committed(consumer, config,
                                                          [self.ready, *self.intake, *ring]))
-        done, last, self.ledger_end = retrying(lambda: in_ledger(
-            consumer, self.ledger, mark, config.intake_topic, ring[0].topic if ring else None))
+        done, last, self.ledger_end = in_ledger(
+            consumer, self.ledger, mark, config.intake_topic, ring[0].topic if ring else None,
+            config.skip_deadline_s)
         self.offsets = {source: Offsets(start, mark or 0, last.get(source, -1))
                         for source, start in starts.items()}
         self._known_below = starts[None]
@@ -60,7 +62,7 @@ class Reading:
     def _consume(self, wait_s: float, done: dict[tuple[str, int], int]) -> None:
         """The ready partition's records and the intake's the task reads itself (gathered, and
         parsed together every `gather_s`), waiting up to `wait_s` for the first."""
-        for msg in self.consumer.consume(5000, timeout=wait_s):
+        for msg in self.consumer.consume(self.config.read_batch, timeout=wait_s):
             if msg.error():   # the client's own report; it reconnects and goes on
                 if msg.error().fatal():
                     raise KafkaException(msg.error())
@@ -71,7 +73,7 @@ class Reading:
                 if not self._gathered:
                     self._gathered_since = time.monotonic()
                 self._gathered.append(msg)
-        if self._gathered and (len(self._gathered) >= self.config.ledger_batch or
+        if self._gathered and (len(self._gathered) >= self.config.read_batch or
                                time.monotonic() - self._gathered_since >= self.config.gather_s):
             intake, self._gathered = self._gathered, []
             self._take_intake(intake, done)

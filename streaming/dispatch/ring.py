@@ -9,13 +9,16 @@ RocketMQ 5's TimerWheel over its TimerLog, with Kafka partitions as the slots. N
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from collections import Counter
+from typing import Iterator
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from state.envelope import TIMER_LEVEL
+from streaming.dispatch.bodies import PUMP_S
 from streaming.dispatch.cancels import RINGED
 from streaming.dispatch.rules import Row, refusal
 from streaming.dispatch.start import TARGET_DONE
@@ -32,6 +35,7 @@ class RingConfig:
     slots: int       # N, per task (0: no ring)
     slot_ms: int     # w
     lead_ms: int     # a slot is read this long before it starts
+    lead_per_message_us: int = 0   # ... and this much earlier per record it holds
 
 
 def ring_value(row: Row) -> bytes:
@@ -56,8 +60,9 @@ class Ring:
     """The ring of task `task`: where a timer is written, which slot is read next, and the reads
     (a consumer of its own, never committed: the task's commits cover the ring's sources)."""
 
-    def __init__(self, consumer_config: dict, config: RingConfig, task: int):
-        self.config, self.task = config, task
+    def __init__(self, consumer_config: dict, config: RingConfig, task: int,
+                 read_batch: int):
+        self.config, self.task, self.read_batch = config, task, read_batch
         self.ends: dict[int, int] = {}   # partition → its end as the task last knew it
         self.consumer = Consumer({
             **consumer_config, "enable.auto.commit": False, "auto.offset.reset": "error",
@@ -102,10 +107,13 @@ class Ring:
         return (slot > self.next_slot and row.due_ms > now_ms + self.config.lead_ms
                 and slot >= self.written.get(self.partition(slot), slot))
 
-    def due_to_open(self, now_ms: int) -> int | None:
-        """The next slot to read, if its time has come and no slot is being read."""
+    def due_to_open(self, now_ms: int, unread: int = 0) -> int | None:
+        """The next slot to read, if its time has come (earlier by the `unread` records of its
+        partition: a burst due in one slot is read and held before it starts) and no slot is
+        being read."""
         slot = self.next_slot
-        if self.reading is None and slot * self.config.slot_ms - self.config.lead_ms <= now_ms:
+        lead = self.config.lead_ms + unread * self.config.lead_per_message_us // 1000
+        if self.reading is None and slot * self.config.slot_ms - lead <= now_ms:
             return slot
         return None
 
@@ -131,8 +139,8 @@ class Ring:
         if self.reading is None:
             return []
         slot, part = self.reading
-        rows = []
-        for msg in self.consumer.consume(5000, timeout=wait_s):
+        rows, deadline = [], time.monotonic() + PUMP_S
+        for msg in self._fetched(wait_s, deadline):
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
@@ -149,6 +157,16 @@ class Ring:
                 return self._read(rows)
             rows.append(row)
         return rows
+
+    def _fetched(self, wait_s: float, deadline: float) -> Iterator:
+        """Records fetched, `read_batch` at a time, for up to PUMP_S (the task sends what is due
+        between two pumps)."""
+        while True:
+            msgs = self.consumer.consume(self.read_batch, timeout=wait_s)
+            yield from msgs
+            wait_s = 0
+            if not msgs or time.monotonic() >= deadline:
+                return
 
     def _read(self, rows: list[Row]) -> list[Row]:
         """The open slot is read: the next may open (the task's position of the partition stays
@@ -219,10 +237,11 @@ class Ringing:
         if ring.held_instead and self._now_ms() >= ring.first_turn_until:
             ring.held_instead.clear()
         if ring.reading is None:
-            slot = ring.due_to_open(self._now_ms())
+            part = ring.partition(ring.next_slot)
+            unread = ring.ends.get(part, 0) - self.offsets[(ring.config.topic, part)].position
+            slot = ring.due_to_open(self._now_ms(), unread)
             if slot is None or len(self.heap) >= self.config.max_held // 2:
                 return
-            part = ring.partition(slot)
             if part in ring.dirty:
                 self._commit_transaction() if self.txn else self.producer.flush(30)
                 ring.dirty.clear()

@@ -31,10 +31,12 @@ class DispatchConfig:
     gather_s: float                   # intake records parsed, ledger rows sent, this often
     retry_backoff_s: float            # a transient send failure is retried this much later
     probe_interval_s: float           # an idle task measures its clock against the broker's
-    ledger_batch: int                 # ledger rows per ledger record, intake records per parse
+    ledger_batch: int                 # ledger rows per ledger record at most
+    read_batch: int                   # records read and parsed per turn of the loop at most
     ledger_bytes: int                 # a ledger record's bytes at most (`ledger_chunks`)
     clock_tolerance_ms: int           # a clock off the broker's by half of this is logged
     intake_refresh_s: float           # how often a task looks for new intake partitions
+    skip_deadline_s: float            # the restart's skip reads its ledger this long at most
     # The intake read (direct.py): its rules, which levels (-1: none), the ready topic's partition
     # count (which intake partitions a task reads), where an uncommitted one starts (else earliest).
     intake_topic: str = ""

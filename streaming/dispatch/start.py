@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from streaming.dispatch.cancels import CANCELLED, MISSED, RINGED
 from streaming.dispatch.rules import DispatchConfig
 from streaming.ledger.records import ledger_rows
+from state.errors import DispatchError
 
 log = logging.getLogger(__name__)
 
@@ -88,37 +89,51 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
     return starts, min(marks) if marks else None, batch
 
 
-def in_ledger(consumer, ledger, mark: int | None, intake_topic: str, ring_topic: str | None
-              ) -> tuple[dict[tuple[str, int], int], dict, int]:
+def in_ledger(consumer, ledger, mark: int | None, intake_topic: str, ring_topic: str | None,
+              deadline_s: float) -> tuple[dict[tuple[str, int], int], dict, int]:
     """From the ledger mark (or the beginning) to the end of `ledger`: what it says of each
     (UNIQ_KEY, due) as TARGET_DONE and CANCEL_SETTLED bits, which a restart skips; each source's
     last row there, which the commits' marks wait for (rules.py Offsets); and the partition's
-    end."""
-    low, high = consumer.get_watermark_offsets(ledger, timeout=60)
+    end. All of it or nothing: a transient error is waited out up to `deadline_s`, then, like
+    any other error, it raises."""
+    deadline = time.monotonic() + deadline_s
+    low, high = retrying(lambda: consumer.get_watermark_offsets(
+        ledger, timeout=max(1.0, deadline - time.monotonic())), timeout_s=deadline_s)
     position = low if mark is None else max(low, min(mark, high))
     done: dict[tuple[str, int], int] = {}
     last: dict = {}
     if position >= high:
         return done, last, high
     consumer.assign([TopicPartition(ledger.topic, ledger.partition, position)])
-    waited = time.monotonic()
-    while position < high:   # all of it: a skip that misses a row sends its message twice
-        if time.monotonic() - waited >= 120:
-            log.warning("reading the ledger partition %d for the restart's skip: at %d of "
-                        "%d", ledger.partition, position, high)
-            waited = time.monotonic()
-        for msg in consumer.consume(1000, timeout=1.0):
-            if msg.error():
-                continue
-            position = msg.offset() + 1
-            if not msg.value():   # a probe
-                continue
-            _learn(ledger_rows(msg.value()), done, last, intake_topic, ring_topic)
-        # Past what read_committed skips, too (an aborted transaction's records and markers).
-        [now] = consumer.position([TopicPartition(ledger.topic, ledger.partition)])
-        position = max(position, now.offset)
-    consumer.unassign()
+    try:
+        while position < high:   # all of it: a skip that misses a row sends its message twice
+            if time.monotonic() > deadline:
+                raise DispatchError(   # not sending what the unread part may say was sent
+                    f"the restart's skip read ledger partition {ledger.partition} only to offset "
+                    f"{position} of {high} in {deadline_s:.0f} s (dispatch_skip_deadline)")
+            for msg in consumer.consume(1000, timeout=1.0):
+                if msg.error():
+                    _unless_transient(msg.error(), ledger.partition)
+                    continue
+                position = msg.offset() + 1
+                if msg.value():   # else a probe
+                    _learn(ledger_rows(msg.value()), done, last, intake_topic, ring_topic)
+            # Past what read_committed skips, too (an aborted transaction's records and markers).
+            [now] = consumer.position([TopicPartition(ledger.topic, ledger.partition)])
+            position = max(position, now.offset)
+    finally:
+        consumer.unassign()
     return done, last, high
+
+
+def _unless_transient(err: KafkaError, partition: int) -> None:
+    """A consumer's error report while reading the ledger: logged if the client goes on by
+    itself (a broker away, a leader moving), else raised."""
+    if err.code() == KafkaError._PARTITION_EOF:
+        return
+    if err.fatal() or not transient(KafkaException(err)):
+        raise KafkaException(err)
+    log.warning("reading ledger partition %d for the restart's skip: %s; waiting", partition, err)
 
 
 def _learn(rows, done: dict, last: dict, intake_topic: str, ring_topic: str | None) -> None:

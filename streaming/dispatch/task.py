@@ -150,14 +150,17 @@ class _Task(Reading, Ringing, Sending, Transactions):
         heapq.heappush(self.heap, (*row.order(), next(self._pushes), row))
 
     def _send_due(self) -> None:
-        """Send every held row due by the broker's clock, up to the first reference still
-        without its body; none before that clock is measured."""
+        """Send the held rows due by the broker's clock, up to the first reference still
+        without its body, `read_batch` in a turn (a burst leaves in many transactions, each
+        visible to read_committed readers as it commits); none before that clock is measured."""
         if not self.skew.measured:
             return
         heap, pop, produce, delivered = self.heap, heapq.heappop, self._produce, self._delivered
         broker_ms, first = self.skew.broker_ms, self.bodies.first_wanted()
         refusals = self.refusals
-        while heap and heap[0][0] <= broker_ms() and (first is None or heap[0][:3] < first):
+        for _ in range(self.config.read_batch):
+            if not heap or heap[0][0] > broker_ms() or (first is not None and heap[0][:3] >= first):
+                return
             row = pop(heap)[-1]
             if self.tombstones and (tomb := self.tombstones.drop(row)) is not None:
                 self._cancelled(row, tomb)

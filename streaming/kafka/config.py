@@ -2,6 +2,8 @@
 Kafka source and sink."""
 from __future__ import annotations
 
+import logging
+
 from conf.settings import Settings
 
 _JAAS_MODULE = {
@@ -38,8 +40,24 @@ def spark_options(settings: Settings) -> dict[str, str]:
     return options
 
 
+class ClientLog:
+    """librdkafka's own log lines (confluent-kafka's `logger`, delivered while a client polls)
+    into delayq's log, not onto stderr: those of a condition the client retries by itself (a
+    coordinator not ready, a connection refused while a broker restarts) at DEBUG. Pickled by
+    class into the dispatch tasks' workers."""
+
+    _log = logging.getLogger("streaming.kafka.client")
+
+    def log(self, level: int, fmt: str, *args) -> None:
+        facility, text = (args[0], args[-1]) if len(args) == 3 else ("", "")
+        if facility in {"FAIL", "GETPID"} or "retrying" in text:
+            level = logging.DEBUG
+        self._log.log(level, fmt, *args)
+
+
 def librdkafka_config(settings: Settings) -> dict[str, object]:
-    config: dict[str, object] = {"security.protocol": settings.security_protocol}
+    config: dict[str, object] = {"security.protocol": settings.security_protocol,
+                                 "logger": ClientLog()}
     if settings.security_protocol.startswith("SASL"):
         config.update({"sasl.mechanism": settings.sasl_mechanism,
                        "sasl.username": settings.sasl_username,

@@ -29,7 +29,8 @@ class Load:
     def __init__(self, settings: Settings, work: Path, real: str, name: str, seq_base: int = 0):
         self.settings, self.real, self.seq_base = settings, real, seq_base
         self.out = str(work / name)
-        self.env = {**os.environ, "DELAYQ_BENCH_SECURITY": json.dumps(librdkafka_config(settings))}
+        security = {k: v for k, v in librdkafka_config(settings).items() if k != "logger"}
+        self.env = {**os.environ, "DELAYQ_BENCH_SECURITY": json.dumps(security)}
         self.reader = None
 
     def start_reader(self, timeout_s: float, idle_s: float = 120.0, count: int = 0) -> None:

@@ -121,13 +121,14 @@ def check_stamp(path: Path | HadoopPath, settings: Settings, allow_config_change
             f"let this one drain; --allow-config-change overrides this check.")
 
 
-def check(settings: Settings, checkpoint: str, group_offsets: dict[int, int],
+def check(settings: Settings, checkpoint: str, read_group: Callable[[], dict[int, int]],
           allow_fresh: bool = False, allow_config_change: bool = False) -> str:
-    """"fresh" or "resume"; raises CheckpointError otherwise. Group offsets beside an empty
-    checkpoint mean it was lost or moved."""
+    """"fresh" or "resume"; raises CheckpointError otherwise. Group offsets (`read_group`, read
+    only for a missing or empty checkpoint) beside an empty checkpoint mean it was lost or
+    moved."""
     path = store.path(checkpoint)
     fresh = not path.exists() or (path.is_dir() and latest_batch(path / "offsets") is None)
-    if fresh and group_offsets and not allow_fresh:
+    if fresh and not allow_fresh and (group_offsets := read_group()):
         shown = ", ".join(f"{p}:{o}" for p, o in sorted(group_offsets.items()))
         raise CheckpointError(
             f"checkpoint {path} is missing or empty, but consumer group "
@@ -201,24 +202,40 @@ def started_ms(checkpoint: str, verdict: str, now_ms: int) -> int:
 GROUP_READ_WAIT_S = 15.0
 
 
-def read_group_offsets(admin, settings: Settings) -> dict[int, int]:
-    """Intake partition → the group's committed offset ({} when none)."""
-    from kafka.errors import KafkaError
+def read_group_offsets(admin, settings: Settings, checkpoint: str) -> dict[int, int]:
+    """Intake partition → the group's committed offset ({} when the group does not exist: no
+    earlier run; a fresh broker makes its offsets topic, and so its coordinator, on this first
+    use). Fails closed: an answer it cannot get refuses the start (`check` asks only when the
+    checkpoint is missing or empty)."""
+    from kafka.errors import GroupIdNotFoundError, KafkaError
 
     group = group_id(settings)
     deadline = time.monotonic() + GROUP_READ_WAIT_S
     while True:
         try:
             answer = admin.list_group_offsets({group: None}).get(group, {})
-        except KafkaError as exc:
-            # A broker's first minutes: no coordinator until __consumer_offsets is made.
-            if exc.retriable and time.monotonic() < deadline:
-                time.sleep(0.5)
-                continue
-            log.warning("could not read consumer group %s: %s", group, exc)
+            return {tp.partition: meta.offset for tp, meta in answer.items()
+                    if tp.topic == settings.intake_topic and meta.offset >= 0}
+        except GroupIdNotFoundError:
             return {}
-        return {tp.partition: meta.offset for tp, meta in answer.items()
-                if tp.topic == settings.intake_topic and meta.offset >= 0}
+        except KafkaError as exc:
+            if exc.retriable and time.monotonic() < deadline:
+                time.sleep(0.5)   # a coordinator loading or moving
+                continue
+            raise CheckpointError(_unreadable_group(settings, checkpoint, group, exc)) from None
+
+
+def _unreadable_group(settings: Settings, checkpoint: str, group: str, exc) -> str:
+    why = (f"this client may not read it: grant its principal Describe on group {group} "
+           f"(kafka-acls.sh --add --allow-principal User:<delayq's user> --operation Describe "
+           f"--group {group})" if "Authorization" in type(exc).__name__
+           else f"the broker did not answer within {GROUP_READ_WAIT_S:.0f} s; start again "
+                f"once it does")
+    return (f"checkpoint {store.path(checkpoint)} is missing or empty, and consumer group "
+            f"{group}, which shows whether an earlier run of this job read intake "
+            f"{settings.intake_topic}, could not be read ({type(exc).__name__}: {exc}): {why}. "
+            f"Starting over after an earlier run would replay the intake and lose its pending "
+            f"messages; to start over anyway, run with --allow-fresh-checkpoint.")
 
 
 def mirror_offsets(admin, settings: Settings, offsets: dict[int, int]) -> None:

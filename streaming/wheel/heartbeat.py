@@ -38,7 +38,7 @@ class Heartbeat(threading.Thread):
         producer = Producer({"bootstrap.servers": settings.bootstrap, "linger.ms": 0, "acks": 1,
                              # a heartbeat not delivered in time is of no use later
                              "message.timeout.ms": max(10_000, 4 * settings.heartbeat_ms),
-                             "logger": log, **librdkafka_config(settings)})
+                             **librdkafka_config(settings)})
         interval = settings.heartbeat_ms / 1000.0
         while not self._stop_event.is_set():
             try:

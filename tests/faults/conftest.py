@@ -34,6 +34,8 @@ class JobProcess:
 
     def start(self, timeout_s: float = 240) -> None:
         self.starts += 1
+        ready_before = self.log.read_text(errors="replace").count(READY_LINE) \
+            if self.log.exists() else 0   # a start that was refused printed none
         out = open(self.log, "a")
         out.write(f"\n==== start {self.starts} ====\n")
         out.flush()
@@ -44,7 +46,7 @@ class JobProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = self.log.read_text(errors="replace")
-            if text.count(READY_LINE) >= self.starts:
+            if text.count(READY_LINE) > ready_before:
                 return
             if self.proc.poll() is not None:
                 raise AssertionError(f"delayq run exited {self.proc.returncode}:\n{text[-3000:]}")
@@ -266,6 +268,21 @@ class Outcome:
             uniq = header_map(record)["UNIQ_KEY"].decode()
             (twice if uniq in seen else seen).add(uniq)
         return twice
+
+
+def check_late(outcome: Outcome, sent: dict[str, int], late_ms: int, after_ms: int = 0) -> int:
+    """Every delivery of `outcome` at most `late_ms` after its due time, or after `after_ms` (a
+    fault's end) for one due before it; returns the most it was so."""
+    from tests.support import header_map
+
+    worst, which = 0, None
+    for record in outcome.records:
+        uniq = header_map(record)["UNIQ_KEY"].decode()
+        if uniq in sent and record.timestamp - max(sent[uniq], after_ms) > worst:
+            worst, which = record.timestamp - max(sent[uniq], after_ms), uniq
+    assert worst <= late_ms, f"{which} arrived {worst} ms after its due time or the fault's " \
+                             f"end (bound {late_ms} ms)"
+    return worst
 
 
 def check_all_delivered(settings, real: str, sent: dict[str, int], timeout_s: float = 180,

@@ -1,8 +1,10 @@
-"""Outages around the job: the broker stopped and started under load, and the job stopped for
-longer than its messages' delays. Nothing is lost, nothing is early, nothing is read twice
-(read_committed)."""
+"""Outages around the job: the broker stopped and started, or hung and resumed, under load; the
+job stopped for longer than its messages' delays; its ledger table refusing writes. Nothing is
+lost, nothing is early, nothing is read twice (read_committed)."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 
@@ -12,7 +14,8 @@ from streaming.tools import broker
 from streaming.kafka.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.conftest import PROJECT
-from tests.faults.conftest import SteadyLoad, check_all_delivered, check_ledgered_once
+from tests.faults.conftest import (SteadyLoad, check_all_delivered, check_late,
+                                   check_ledgered_once)
 from tests.support import assert_eventually, free_ports, header_map
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
@@ -30,7 +33,15 @@ def own_broker(work_dir):
     broker.stop(spec)
 
 
-def test_broker_stopped_and_started_under_load_loses_nothing(own_broker, job_process, capsys):
+# After a broker outage, how long past its end (or its due time) a message may arrive: the
+# clients reconnect, open transactions abort and are sent again.
+OUTAGE_LATE_MS = 20_000
+
+
+@pytest.mark.parametrize("fault", ["stopped", "paused"])
+def test_broker_stopped_or_hung_under_load_loses_nothing(own_broker, job_process, capsys, fault):
+    """The broker stopped and started again 10 s later, or hung (SIGSTOP, as a network partition
+    looks to a client: nothing answers, nothing refuses) for 20 s and resumed."""
     job, settings = job_process(bootstrap_servers=own_broker.bootstrap)
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
@@ -41,11 +52,20 @@ def test_broker_stopped_and_started_under_load_loses_nothing(own_broker, job_pro
     load.start()
     time.sleep(6)
     before = len(load.sent)
-    broker.stop(own_broker)
     down_at = time.time()
-    time.sleep(10)
-    broker.start(own_broker)
-    down_s = time.time() - down_at
+    if fault == "stopped":
+        broker.stop(own_broker)
+        time.sleep(10)
+        broker.start(own_broker)
+    else:
+        pid = broker.read_pid(own_broker)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(20)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    up_ms = int(time.time() * 1000)
+    down_s = up_ms / 1000 - down_at
     time.sleep(8)
     load.stop()
     assert job.proc.poll() is None, f"the job died with the broker:\n{job.log.read_text()[-3000:]}"
@@ -53,6 +73,7 @@ def test_broker_stopped_and_started_under_load_loses_nothing(own_broker, job_pro
     try:
         outcome = check_all_delivered(settings, real, load.sent,
                                       unacknowledged=load.unacknowledged)
+        worst = check_late(outcome, load.sent, OUTAGE_LATE_MS, after_ms=up_ms)
     except AssertionError as e:   # what the job did meanwhile, for the one who reads the failure
         raise AssertionError(f"{e}\n\nthe job's log, its end:\n"
                              f"{job.log.read_text(errors='replace')[-8000:]}") from None
@@ -60,9 +81,10 @@ def test_broker_stopped_and_started_under_load_loses_nothing(own_broker, job_pro
     check_ledgered_once(settings, load)
     job.stop()
     with capsys.disabled():
-        print(f"\nbroker restart: broker down {down_s:.1f} s, {len(load.sent)} messages, lost 0, "
-              f"early 0, duplicates {outcome.duplicates}, max lateness "
-              f"{max(outcome.lateness_ms)} ms, sends refused or unacknowledged while down {load.failed}")
+        print(f"\nbroker {fault}: {down_s:.1f} s, {len(load.sent)} messages, lost 0, early 0, "
+              f"duplicates {outcome.duplicates}, max lateness {max(outcome.lateness_ms)} ms, "
+              f"{worst} ms at most after the due time or the broker's return; sends refused or "
+              f"unacknowledged meanwhile {load.failed}")
 
 
 def test_job_stopped_longer_than_the_delays_delivers_overdue_at_once_in_due_order(
@@ -124,3 +146,46 @@ def test_job_stopped_longer_than_the_delays_delivers_overdue_at_once_in_due_orde
               f"{len(held)} overdue at restart, delivered in due order per level, lateness of "
               f"those {lateness[0]}..{lateness[-1]} ms, lost 0, early 0, "
               f"duplicates {outcome.duplicates}")
+
+
+def test_the_ledger_table_unwritable_stops_the_job_and_a_restart_after_the_fix_loses_nothing(
+        job_process, spark, capsys):
+    """The Delta ledger's log replaced by a file under load (a store that refuses its writes):
+    the ledger query fails, and the job stops with the reason instead of running on with its
+    ledger and delivery metrics silent. Started again once the log is back, it delivers every
+    message once and the ledger holds a row for each, once."""
+    from pathlib import Path
+
+    job, settings = job_process()
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 2, LOG_APPEND)
+    admin.close()
+    job.start()
+    load = SteadyLoad(settings, real, interval_s=0.05)
+    load.start()
+    log_dir = Path(settings.ledger_path) / "_delta_log"
+    assert_eventually(lambda: log_dir.is_dir(), timeout_s=60, message="the ledger's first rows")
+    moved = log_dir.with_name("_delta_log.moved")
+    log_dir.rename(moved)
+    log_dir.write_text("not a folder")
+    assert_eventually(lambda: job.proc.poll() is not None, timeout_s=120,
+                      message="the job stopped on its ledger query's failure")
+    said = job.log.read_text(errors="replace")
+    assert job.proc.returncode != 0 and "delayq: the ledger query stopped" in said, said[-3000:]
+    log_dir.unlink()
+    moved.rename(log_dir)
+    job.start()
+    time.sleep(5)
+    load.stop()
+    outcome = check_all_delivered(settings, real, load.sent, unacknowledged=load.unacknowledged)
+    assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
+    ledger = lambda: [r["uniq_key"] for r in spark.read.format("delta")
+                      .load(str(settings.ledger_path)).select("uniq_key").collect()]
+    rows = assert_eventually(lambda: (keys := ledger()) and set(keys) >= set(load.sent) and keys,
+                             timeout_s=60, message="ledger rows for every delivered message")
+    assert len(rows) == len(set(rows)), "a message with two ledger rows"
+    job.stop()
+    with capsys.disabled():
+        print(f"\nledger table unwritable: the job stopped with its reason; after the fix "
+              f"{len(load.sent)} messages, lost 0, duplicates 0, ledger rows {len(rows)} once each")

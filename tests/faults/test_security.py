@@ -32,7 +32,11 @@ def sasl_broker(work_dir):
         home=work_dir / f"kafka-sasl-{uuid.uuid4().hex[:6]}", jars=PROJECT / ".lib" / "kafka",
         port=port, controller_port=controller_port, heap="512m",
         listeners={"SASL": ("SASL_PLAINTEXT", sasl_port)},
-        extra={"sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256",
+        # An authorizer that allows what no ACL names: a test denies one thing at a time.
+        extra={"authorizer.class.name":
+                   "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+               "allow.everyone.if.no.acl.found": "true", "super.users": "User:ANONYMOUS",
+               "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256",
                "listener.name.sasl.plain.sasl.jaas.config": jaas,
                "listener.name.sasl.scram-sha-256.sasl.jaas.config":
                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"})
@@ -70,6 +74,44 @@ def test_sasl_broker_works_only_with_the_right_credentials(sasl_broker, job_proc
     with capsys.disabled():
         print(f"\nSASL/{mechanism}: wrong password refused at start; right one delivered "
               f"{len(records)} of {len(sent)}; password absent from {len(output)} bytes of output")
+
+
+def test_a_fresh_start_that_cannot_read_the_groups_offsets_is_refused(sasl_broker, job_process):
+    """A missing checkpoint is only started over when the consumer group shows no earlier run:
+    a group this user may not describe refuses the start with the ACL to grant and the
+    override, and once it is granted, the job starts."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import (ACL, ACLFilter, ACLOperation, ACLPermissionType,
+                             ACLResourcePatternType, ResourcePattern, ResourcePatternFilter,
+                             ResourceType)
+
+    from streaming.wheel.checkpoint import group_id
+
+    spec, sasl_bootstrap = sasl_broker
+    job, settings = job_process(bootstrap_servers=sasl_bootstrap,
+                                security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                                sasl_username="delayq", sasl_password=PASSWORD)
+    group = group_id(settings)
+    deny = ACL("User:delayq", "*", ACLOperation.DESCRIBE, ACLPermissionType.DENY,
+               ResourcePattern(ResourceType.GROUP, group))
+    admin = KafkaAdminClient(bootstrap_servers=spec.bootstrap)   # ANONYMOUS: a super user
+    try:
+        admin.create_acls([deny])
+        with pytest.raises(AssertionError, match="exited"):
+            job.start(timeout_s=180)
+        said = job.log.read_text(errors="replace")
+        assert f"consumer group {group}" in said and "could not be read" in said, said[-3000:]
+        assert f"--operation Describe --group {group}" in said and \
+            "--allow-fresh-checkpoint" in said, said[-3000:]
+    finally:
+        admin.delete_acls([ACLFilter("User:delayq", "*", ACLOperation.DESCRIBE,
+                                     ACLPermissionType.DENY,
+                                     ResourcePatternFilter(ResourceType.GROUP, group,
+                                                           ACLResourcePatternType.LITERAL))])
+        admin.close()
+    job.start()
+    job.stop()
+    assert job.proc.returncode == 0, job.log.read_text(errors="replace")[-3000:]
 
 
 @pytest.fixture

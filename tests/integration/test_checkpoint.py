@@ -28,12 +28,12 @@ def test_lost_or_reconfigured_checkpoint_is_refused(job_settings, start_job, new
     try:
         # The group follows the checkpoint: the offsets of its last committed batch.
         def mirrored():
-            group = read_group_offsets(admin, settings)
+            group = read_group_offsets(admin, settings, checkpoint)
             ckpt = committed_offsets(Path(checkpoint), settings.intake_topic)
             return group if group and group == ckpt and sum(group.values()) >= 3 else None
         assert_eventually(mirrored, timeout_s=60, message="group offsets = checkpoint offsets")
         job.stop()   # its last batch (heartbeats at least) may move the group once more
-        group = read_group_offsets(admin, settings)
+        group = read_group_offsets(admin, settings, checkpoint)
     finally:
         admin.close()
 

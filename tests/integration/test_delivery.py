@@ -118,6 +118,7 @@ def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap,
     time.sleep(3.5)  # the longest level is 3 s: all 30 are overdue when the job starts
     summaries: list = []
     job = start_job(settings, checkpoint=checkpoint, on_batch=summaries.append)
+    up_ms = int(time.time() * 1000)   # the backlog is overdue: late from here
     if restart_after is not None:
         taken = lambda: sum(s.received_by_level.get(lv, 0) for s in summaries for lv in (1, 2, 3))
         assert_eventually(lambda: taken() >= restart_after, timeout_s=60,
@@ -125,8 +126,9 @@ def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap,
         job.stop()
         assert taken() < 30, "the backlog was still being read when the job stopped"
         start_job(settings, checkpoint=checkpoint, on_batch=summaries.append)
+        up_ms = int(time.time() * 1000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
-    check_deliveries(records, sent)
+    check_deliveries(records, sent, after_ms=up_ms)
     due_by_level: dict[int, list] = {}
     for record in sorted(records, key=lambda r: r.offset):
         uniq = header_map(record)["UNIQ_KEY"].decode()
@@ -208,8 +210,9 @@ def test_an_overdue_backlog_leaves_each_intake_partition_s_messages_in_due_order
             lane_of[handle.uniq_key] = (level - 1) % settings.ready_partitions
     time.sleep(3.5)  # the longest level is 3 s: all are overdue when the job starts
     start_job(settings)
+    up_ms = int(time.time() * 1000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
-    check_deliveries(records, sent)
+    check_deliveries(records, sent, after_ms=up_ms)
 
     def lanes_of(rows) -> dict:
         lanes: dict = {}
@@ -233,8 +236,9 @@ def restart_after_a_clean_stop(settings, checkpoint: str, start_job, bootstrap: 
     Kafka source reports that batch's progress without failing the query: SPARK-55271, fixed
     in Spark 4.2.0's connector), and every message arrives once, never early."""
     restarted = start_job(settings, checkpoint=checkpoint)
+    up_ms = int(time.time() * 1000)   # what fell due while it was down is late from here
     check_deliveries(consume_all(bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3),
-                     sent)
+                     sent, after_ms=up_ms)
     assert restarted.query.isActive, restarted.query.exception()
 
 
@@ -349,8 +353,9 @@ def test_a_batch_that_outlasts_the_stops_grace(job_settings, start_job, new_topi
     # The cut batch runs again as the restarted query's first batch, and the query goes on
     # (Spark 4.1's Kafka stream failed the query after such a batch: SPARK-55271).
     restarted = start_job(settings, checkpoint=checkpoint)
+    up_ms = int(time.time() * 1000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
-    check_deliveries(records, sent)
+    check_deliveries(records, sent, after_ms=up_ms)
     assert first <= {(r.partition, r.offset) for r in records}
     assert restarted.query.isActive, restarted.query.exception()
 
@@ -387,11 +392,12 @@ def test_a_stop_whose_query_thread_does_not_end_says_where_it_is(
     assert "foreachBatch" in caplog.text or "ForeachBatch" in caplog.text, caplog.text[-2000:]
 
     start_job(settings, checkpoint=checkpoint)
+    up_ms = int(time.time() * 1000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
     once = {}
     for record in records:   # a copy sent twice is the same message with the same UNIQ_KEY
         once.setdefault((header_map(record)["UNIQ_KEY"], record.value), record)
-    check_deliveries(list(once.values()), sent)
+    check_deliveries(list(once.values()), sent, after_ms=up_ms)
 
 
 def test_timers_added_to_held_groups_in_a_later_batch_are_held_as_references_and_delivered(
@@ -495,9 +501,10 @@ def test_restart_keeps_pending_messages_and_offsets_agree(
 
     time.sleep(2)
     start_job(settings, checkpoint=checkpoint)
+    up_ms = int(time.time() * 1000)
     records = consume_all(kafka_bootstrap, real, expected=21, timeout_s=90, idle_s=2)
     # Not in the lateness log: these fell due while the job was stopped, late by design.
-    check_deliveries(records, sent)
+    check_deliveries(records, sent, after_ms=up_ms)
 
     # delayOffset: level L's next intake offset = what was written to partition L-1.
     table = delay_offset_table(__import__("pathlib").Path(checkpoint), settings.intake_topic,

@@ -49,25 +49,25 @@ def test_the_checkpoint_guards_work_on_hdfs(location, test_settings):
     settings = load_settings(**{**test_settings.model_dump(), "store": location})
     checkpoint = settings.checkpoint_path
     assert checkpoint.startswith("hdfs://")
-    assert ckpt.check(settings, checkpoint, {}) == "fresh"
+    assert ckpt.check(settings, checkpoint, lambda: {}) == "fresh"
     with pytest.raises(ckpt.CheckpointError, match="missing or empty"):
-        ckpt.check(settings, checkpoint, {0: 42})
+        ckpt.check(settings, checkpoint, lambda: {0: 42})
     ckpt.write_stamp(settings, checkpoint, started_ms=1_000)
     # A checkpoint Spark has planned a batch into.
     root = store.path(checkpoint)
     store.write_atomic(root / "metadata", json.dumps({"id": "q"}) + "\n")
     store.write_atomic(root / "offsets" / "0", 'v1\n{"batchWatermarkMs":0}\n{"intake":{"0":1}}\n')
-    assert ckpt.check(settings, checkpoint, {0: 1}) == "resume"
+    assert ckpt.check(settings, checkpoint, lambda: {0: 1}) == "resume"
     # The delayOffset view (`delayq offsets`) reads Spark's logs there too.
     store.write_atomic(root / "commits" / "0", 'v1\n{"nextBatchWatermarkMs":0}\n')
     assert delay_offset_table(root, "intake") == {"offsetTable": {"1": 1}}
     assert ckpt.started_ms(checkpoint, "resume", now_ms=9_000) == 1_000
     moved = load_settings(**{**settings.model_dump(), "slot_ms": 500})
     with pytest.raises(ckpt.CheckpointError, match="slot_ms: 1000 in the checkpoint, 500 now"):
-        ckpt.check(moved, checkpoint, {0: 1})
+        ckpt.check(moved, checkpoint, lambda: {0: 1})
     store.write_atomic(root / "offsets" / "0", "torn")
     with pytest.raises(ckpt.CheckpointError, match="torn"):
-        ckpt.check(settings, checkpoint, {0: 1})
+        ckpt.check(settings, checkpoint, lambda: {0: 1})
 
 
 @pytest.mark.parametrize("where", ["hdfs", "local"])

@@ -29,33 +29,46 @@ def spark_checkpoint(path, batches=2):
 
 
 def test_a_new_checkpoint_on_a_new_intake_starts_fresh(tmp_path):
-    assert check(SETTINGS, str(tmp_path / "ckpt"), {}) == "fresh"
+    assert check(SETTINGS, str(tmp_path / "ckpt"), lambda: {}) == "fresh"
 
 
 def test_a_lost_checkpoint_is_refused_while_the_group_shows_an_earlier_run(tmp_path):
     with pytest.raises(CheckpointError, match=r"missing or empty.*0:42.*allow-fresh-checkpoint"):
-        check(SETTINGS, str(tmp_path / "ckpt"), {0: 42})
+        check(SETTINGS, str(tmp_path / "ckpt"), lambda: {0: 42})
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="missing or empty"):
-        check(SETTINGS, str(tmp_path / "empty"), {0: 42})
-    assert check(SETTINGS, str(tmp_path / "ckpt"), {0: 42}, allow_fresh=True) == "fresh"
+        check(SETTINGS, str(tmp_path / "empty"), lambda: {0: 42})
+    assert check(SETTINGS, str(tmp_path / "ckpt"), lambda: {0: 42}, allow_fresh=True) == "fresh"
+
+
+def test_the_group_is_asked_only_for_a_missing_checkpoint_and_its_refusal_stops_the_start(
+        tmp_path):
+    def unreadable():
+        raise CheckpointError("consumer group delayq.x could not be read")
+
+    with pytest.raises(CheckpointError, match="could not be read"):
+        check(SETTINGS, str(tmp_path / "ckpt"), unreadable)
+    assert check(SETTINGS, str(tmp_path / "ckpt"), unreadable, allow_fresh=True) == "fresh"
+    ckpt = spark_checkpoint(tmp_path / "kept")
+    write_stamp(SETTINGS, ckpt)
+    assert check(SETTINGS, ckpt, unreadable) == "resume"
 
 
 def test_an_existing_checkpoint_resumes_under_the_same_settings(tmp_path):
     ckpt = spark_checkpoint(tmp_path / "ckpt")
     write_stamp(SETTINGS, ckpt)
-    assert check(SETTINGS, ckpt, {0: 1}) == "resume"
+    assert check(SETTINGS, ckpt, lambda: {0: 1}) == "resume"
 
 
 def test_the_checkpoint_s_first_start_is_kept_across_restarts(tmp_path):
     """Level messages due before it pass through without state, which keeps due order only if
     the moment is the checkpoint's first start, for every run on that checkpoint."""
     ckpt = str(tmp_path / "ckpt")
-    first = started_ms(ckpt, check(SETTINGS, ckpt, {}), now_ms=1_000)
+    first = started_ms(ckpt, check(SETTINGS, ckpt, lambda: {}), now_ms=1_000)
     assert first == 1_000, "a fresh checkpoint starts now"
     write_stamp(SETTINGS, ckpt, first)
     spark_checkpoint(tmp_path / "ckpt")
-    assert started_ms(ckpt, check(SETTINGS, ckpt, {0: 1}), now_ms=9_000) == 1_000, \
+    assert started_ms(ckpt, check(SETTINGS, ckpt, lambda: {0: 1}), now_ms=9_000) == 1_000, \
         "a resumed one keeps its first start"
     stamp = json.loads((tmp_path / "ckpt" / STAMP).read_text())
     del stamp["started_ms"]
@@ -89,7 +102,7 @@ def test_a_checkpoint_with_wheel_state_of_another_format_is_refused(tmp_path):
     stamp.write_text(json.dumps(old))
     with pytest.raises(CheckpointError, match=rf"wheel state in format 1; this delayq reads "
                                               rf"format {STATE_FORMAT}\. Let that checkpoint drain"):
-        check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
+        check(SETTINGS, ckpt, lambda: {0: 1}, allow_config_change=True)
 
 
 @pytest.mark.parametrize("was", [4, 5])
@@ -103,7 +116,7 @@ def test_a_checkpoint_of_an_earlier_wheel_is_refused_not_handed_to_spark(tmp_pat
     stamp.write_text(json.dumps(old))
     with pytest.raises(CheckpointError, match=rf"wheel state in format {was}; .*Let that "
                                               rf"checkpoint drain .*delayq_pending_messages is 0"):
-        check(SETTINGS, ckpt, {0: 1})
+        check(SETTINGS, ckpt, lambda: {0: 1})
 
 
 def test_wheel_state_without_a_stamp_is_refused(tmp_path):
@@ -111,7 +124,7 @@ def test_wheel_state_without_a_stamp_is_refused(tmp_path):
     ckpt = spark_checkpoint(tmp_path / "ckpt")
     (tmp_path / "ckpt" / "state" / "0").mkdir(parents=True)
     with pytest.raises(CheckpointError, match=r"wheel state in format 1; .*Let that checkpoint"):
-        check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
+        check(SETTINGS, ckpt, lambda: {0: 1}, allow_config_change=True)
 
 
 def test_a_checkpoint_of_another_spark_line_is_refused_with_how_to_drain_it(tmp_path):
@@ -119,11 +132,11 @@ def test_a_checkpoint_of_another_spark_line_is_refused_with_how_to_drain_it(tmp_
     stamp = tmp_path / "ckpt" / "delayq.json"
     write_stamp(SETTINGS, ckpt)
     assert json.loads(stamp.read_text())["spark"] == spark_line()
-    assert check(SETTINGS, ckpt, {0: 1}) == "resume"
+    assert check(SETTINGS, ckpt, lambda: {0: 1}) == "resume"
     stamp.write_text(json.dumps({**json.loads(stamp.read_text()), "spark": "4.1"}))
     with pytest.raises(CheckpointError, match=rf"written on Spark 4\.1; this delayq runs Spark "
                                               rf"{spark_line()}.*Let that checkpoint drain"):
-        check(SETTINGS, ckpt, {0: 1}, allow_config_change=True)
+        check(SETTINGS, ckpt, lambda: {0: 1}, allow_config_change=True)
 
 
 @pytest.mark.parametrize("damage", ["offsets", "commits", "metadata"])
@@ -134,7 +147,7 @@ def test_a_torn_checkpoint_is_refused(tmp_path, damage):
               "metadata": tmp_path / "ckpt" / "metadata"}[damage]
     target.write_bytes(b"\x00\x00garbage{")
     with pytest.raises(CheckpointError, match="unreadable"):
-        check(SETTINGS, ckpt, {})
+        check(SETTINGS, ckpt, lambda: {})
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
@@ -143,7 +156,7 @@ def test_a_checkpoint_without_access_is_refused(tmp_path):
     os.chmod(tmp_path / "ckpt" / "offsets", 0)
     try:
         with pytest.raises(CheckpointError, match="no read/write access"):
-            check(SETTINGS, ckpt, {})
+            check(SETTINGS, ckpt, lambda: {})
     finally:
         os.chmod(tmp_path / "ckpt" / "offsets", 0o755)
 
@@ -151,7 +164,7 @@ def test_a_checkpoint_without_access_is_refused(tmp_path):
 def test_a_checkpoint_that_is_not_a_folder_is_refused(tmp_path):
     (tmp_path / "ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError, match="not a folder"):
-        check(SETTINGS, str(tmp_path / "ckpt"), {0: 1})
+        check(SETTINGS, str(tmp_path / "ckpt"), lambda: {0: 1})
 
 
 def test_an_uncommitted_intake_partition_starts_at_the_wheel_only_where_the_wheel_had_it(tmp_path):

@@ -70,3 +70,17 @@ def test_a_start_no_broker_answers_says_so_in_one_line_and_exits_non_zero(tmp_pa
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"delayq: no Kafka broker answers at 127.0.0.1:{port}")
     assert "DELAYQ_BOOTSTRAP_SERVERS" in lines[0]
+
+
+def test_librdkafkas_own_lines_are_delayqs_and_what_it_retries_is_debug(clean_logging, capsys):
+    from streaming.kafka.config import ClientLog
+
+    cli.log_to_stderr("INFO")
+    client = ClientLog()   # as confluent-kafka calls it: level, format, facility, client, text
+    client.log(logging.WARNING, "%s [%s] %s", "GETPID", "rdkafka#producer-2",
+               "Failed to acquire transactional PID from broker: Not coordinator: retrying")
+    client.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "Connection refused")
+    client.log(logging.ERROR, "%s [%s] %s", "SASL", "rdkafka#producer-1", "Authentication failed")
+    err = capsys.readouterr().err
+    assert "GETPID" not in err and "Connection refused" not in err, err
+    assert "ERROR streaming.kafka.client: SASL [rdkafka#producer-1] Authentication failed" in err

@@ -208,3 +208,40 @@ def test_an_offset_past_half_the_tolerance_is_said_once_and_its_return_too(caplo
     assert "31.0 s ahead of the broker's (ledger), more than half of clock_tolerance (60 s)" \
         in said[0][1]
     assert "2.0 s ahead" in said[1][1] and "within half" in said[1][1]
+
+
+class _Unreadable:
+    """A consumer of a ledger partition whose records never come: each poll reports `error`."""
+
+    def __init__(self, error: KafkaError):
+        self.error, self.assigned = error, None
+
+    def get_watermark_offsets(self, tp, timeout):
+        return 0, 10
+
+    def assign(self, parts):
+        self.assigned = parts
+
+    def unassign(self):
+        self.assigned = None
+
+    def consume(self, n, timeout):
+        return [SimpleNamespace(error=lambda: self.error)]
+
+    def position(self, parts):
+        return [SimpleNamespace(offset=0)]
+
+
+def test_the_restart_skip_reads_the_whole_ledger_or_fails_the_task():
+    from confluent_kafka import KafkaException, TopicPartition
+
+    from streaming.dispatch.start import in_ledger
+
+    ledger = TopicPartition("x.LEDGER", 0)
+    slow = _Unreadable(KafkaError(KafkaError._TRANSPORT))   # transient: waited out, then fails
+    with pytest.raises(DispatchError, match=r"ledger partition 0 only to offset 0 of 10 in 0 s"):
+        in_ledger(slow, ledger, None, "x", None, deadline_s=0.2)
+    assert slow.assigned is None
+    denied = _Unreadable(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))   # at once
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        in_ledger(denied, ledger, None, "x", None, deadline_s=60)

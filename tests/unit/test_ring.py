@@ -73,7 +73,7 @@ def ring(task: int = 1) -> Ring:
     ring = Ring.__new__(Ring)   # no consumer: the rules only
     ring.config, ring.task, ring.ends, ring.reading, ring.dirty = CONFIG, task, {}, None, set()
     ring.written, ring.until, ring.read_to, ring.seen = {}, 0, None, set()
-    ring.held_instead, ring.first_turn_until = set(), 0
+    ring.held_instead, ring.first_turn_until, ring.read_batch = set(), 0, 250
     return ring
 
 
@@ -111,6 +111,16 @@ def test_the_next_slot_opens_its_lead_before_it_starts_and_an_empty_one_is_passe
     assert r.next_slot == 52 and r.reading is None
 
 
+def test_a_slot_holding_a_burst_opens_earlier_by_its_records():
+    r = ring()
+    r.config = RingConfig("in.TIMERS", slots=6, slot_ms=2_000, lead_ms=1_000,
+                          lead_per_message_us=80)
+    r.next_slot = 51   # starts at 102,000: read from 101,000, and 8 s earlier for 100,000 rows
+    assert r.due_to_open(now_ms=100_999, unread=0) is None
+    assert r.due_to_open(now_ms=92_999, unread=100_000) is None
+    assert r.due_to_open(now_ms=93_000, unread=100_000) == 51
+
+
 def test_a_ring_record_reads_back_as_the_row_written_its_source_the_ring():
     for qid in (3, None):
         row = timer(123_456, qid)
@@ -128,7 +138,7 @@ def test_a_slot_is_read_past_what_the_task_committed_there_and_its_markers():
     r = ring()
     r.next_slot, r.ends[r.partition(51)] = 51, 3
     rows = [Record(timer(102_100 + i), offset=i, partition=r.partition(51)) for i in range(3)]
-    r.consumer = Consumer([rows[0], End(1)], [*rows[1:], End(4)])
+    r.consumer = Consumer([rows[0], End(1)], [], [*rows[1:], End(4)])   # [] : nothing fetched
     r.open(51, position=0)
     assert len(r.pump()) == 1 and r.reading is not None, "ended short: still reading"
     assert len(r.pump()) == 2 and r.reading is None and r.next_slot == 52
