@@ -15,7 +15,7 @@ from streaming.wheel.query import pending_by_level, wheel_state
 from streaming.wheel.offsets import delay_offset_table
 from streaming.producer import DelayProducer
 from tests.integration.conftest import Sent
-from tests.support import assert_eventually, check_deliveries, consume_all, header_map
+from tests.support import LATE_MS, assert_eventually, check_deliveries, consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
 
@@ -101,8 +101,8 @@ def test_idle_intake_still_delivers(job_settings, start_job, new_topic, kafka_bo
 
 
 def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap,
-                            restart_after: int | None = None, checkpoint: str | None = None
-                            ) -> list:
+                            restart_after: int | None = None, checkpoint: str | None = None,
+                            late_ms: int = LATE_MS) -> list:
     """30 level messages over levels 1-3 and a timer due 12 s after it is sent, on an intake
     no job has read; a new job started once the 30 are overdue (stopped once it has taken in
     `restart_after` of them, and started again on its checkpoint). Checks that all arrive, as
@@ -128,7 +128,7 @@ def _job_on_overdue_backlog(settings, real, start_job, kafka_bootstrap,
         start_job(settings, checkpoint=checkpoint, on_batch=summaries.append)
         up_ms = int(time.time() * 1000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=3)
-    check_deliveries(records, sent, after_ms=up_ms)
+    check_deliveries(records, sent, late_ms=late_ms, after_ms=up_ms)
     due_by_level: dict[int, list] = {}
     for record in sorted(records, key=lambda r: r.offset):
         uniq = header_map(record)["UNIQ_KEY"].decode()
@@ -163,8 +163,9 @@ def test_a_backlog_read_over_many_batches_never_enters_the_state(
     first start pass through as they are read, in every batch, not only the first; none is
     ever pending in the state, and each level still leaves in due order."""
     settings = job_settings(max_offsets_per_trigger=6)
+    # Six records a batch, heartbeats included: the backlog's last leaves many batches in.
     summaries = _job_on_overdue_backlog(settings, new_topic(partitions=1, **LOG_APPEND),
-                                        start_job, kafka_bootstrap)
+                                        start_job, kafka_bootstrap, late_ms=30_000)
     taking = [s for s in summaries if any(s.received_by_level.get(lv) for lv in (1, 2, 3))]
     assert len(taking) >= 3, f"the backlog was read over {len(taking)} batches"
     pending = [(s.batch_id, s.pending_delta_by_level) for s in taking
@@ -181,7 +182,7 @@ def test_a_backlog_keeps_passing_through_after_a_restart_on_its_checkpoint(
     checkpoint = str(work_dir / f"ckpt-backlog-{settings.intake_topic}")
     summaries = _job_on_overdue_backlog(settings, new_topic(partitions=1, **LOG_APPEND),
                                         start_job, kafka_bootstrap, restart_after=6,
-                                        checkpoint=checkpoint)
+                                        checkpoint=checkpoint, late_ms=30_000)   # 3 a batch
     pending = [(s.batch_id, s.pending_delta_by_level) for s in summaries
                if any(s.pending_delta_by_level.get(lv, 0) > 0 for lv in (1, 2, 3))]
     assert not pending, f"overdue level messages went into the state: {pending}"
