@@ -33,6 +33,18 @@ def own_broker(work_dir):
     broker.stop(spec)
 
 
+def running_under_load(job, settings) -> tuple[str, SteadyLoad]:
+    """A real topic of two partitions, the job started, a steady load sent to it."""
+    admin = admin_client(settings)
+    real = f"real-{settings.intake_topic}"
+    create_topic(admin, real, 2, LOG_APPEND)
+    admin.close()
+    job.start()
+    load = SteadyLoad(settings, real, interval_s=0.05)
+    load.start()
+    return real, load
+
+
 # After a broker outage, how long past its end (or its due time) a message may arrive: the
 # clients reconnect, open transactions abort and are sent again.
 OUTAGE_LATE_MS = 20_000
@@ -43,13 +55,7 @@ def test_broker_stopped_or_hung_under_load_loses_nothing(own_broker, job_process
     """The broker stopped and started again 10 s later, or hung (SIGSTOP, as a network partition
     looks to a client: nothing answers, nothing refuses) for 20 s and resumed."""
     job, settings = job_process(bootstrap_servers=own_broker.bootstrap)
-    admin = admin_client(settings)
-    real = f"real-{settings.intake_topic}"
-    create_topic(admin, real, 2, LOG_APPEND)
-    admin.close()
-    job.start()
-    load = SteadyLoad(settings, real, interval_s=0.05)
-    load.start()
+    real, load = running_under_load(job, settings)
     time.sleep(6)
     before = len(load.sent)
     down_at = time.time()
@@ -157,13 +163,7 @@ def test_the_ledger_table_unwritable_stops_the_job_and_a_restart_after_the_fix_l
     from pathlib import Path
 
     job, settings = job_process()
-    admin = admin_client(settings)
-    real = f"real-{settings.intake_topic}"
-    create_topic(admin, real, 2, LOG_APPEND)
-    admin.close()
-    job.start()
-    load = SteadyLoad(settings, real, interval_s=0.05)
-    load.start()
+    real, load = running_under_load(job, settings)
     log_dir = Path(settings.ledger_path) / "_delta_log"
     assert_eventually(lambda: log_dir.is_dir(), timeout_s=60, message="the ledger's first rows")
     moved = log_dir.with_name("_delta_log.moved")
