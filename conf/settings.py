@@ -84,6 +84,7 @@ class Settings(BaseSettings):
     dispatch_max_held: PositiveInt
     dispatch_gather_ms: PositiveInt
     dispatch_topic_wait_ms: PositiveInt
+    dispatch_ack_check_ms: PositiveInt
     dispatch_max_failures: PositiveInt
     dispatch_failure_window: Duration
     dispatch_restart_backoff: Levels

@@ -76,6 +76,7 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           clock_tolerance_ms=settings.clock_tolerance_ms,
                           intake_refresh_s=settings.dispatch_intake_refresh_ms / 1000,
                           skip_deadline_s=settings.dispatch_skip_deadline_s,
+                          ack_check_s=settings.dispatch_ack_check_ms / 1000,
                           intake_topic=settings.intake_topic, rules=rules,
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start,

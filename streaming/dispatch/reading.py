@@ -16,6 +16,7 @@ from streaming.dispatch.ring import Ring
 from streaming.dispatch.start import (CANCEL_SETTLED, IN_RING, TARGET_DONE, committed,
                                       in_ledger, owned_partitions, retrying)
 from state.envelope import TIMER_LEVEL
+from state.split import due_after
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class Reading:
         # Cancels of what the task holds or will hold, kept a window past their target's due.
         self.tombstones = Tombstones(max(config.direct_max_delay_ms, 0))
         self._known_below = 0   # ready rows below this were done before the start (`Refired`)
-        self._gathered: list = []   # intake records read and not yet parsed (`gather_s`)
+        self._gathered: list = []   # intake records read and not yet parsed (`_consume`)
         self._gathered_since = 0.0
 
     def _resume(self) -> dict[tuple[str, int], int]:
@@ -60,8 +61,11 @@ class Reading:
         return done
 
     def _consume(self, wait_s: float, done: dict[tuple[str, int], int]) -> None:
-        """The ready partition's records and the intake's the task reads itself (gathered, and
-        parsed together every `gather_s`), waiting up to `wait_s` for the first."""
+        """The ready partition's records and the intake's the task reads itself, waiting up to
+        `wait_s` for the first. The intake's are gathered and parsed together every `gather_s`
+        (a parse costs about 0.6 ms however few its records), at once when one may be due
+        before that (`_due_soon`)."""
+        urgent = False
         for msg in self.consumer.consume(self.config.read_batch, timeout=wait_s):
             if msg.error():   # the client's own report; it reconnects and goes on
                 if msg.error().fatal():
@@ -73,10 +77,20 @@ class Reading:
                 if not self._gathered:
                     self._gathered_since = time.monotonic()
                 self._gathered.append(msg)
-        if self._gathered and (len(self._gathered) >= self.config.read_batch or
+                urgent = urgent or self._due_soon(msg)
+        if self._gathered and (urgent or len(self._gathered) >= self.config.read_batch or
                                time.monotonic() - self._gathered_since >= self.config.gather_s):
             intake, self._gathered = self._gathered, []
             self._take_intake(intake, done)
+
+    def _due_soon(self, msg) -> bool:
+        """Whether an intake record may be due (or name a cancel's target due) within twice
+        `gather_s`, by its headers alone: an immediate message, a past or imminent timer (at
+        5,000 timers/s, past ones waited 110 ms at p50 gathered, 39 parsed at every turn; levels
+        1-4 parsed at every turn cost the workers 18% more CPU)."""
+        append = msg.timestamp()[1]
+        after = due_after(msg.headers(), append, self.config.rules.level_delays_ms)[0]
+        return after is not None and append + after <= self._now_ms() + 2000 * self.config.gather_s
 
     def _pace(self) -> None:
         """Bounded memory: stop reading while too many rows are held."""

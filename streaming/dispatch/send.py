@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Callable
 
 from confluent_kafka import KafkaException
@@ -26,11 +27,15 @@ class Sending:
         self._sender = [(SENDER, sender())]
         self._last_ack = 0.0
         self._refused: set = set()   # a dead letter's (source, offset), a ledger send: said once
+        self.unacked: Counter[str] = Counter()   # records queued and not yet acked, by topic
 
     def _produce(self, topic: str, partition: int | None, row: Row, headers, callback) -> bool:
         """`row` to the producer, stamped with the broker's clock here, never before its due."""
-        sent_ms = self._now_ms()
-        report = lambda err, msg: callback(err, msg, row, sent_ms)
+        sent_ms, unacked = self._now_ms(), self.unacked
+
+        def report(err, msg):
+            unacked[topic] -= 1
+            callback(err, msg, row, sent_ms)
         try:   # partition -1: librdkafka's partitioner places it
             self.producer.produce(topic, row.value, row.key, -1 if partition is None else partition,
                                   on_delivery=report, headers=headers,
@@ -41,6 +46,7 @@ class Sending:
         except KafkaException as e:   # refused before it was queued (no such partition)
             callback(e.args[0], None, row, sent_ms)
             return True
+        unacked[topic] += 1
         if self.txn:
             self.in_transaction = True
         return True

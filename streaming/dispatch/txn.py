@@ -29,8 +29,10 @@ class Refusals:
         self.unringed: set[tuple] = set()     # held, not written to the ring that refused it
 
 
-# A topic found missing is looked up again at most this often.
+# A topic found missing is looked up again at most this often, each look-up waiting this long
+# at most for the broker's answer (the task's loop waits meanwhile).
 _LOOK_AGAIN_S = 0.5
+_LOOK_UP_S = 2.0
 
 
 class Transactions:
@@ -42,9 +44,9 @@ class Transactions:
         self.refusals, self.doomed, self.in_transaction = refusals, None, False
         self._offsets_at = time.monotonic()   # when the offsets were last committed
         self.at_commit = (0, 0)   # `sent` and `dead` at the last commit
-        # Topics known to exist, and those found missing: (first seen, last looked up).
+        # Topics known to exist, and those not: (first found missing or None, last looked up).
         self._topics: set[str] = set()
-        self._missing: dict[str, tuple[float, float]] = {}
+        self._missing: dict[str, tuple[float | None, float]] = {}
 
     def _topic_ready(self, row: Row) -> bool:
         """Whether `row`'s topic exists; if not, the row waits aside, then is dead-lettered after
@@ -52,16 +54,22 @@ class Transactions:
         topic = row.topic
         if topic in self._topics:
             return True
-        first, looked = self._missing.get(topic, (time.monotonic(), 0.0))
+        first, looked = self._missing.get(topic, (None, 0.0))
         if time.monotonic() - looked >= _LOOK_AGAIN_S:
-            found = self.producer.list_topics(topic, timeout=10).topics.get(topic)
+            try:
+                found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
+            except KafkaException:   # no answer (the broker away): not an answer that it is gone
+                self._missing[topic] = first, time.monotonic()
+                self._later(lambda: self._hold(row), _LOOK_AGAIN_S)
+                return False
             if found is not None and found.error is None and found.partitions:
                 self._topics.add(topic)
                 self._missing.pop(topic, None)
                 return True
+            first = time.monotonic() if first is None else first
             self._missing[topic] = first, time.monotonic()
         wait_s = self.config.producer.get("topic.metadata.propagation.max.ms", 30_000) / 1000
-        if time.monotonic() - first >= wait_s:
+        if first is not None and time.monotonic() - first >= wait_s:
             self._dead_letter(row, refusal(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), row))
         else:
             self._later(lambda: self._hold(row), _LOOK_AGAIN_S)
@@ -93,7 +101,7 @@ class Transactions:
         for _ in range(100):   # records the full queue put back, queued before the commit
             self._release(force=True)
             self._await_acks()
-            if not self.retry:
+            if not self.retry or self.doomed:
                 break
         else:
             self.doomed = self.doomed or "the producer's queue stayed full"
@@ -110,15 +118,35 @@ class Transactions:
 
     def _await_acks(self) -> None:
         """Every queued record acknowledged and every acked row's ledger record queued (the broker
-        away: librdkafka resumes, and this waits)."""
+        away: librdkafka resumes, and this waits), unless a topic records wait for is gone."""
         self._ledger(force=True)
-        waited = time.monotonic()
+        start = checked = time.monotonic()
         while self.producer.flush(0.1) and not self.doomed:
             self._ledger(force=True)
-            if time.monotonic() - waited >= 30:
+            if time.monotonic() - checked >= self.config.ack_check_s:
+                checked = time.monotonic()
+                if gone := self._gone([topic for topic, n in self.unacked.items() if n > 0]):
+                    self.doomed = f"records to {', '.join(gone)}, which no longer exists, " \
+                                  f"unacknowledged for {checked - start:.0f} s"
+                    return
+            if time.monotonic() - start >= 30:
                 log.warning("dispatch %d: records unacknowledged for 30 s; waiting", self.partition)
-                waited = time.monotonic()
+                start = time.monotonic()
         self._ledger(force=True)
+
+    def _gone(self, topics: list[str]) -> list[str]:
+        """The `topics` the broker says do not exist (no answer: none, the broker away)."""
+        gone = []
+        for topic in topics:
+            try:
+                found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
+            except KafkaException:
+                return []
+            if found is None or found.error is not None and \
+                    found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                gone.append(topic)
+                self._topics.discard(topic)
+        return gone
 
     def _commit(self, final: bool = False) -> None:
         """Commit the commit point (a transient failure waits for the next). exactly_once: the

@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 
-from pyspark.accumulators import AddingAccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -21,9 +20,6 @@ from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.dispatch.cancels import CANCELLED, MISSED
 
 log = logging.getLogger(__name__)
-# A ledger row's group in the counts; "direct": read from the intake by the dispatch itself
-# (dispatch/direct.py), never seen by the wheel, so counted as received here.
-_GROUP = ("status", "level", "reason", "direct")
 
 
 @dataclass(frozen=True)
@@ -47,56 +43,43 @@ def ledger_stream(spark: SparkSession, config: LedgerConfig) -> DataFrame:
     return raw.filter(F.length("value") > 0).select("value")
 
 
-def decoding(counts):
-    """mapInArrow: the ledger rows of the records, counted into the accumulator `counts` by
-    status, level and reason (rows, lateness sum and per histogram bucket)."""
-    def decode(batches):
-        import pyarrow as pa
-        import pyarrow.compute as pc
+def decode(batches):
+    """mapInArrow: the ledger rows of the records."""
+    import pyarrow as pa
 
-        from streaming.ledger.records import ledger_rows
+    from streaming.ledger.records import ledger_rows
 
-        found = []
-        for batch in batches:
-            tables = [ledger_rows(record) for record in batch.column("value").to_pylist()]
-            if not tables:
-                continue
-            table = pa.concat_tables(tables)
-            if table.num_rows:
-                found.extend(_count(table, pc))   # once per Arrow batch, not per record
-            yield from table.to_batches()
-        if found:
-            counts.add(found)
-    return decode
+    for batch in batches:
+        tables = [ledger_rows(record) for record in batch.column("value").to_pylist()]
+        if tables:
+            yield from pa.concat_tables(tables).to_batches()
 
 
-def _count(table, pc) -> list[dict]:
-    lateness = pc.subtract(table.column("sent_ms"), table.column("due_ms"))
-    direct = pc.and_(pc.is_null(table.column("ready_offset")),   # neither fired nor ringed
-                     pc.is_null(table.column("ring_offset")))
-    keyed = (table.select(list(_GROUP[:-1])).append_column("direct", direct)
-             .append_column("lateness", lateness))
-    for i, bound in enumerate(LATENESS_BUCKETS):
-        keyed = keyed.append_column(
-            f"le{i}", pc.cast(pc.less_equal(lateness, int(bound * 1000)), "int64"))
-    aggs = [([], "count_all"), ("lateness", "sum")] + [
-        (f"le{i}", "sum") for i in range(len(LATENESS_BUCKETS))]
-    return keyed.group_by(list(_GROUP), use_threads=False).aggregate(aggs).to_pylist()
+def counted(rows: DataFrame) -> list[dict]:
+    """The batch's ledger rows counted by status, level, reason and whether the dispatch read
+    them from the intake itself: rows, lateness sum and per histogram bucket. An aggregation of
+    the committed rows (not an accumulator: a retried task would count its rows again)."""
+    lateness = F.col("sent_ms") - F.col("due_ms")
+    # Read from the intake by the dispatch itself (dispatch/direct.py): neither fired by the
+    # wheel nor ringed, so never seen by the wheel, and counted as received here.
+    direct = F.col("ready_offset").isNull() & F.col("ring_offset").isNull()
+    return [row.asDict() for row in rows.groupBy(
+        "status", "level", "reason", direct.alias("direct")).agg(
+        F.count(F.lit(1)).alias("count_all"), F.sum(lateness).alias("lateness_sum"),
+        *(F.sum((lateness <= int(bound * 1000)).cast("long")).alias(f"le{i}_sum")
+          for i, bound in enumerate(LATENESS_BUCKETS))).collect()]
 
 
 class LedgerWriter:
     """foreachBatch of the ledger query."""
 
-    def __init__(self, spark: SparkSession, config: LedgerConfig, checkpoint: str,
-                 metrics: Metrics | None):
+    def __init__(self, config: LedgerConfig, checkpoint: str, metrics: Metrics | None):
         from pyspark.sql.pandas.types import from_arrow_schema
 
         from streaming.ledger.records import ledger_schema
 
         self.config, self.checkpoint, self.metrics = config, checkpoint, metrics
         self._schema = from_arrow_schema(ledger_schema())
-        # A list accumulator: the tasks' lists concatenated.
-        self._counts = spark.sparkContext.accumulator([], AddingAccumulatorParam([]))
         # A clean stop (finish): set once it began; `idle` is clear while a batch runs.
         self.stopping = False
         self.idle = threading.Event()
@@ -126,20 +109,21 @@ class LedgerWriter:
 
     def _write(self, batch: DataFrame, batch_id: int) -> None:
         now_ms = int(time.time() * 1000)
-        self._counts.value = []
-        rows = batch.mapInArrow(decoding(self._counts), self._schema)
-        if not self.config.tables:   # the delivery metrics only
-            rows.write.format("noop").mode("append").save()
-        else:
-            self._append(rows, batch_id, now_ms)
-        summary = self._summary(batch_id, self._counts.value)
-        if summary.count("dead") and self.config.tables:
-            # Rows the dispatch could not deliver (the real topic refused them), as they came,
-            # to the dead-letter table beside those the wheel rejected (decoded again: what it
-            # adds to the counts is read no more).
-            dead = rows.filter(F.col("status") == "dead").select(*dead_letter_columns(batch_id))
-            append_once(dead, self.config.dead_letter_path, self._query_id,
-                        batch_id, ("dead_date",))
+        # Decoded once for the appends and the counts (a batch's rows: a ledger interval's).
+        rows = batch.mapInArrow(decode, self._schema).persist()
+        try:
+            if self.config.tables:
+                self._append(rows, batch_id, now_ms)
+            summary = self._summary(batch_id, counted(rows))
+            if summary.count("dead") and self.config.tables:
+                # Rows the dispatch could not deliver (the real topic refused them), as they
+                # came, to the dead-letter table beside those the wheel rejected.
+                dead = rows.filter(F.col("status") == "dead").select(
+                    *dead_letter_columns(batch_id))
+                append_once(dead, self.config.dead_letter_path, self._query_id,
+                            batch_id, ("dead_date",))
+        finally:
+            rows.unpersist()
         if self.metrics is not None:
             self.metrics.observe_batch(summary)
 
@@ -180,7 +164,7 @@ class LedgerWriter:
 def start_ledger_query(spark: SparkSession, config: LedgerConfig, checkpoint: str,
                        metrics: Metrics | None, name: str) -> tuple[StreamingQuery, LedgerWriter]:
     location = checkpoint.rstrip("/") + "-ledger"   # the ledger query's, beside the wheel's
-    writer = LedgerWriter(spark, config, location, metrics)
+    writer = LedgerWriter(config, location, metrics)
     return (ledger_stream(spark, config).writeStream.queryName(name).foreachBatch(writer)
             .option("checkpointLocation", location)
             .trigger(processingTime=f"{config.interval_ms} milliseconds")

@@ -6,6 +6,7 @@ import time
 import subprocess
 import sys
 
+import pytest
 from kafka import KafkaProducer
 
 from streaming.ledger import lookup
@@ -186,7 +187,7 @@ def test_a_ledger_table_from_before_the_offset_column_gains_it_at_the_next_appen
     checkpoint = settings.data_path / "ckpt"
     checkpoint.mkdir(parents=True)
     (checkpoint / "metadata").write_text('{"id": "upgrade-test"}\n')   # the query's id
-    writer = LedgerWriter(spark, ledger_config_of(settings), str(checkpoint), None)
+    writer = LedgerWriter(ledger_config_of(settings), str(checkpoint), None)
 
     def decoded(keys, landed):
         acked = [(Row(1_000, 0, i, i, "orders", None, None, b"v", [], 1, 900, key), 1_005, None,
@@ -207,3 +208,36 @@ def test_a_ledger_table_from_before_the_offset_column_gains_it_at_the_next_appen
     got = {r["uniq_key"]: (r["partition"], r["offset"]) for r in
            spark.read.format("delta").load(str(settings.ledger_path)).collect()}
     assert got == {"old-1": (None, None), "old-2": (None, None), "new-1": (3, 77)}
+
+
+def test_the_delivery_counts_are_an_aggregation_of_the_batch_s_ledger_rows(job_settings, spark):
+    """The counts behind the delivery metrics come from the batch's rows (a Spark aggregation,
+    not an accumulator a retried task adds to twice): deliveries by level, dead letters by
+    reason, the direct rows as received, and the lateness histogram."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from sinks.metrics import LATENESS_BUCKETS
+    from streaming.dispatch.rules import Row
+    from streaming.ledger.query import LedgerWriter, counted
+    from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
+
+    def row(key, level, due, direct=True):
+        return Row(due, 0, 1, 7, "orders", None, None, b"v", [], level, due - 100, key,
+                   source=("intake", 0) if direct else None)
+
+    acked = [(row("a", 1, 1_000), 1_005, None, (0, 1)),            # direct, 5 ms late
+             (row("b", 1, 1_000), 3_000, None, (0, 2)),            # direct, 2 s late
+             (row("c", 2, 1_000, direct=False), 1_040, None, (0, 3)),   # fired, 40 ms late
+             (row("d", 1, 1_000), 1_000, "unknown_topic: gone", None)]  # direct, dead
+    [(_, record)] = ledger_chunks(acked, 100, 1_000_000)
+    rows = spark.createDataFrame(ledger_rows(record).to_pandas(),
+                                 from_arrow_schema(ledger_schema()))
+    summary = LedgerWriter._summary(9, counted(rows))
+    assert summary.count("deliver") == 3 and summary.count("dead") == 1
+    assert summary.delivered_by_level == {1: 2, 2: 1}
+    assert summary.received_by_level == {1: 3}, "the direct rows, dead ones too"
+    assert summary.dead_by_reason == {"unknown_topic": 1}
+    buckets, total, seconds = summary.lateness
+    assert total == 3 and seconds == pytest.approx(2.045)
+    assert [n for bound, n in zip(LATENESS_BUCKETS, buckets) if bound in (0.01, 0.05, 2.0)] \
+        == [1, 2, 3]

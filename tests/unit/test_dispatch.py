@@ -245,3 +245,36 @@ def test_the_restart_skip_reads_the_whole_ledger_or_fails_the_task():
     denied = _Unreadable(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))   # at once
     with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
         in_ledger(denied, ledger, None, "x", None, deadline_s=60)
+
+
+def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topic_does():
+    """A REAL_TOPIC not known yet is looked up: no answer in time (the broker away) keeps the
+    row aside, never dead-lettered for it; an answer that the topic does not exist dead-letters
+    the row once the producer's own wait has passed since that answer."""
+    from confluent_kafka import KafkaException
+
+    from streaming.dispatch.txn import Transactions
+
+    class Metadata:
+        answer: object = KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+        def list_topics(self, topic, timeout):
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return SimpleNamespace(topics=self.answer)
+
+    task = Transactions.__new__(Transactions)
+    Transactions.__init__(task, None)
+    task.producer = Metadata()
+    task.config = SimpleNamespace(producer={"topic.metadata.propagation.max.ms": 0})
+    held, dead = [], []
+    task._hold, task._dead_letter = held.append, lambda row, why: dead.append(why)
+    task._later = lambda send, delay_s: send()
+    row = Row(1000, 0, 1, 1, "gone", None, None, b"v", [], 1, 0, "u1")
+    assert task._topic_ready(row) is False and held == [row] and dead == []
+    task._missing["gone"] = (None, 0.0)   # looked up again now: it does not exist
+    task.producer.answer = {}
+    assert task._topic_ready(row) is False and dead and dead[0].startswith("unknown_topic")
+    task.producer.answer = {"here": SimpleNamespace(error=None, partitions={0: None})}
+    row.topic = "here"
+    assert task._topic_ready(row) is True and task._topic_ready(row) is True
