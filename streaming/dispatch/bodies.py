@@ -54,7 +54,8 @@ class Bodies:
         self._back: dict[int, int] = {}   # read partitions with a new reference behind them
         self._ended: dict[int, float] = {}   # partitions at their end with references beyond
         self._count = 0   # the intake's partitions, as its metadata last said
-        self._order: list[tuple] = []   # (due, ipart, ioff) of each want, lazily pruned
+        self._order: dict[int, list[tuple]] = {}   # ipart → a heap of its wants' (due, ipart,
+        # ioff), lazily pruned
         self.restored: list[Row] = []
         self.dead: list[tuple[Row, str]] = []
 
@@ -64,17 +65,23 @@ class Bodies:
         if not rows:
             heapq.heappush(self._offsets.setdefault(p, []), offset)
         rows.append(row)
-        heapq.heappush(self._order, (row.due_ms, p, offset))
+        heapq.heappush(self._order.setdefault(p, []), (row.due_ms, p, offset))
         if p in self.reading and offset < self.reading[p]:
             self._back[p] = min(offset, self._back.get(p, offset))
 
-    def first_wanted(self) -> tuple | None:
-        """The heap order (due, ipart, ioff) of the earliest reference without its body: no row
-        due after it is sent before it (one key's order)."""
-        order = self._order
-        while order and order[0][2] not in self.wants.get(order[0][1], ()):
+    def first_wanted(self, p: int | None = None) -> tuple | None:
+        """The heap order (due, ipart, ioff) of the earliest reference without its body, in
+        intake partition `p` (None: in any): no row of that partition due after it is sent
+        before it (one key's order)."""
+        if p is None:
+            return min(filter(None, map(self.first_wanted, list(self._order))), default=None)
+        order, wants = self._order.get(p), self.wants.get(p, ())
+        while order and order[0][2] not in wants:
             heapq.heappop(order)
-        return order[0] if order else None
+        if not order:
+            self._order.pop(p, None)
+            return None
+        return order[0]
 
     def pending(self) -> int:
         return sum(len(offsets) for offsets in self.wants.values())

@@ -94,7 +94,7 @@ class Reading:
 
     def _pace(self) -> None:
         """Bounded memory: stop reading while too many rows are held."""
-        held = len(self.heap) + self.bodies.pending()
+        held = self._holding() + self.bodies.pending()
         if not self.paused and held >= self.config.max_held:
             self.consumer.pause([self.ready, *self.intake])
             self.paused = True

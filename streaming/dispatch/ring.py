@@ -240,13 +240,13 @@ class Ringing:
             part = ring.partition(ring.next_slot)
             unread = ring.ends.get(part, 0) - self.offsets[(ring.config.topic, part)].position
             slot = ring.due_to_open(self._now_ms(), unread)
-            if slot is None or len(self.heap) >= self.config.max_held // 2:
+            if slot is None or self._holding() >= self.config.max_held // 2:
                 return
             if part in ring.dirty:
                 self._commit_transaction() if self.txn else self.producer.flush(30)
                 ring.dirty.clear()
             ring.open(slot, self.offsets[(ring.config.topic, part)].position)
-        if len(self.heap) >= self.config.max_held:   # bounded: the rest of the slot waits
+        if self._holding() >= self.config.max_held:   # bounded: the rest of the slot waits
             return
         rows = ring.pump()
         if ring.read_to is not None:   # its position past the markers, which retention may drop

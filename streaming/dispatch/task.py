@@ -68,6 +68,9 @@ class _Task(Reading, Ringing, Sending, Transactions):
                                  else config.producer)
         self.skew = Skew(config.ledger_topic, config.clock_tolerance_ms, clock=clock)
         self.heap: list[tuple] = []     # (*Row.order(), push number, row) of each held row
+        # Heap entries due, set aside behind a reference of their intake partition that waits
+        # for its body (`_send_due`): a heap per partition.
+        self.behind: dict[int, list[tuple]] = {}
         self._pushes = itertools.count()   # equal orders never compare their rows
         # Sends to try again later, (monotonic time, send): librdkafka retries what it queued,
         # not a record its full queue refused, a topic not yet known, or a dead letter refused.
@@ -146,21 +149,33 @@ class _Task(Reading, Ringing, Sending, Transactions):
             return 0.02
         return min(0.02, max(0.0, (self.heap[0][0] - self._now_ms()) / 1000))
 
+    def _holding(self) -> int:
+        """Rows held: in the heap and set aside behind a reference."""
+        return len(self.heap) + sum(map(len, self.behind.values()))
+
     def _hold(self, row: Row) -> None:
         heapq.heappush(self.heap, (*row.order(), next(self._pushes), row))
 
     def _send_due(self) -> None:
-        """Send the held rows due by the broker's clock, up to the first reference still
-        without its body, `read_batch` in a turn (a burst leaves in many transactions, each
-        visible to read_committed readers as it commits); none before that clock is measured."""
+        """Send the held rows due by the broker's clock, `read_batch` in a turn (a burst leaves
+        in many transactions, each visible to read_committed readers as it commits), none
+        before that clock is measured. A row due after a reference of its intake partition
+        still without its body waits aside for it (one key's order); the others go on."""
         if not self.skew.measured:
             return
         heap, pop, produce, delivered = self.heap, heapq.heappop, self._produce, self._delivered
+        if self.behind:
+            self._unblock()
         broker_ms, first = self.skew.broker_ms, self.bodies.first_wanted()
         refusals = self.refusals
         for _ in range(self.config.read_batch):
-            if not heap or heap[0][0] > broker_ms() or (first is not None and heap[0][:3] >= first):
+            if not heap or heap[0][0] > broker_ms():
                 return
+            if first is not None and heap[0][:3] >= first:
+                wanted = self.bodies.first_wanted(heap[0][1])
+                if wanted is not None and heap[0][:3] >= wanted:
+                    heapq.heappush(self.behind.setdefault(heap[0][1], []), pop(heap))
+                    continue
             row = pop(heap)[-1]
             if self.tombstones and (tomb := self.tombstones.drop(row)) is not None:
                 self._cancelled(row, tomb)
@@ -178,6 +193,16 @@ class _Task(Reading, Ringing, Sending, Transactions):
             if not produce(row.topic, row.partition, row, row.headers, delivered):
                 self._hold(row)   # the producer's queue is full: later
                 return
+
+    def _unblock(self) -> None:
+        """Rows set aside behind a reference back into the heap once it has its body (or is
+        dead-lettered): those before their partition's earliest reference still waiting."""
+        for p, entries in list(self.behind.items()):
+            wanted = self.bodies.first_wanted(p)
+            while entries and (wanted is None or entries[0][:3] < wanted):
+                heapq.heappush(self.heap, heapq.heappop(entries))
+            if not entries:
+                del self.behind[p]
 
     def _cancelled(self, row: Row, tomb: Tombstone) -> None:
         """`row` dropped by a cancel: its ledger row says so and settles the tombstone; a copy

@@ -59,7 +59,7 @@ class Transactions:
             try:
                 found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
             except KafkaException:   # no answer (the broker away): not an answer that it is gone
-                self._missing[topic] = first, time.monotonic()
+                self._missing[topic] = None, time.monotonic()
                 self._later(lambda: self._hold(row), _LOOK_AGAIN_S)
                 return False
             if found is not None and found.error is None and found.partitions:

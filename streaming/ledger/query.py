@@ -109,8 +109,9 @@ class LedgerWriter:
 
     def _write(self, batch: DataFrame, batch_id: int) -> None:
         now_ms = int(time.time() * 1000)
-        # Decoded once for the appends and the counts (a batch's rows: a ledger interval's).
-        rows = batch.mapInArrow(decode, self._schema).persist()
+        rows = batch.mapInArrow(decode, self._schema)
+        if self.config.tables:   # decoded once for the appends and the counts
+            rows = rows.persist()
         try:
             if self.config.tables:
                 self._append(rows, batch_id, now_ms)

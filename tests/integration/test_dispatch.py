@@ -643,6 +643,47 @@ def test_references_are_read_back_from_the_intake_and_a_record_gone_or_replaced_
     assert result and result[0]["dead"] == 6
 
 
+def test_a_reference_waiting_for_its_body_holds_back_only_its_own_intake_partition(
+        dispatch, kafka_bootstrap, new_topic):
+    """A reference past its intake partition's end waits END_WAIT_S (10 s) for its record,
+    then is dead-lettered: the rows of that partition due after it wait with it (one key's
+    order), those of the other partition leave on time."""
+    config, _ = dispatch
+    real, intake = config.real, new_topic(partitions=2, **LOG_APPEND)
+    settings = load_settings(intake_topic=intake, dlq_topic=config.dlq_topic)
+    config = replace(config, intake_topic=intake, rules=rules_of(settings, ""))
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    records = {}
+    for part, i in itertools.product((0, 1), range(10)):
+        uniq = f"p{part}-{i}"
+        meta = producer.send(intake, value=uniq.encode(), partition=part, headers=[
+            ("REAL_TOPIC", real.encode()), ("DELAY", b"1"), ("UNIQ_KEY", uniq.encode())]
+        ).get(timeout=30)
+        records[uniq] = part, meta.offset, meta.timestamp
+    producer.close()
+    due = int(time.time() * 1000) + 3_000
+    refs = [("far", 0, 10_000, records["p0-0"][2], due)]   # beyond partition 0's end
+    refs += [(uniq, *where, due + 100 + 50 * i) for i, (uniq, where) in enumerate(records.items())]
+    ready = Producer({"bootstrap.servers": kafka_bootstrap})   # as the wheel writes them
+    for uniq, part, offset, append, at in refs:
+        ready.produce(config.ready_topic, partition=0, key=b"0",
+                      value=f"{at},1,{part},{offset},{append},{uniq}".encode())
+    ready.flush(30)
+    thread, result = in_thread(config)
+    delivered = consume_all(kafka_bootstrap, real, expected=20, timeout_s=60)
+    dead = consume_all(kafka_bootstrap, config.dlq_topic, expected=1, timeout_s=60)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    at = {uniq: when for uniq, *_, when in refs}
+    late = {r.value.decode(): r.timestamp - at[r.value.decode()] for r in delivered}
+    assert sorted(late) == sorted(records) and min(late.values()) >= 0
+    assert max(late[f"p1-{i}"] for i in range(10)) < 1500, "held back by partition 0's wait"
+    assert min(late[f"p0-{i}"] for i in range(10)) > 5000, "sent before the reference before it"
+    assert [header_map(r)[H.UNIQ_KEY] for r in dead] == [b"far"]
+    order = [r.value.decode() for r in delivered if r.value.startswith(b"p0")]
+    assert order == [f"p0-{i}" for i in range(10)], "partition 0's rows in due order"
+
+
 def test_a_cancel_drops_its_target_that_comes_later_also_across_a_kill(
         dispatch, new_topic, kafka_bootstrap):
     """A cancel due within the window reaches the task before its target: the task keeps it

@@ -278,3 +278,62 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
     task.producer.answer = {"here": SimpleNamespace(error=None, partitions={0: None})}
     row.topic = "here"
     assert task._topic_ready(row) is True and task._topic_ready(row) is True
+
+
+def test_a_row_waits_only_behind_its_own_intake_partition_s_reference_without_a_body():
+    """Due rows leave in due order; one due after a reference of its intake partition still
+    without its body waits aside until that reference has it (one key's order), and goes back
+    in order; rows of other partitions go on meanwhile."""
+    import heapq
+
+    from streaming.dispatch.task import _Task
+
+    class Bodies:
+        wanted: dict = {0: (1_000, 0, 50)}   # partition 0's reference at offset 50, due 1,000
+
+        def first_wanted(self, p=None):
+            return min(self.wanted.values()) if p is None and self.wanted else \
+                self.wanted.get(p)
+
+    task = _Task.__new__(_Task)
+    task.heap, task.behind, task.bodies = [], {}, Bodies()
+    task.skew = SimpleNamespace(measured=True, broker_ms=lambda: 10_000)
+    task.config = SimpleNamespace(read_batch=100)
+    task.tombstones, task.refusals, task.txn = None, SimpleNamespace(reasons={}, alone=set()), False
+    sent = []
+
+    def produce(topic, partition, row, headers, callback):
+        sent.append(row.uniq_key)
+        return True
+    task._produce = produce
+    rows = [Row(900, 0, 10, 1, "t", None, None, b"v", [], 1, 0, "p0-before"),
+            Row(1_100, 0, 60, 2, "t", None, None, b"v", [], 1, 0, "p0-after"),
+            Row(1_200, 0, 61, 3, "t", None, None, b"v", [], 1, 0, "p0-later"),
+            Row(1_150, 1, 5, 4, "t", None, None, b"v", [], 1, 0, "p1")]
+    for n, row in enumerate(rows):
+        heapq.heappush(task.heap, (*row.order(), n, row))
+    task._send_due()
+    assert sent == ["p0-before", "p1"] and [e[-1].uniq_key for e in task.behind[0]] == \
+        ["p0-after", "p0-later"]
+    task._send_due()
+    assert sent == ["p0-before", "p1"], "still waiting"
+    body = Row(1_000, 0, 50, 5, "t", None, None, b"v", [], 1, 0, "p0-reference")
+    Bodies.wanted = {}
+    heapq.heappush(task.heap, (*body.order(), 9, body))   # its body read: held like any
+    task._send_due()
+    assert sent == ["p0-before", "p1", "p0-reference", "p0-after", "p0-later"]
+    assert task.behind == {}
+    # Bodies come in offset order, not due order: one read while an earlier-due reference of
+    # its partition still waits is set aside too, and goes back before what waits after it.
+    sent.clear()
+    Bodies.wanted = {0: (2_000, 0, 70)}
+    late = Row(2_500, 0, 72, 6, "t", None, None, b"v", [], 1, 0, "due-2500")
+    heapq.heappush(task.heap, (*late.order(), 10, late))
+    task._send_due()
+    early = Row(2_100, 0, 71, 7, "t", None, None, b"v", [], 1, 0, "due-2100")
+    heapq.heappush(task.heap, (*early.order(), 11, early))
+    task._send_due()
+    assert sent == [] and len(task.behind[0]) == 2
+    Bodies.wanted = {0: (2_200, 0, 73)}   # the first one read; a later one due 2,200 waits
+    task._send_due()
+    assert sent == ["due-2100"], "the earlier-due row back, the later one still aside"
