@@ -33,16 +33,20 @@ def run(bench) -> dict:
 
 
 def state_figures(bench) -> dict:
-    """What the wheel holds now (its batches' pending deltas since the job started), the bytes
-    of its state store's live files (RocksDB's SST files, as its last progress reports them)
-    and of the checkpoint's state folder (every retained version), each per held message."""
+    """The bytes of the dispatch tasks' rings on the broker; what the wheel holds now (its
+    batches' pending deltas since the job started), the bytes of its state store's live files
+    (RocksDB's SST files, as its last progress reports them) and of the checkpoint's state
+    folder (every retained version), each per held message."""
     pending = sum(sum(s.pending_delta_by_level.values()) for s in bench.summaries)
     progress = bench.job.query.lastProgress or {}
     sst = sum(op.get("customMetrics", {}).get("rocksdbSstFileSize", 0)
               for op in progress.get("stateOperators", []))
     folder = du(bench.work / "ckpt" / "state")
     per = (lambda n: round(n / pending, 1) if pending > 0 else None)
-    return {"pending_at_load_end": pending, "state_sst_bytes": sst,
+    # The rings' partitions on the bench's own broker (None: a Kafka of the settings').
+    ring = list((bench.work / "kafka" / "data").glob(f"{bench.settings.ring_topic}-*"))
+    return {"ring_bytes": sum(map(du, ring)) if ring else None,
+            "pending_at_load_end": pending, "state_sst_bytes": sst,
             "state_sst_bytes_per_pending": per(sst), "checkpoint_state_bytes": folder,
             "checkpoint_state_bytes_per_pending": per(folder),
             "checkpoint_bytes": du(bench.work / "ckpt"), "measured_at": round(time.time(), 1)}
