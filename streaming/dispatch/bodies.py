@@ -90,6 +90,10 @@ class Bodies:
         """Read the wanted records fetched, for up to PUMP_S after waiting up to `wait_s` for the
         first (`take` gives the results). Whether there was anything to read."""
         self._position()
+        now = time.monotonic()
+        for p in [p for p, since in self._ended.items() if now - since >= END_WAIT_S]:
+            del self._ended[p]   # its end stayed before a reference: the log was cut short
+            self._out_of_range(p, drop=False)
         reading = bool(self.reading)
         found = []
         deadline = time.monotonic() + PUMP_S
@@ -188,16 +192,13 @@ class Bodies:
 
     def _at_end(self, p: int, offset: int) -> None:
         """The end reached at `offset`: references below it were skipped (aborted writes); those
-        past it wait (the wheel read their records), unless the end stays before them END_WAIT_S."""
+        past it wait (the wheel read their records), unless the end stays before them END_WAIT_S
+        (`pump`: the client says it is at the end once, not again while nothing comes)."""
         if p not in self.reading:
             return
         self._passed(p, offset, "was not read (aborted, or removed)")
-        if self._next(p) is None:
-            return
-        since = self._ended.setdefault(p, time.monotonic())
-        if time.monotonic() - since >= END_WAIT_S:
-            self._ended.pop(p)
-            self._out_of_range(p, drop=False)
+        if self._next(p) is not None:
+            self._ended.setdefault(p, time.monotonic())
 
     def _out_of_range(self, p: int, drop: bool = True) -> None:
         """A position outside the partition, or its end long before a reference: references

@@ -662,7 +662,9 @@ def test_a_reference_waiting_for_its_body_holds_back_only_its_own_intake_partiti
         records[uniq] = part, meta.offset, meta.timestamp
     producer.close()
     due = int(time.time() * 1000) + 3_000
-    refs = [("far", 0, 10_000, records["p0-0"][2], due)]   # beyond partition 0's end
+    # Just past partition 0's end (further, the read-back seeks there and finds it out of
+    # range at once): it waits for the end to move.
+    refs = [("far", 0, records["p0-9"][1] + 1, records["p0-0"][2], due)]
     refs += [(uniq, *where, due + 100 + 50 * i) for i, (uniq, where) in enumerate(records.items())]
     ready = Producer({"bootstrap.servers": kafka_bootstrap})   # as the wheel writes them
     for uniq, part, offset, append, at in refs:
