@@ -43,9 +43,10 @@ def state_figures(bench) -> dict:
               for op in progress.get("stateOperators", []))
     folder = du(bench.work / "ckpt" / "state")
     per = (lambda n: round(n / pending, 1) if pending > 0 else None)
-    # The rings' partitions on the bench's own broker (None: a Kafka of the settings').
-    ring = list((bench.work / "kafka" / "data").glob(f"{bench.settings.ring_topic}-*"))
-    return {"ring_bytes": sum(map(du, ring)) if ring else None,
+    # The rings' log segments on the bench's own broker (None: a Kafka of the settings'); not
+    # their indexes, which Kafka preallocates (10 MB each, sparse).
+    ring = list((bench.work / "kafka" / "data").glob(f"{bench.settings.ring_topic}-*/*.log"))
+    return {"ring_bytes": sum(f.stat().st_size for f in ring) if ring else None,
             "pending_at_load_end": pending, "state_sst_bytes": sst,
             "state_sst_bytes_per_pending": per(sst), "checkpoint_state_bytes": folder,
             "checkpoint_state_bytes_per_pending": per(folder),
