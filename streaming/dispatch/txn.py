@@ -56,13 +56,12 @@ class Transactions:
             return True
         first, looked = self._missing.get(topic, (None, 0.0))
         if time.monotonic() - looked >= _LOOK_AGAIN_S:
-            try:
-                found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
-            except KafkaException:   # no answer (the broker away): not an answer that it is gone
+            exists = self._exists(topic)
+            if exists is None:   # no answer (the broker away): not an answer that it is gone
                 self._missing[topic] = None, time.monotonic()
                 self._later(lambda: self._hold(row), _LOOK_AGAIN_S)
                 return False
-            if found is not None and found.error is None and found.partitions:
+            if exists:
                 self._topics.add(topic)
                 self._missing.pop(topic, None)
                 return True
@@ -136,17 +135,22 @@ class Transactions:
 
     def _gone(self, topics: list[str]) -> list[str]:
         """The `topics` the broker says do not exist (no answer: none, the broker away)."""
-        gone = []
-        for topic in topics:
-            try:
-                found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
-            except KafkaException:
-                return []
-            if found is None or found.error is not None and \
-                    found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                gone.append(topic)
-                self._topics.discard(topic)
+        answers = {topic: self._exists(topic, usable=False) for topic in topics}
+        gone = [] if None in answers.values() else [t for t, on in answers.items() if not on]
+        self._topics.difference_update(gone)
         return gone
+
+    def _exists(self, topic: str, usable: bool = True) -> bool | None:
+        """Whether the broker says `topic` exists (`usable`: and can take records now, no error
+        such as a leader not yet elected); None: no answer within _LOOK_UP_S."""
+        try:
+            found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
+        except KafkaException:
+            return None
+        if found is None or found.error is not None and \
+                found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return False
+        return not usable or (found.error is None and bool(found.partitions))
 
     def _commit(self, final: bool = False) -> None:
         """Commit the commit point (a transient failure waits for the next). exactly_once: the

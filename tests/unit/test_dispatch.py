@@ -272,9 +272,11 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
     task._later = lambda send, delay_s: send()
     row = Row(1000, 0, 1, 1, "gone", None, None, b"v", [], 1, 0, "u1")
     assert task._topic_ready(row) is False and held == [row] and dead == []
+    assert task._gone(["gone"]) == [], "no answer: not gone (a transaction waits on)"
     task._missing["gone"] = (None, 0.0)   # looked up again now: it does not exist
     task.producer.answer = {}
     assert task._topic_ready(row) is False and dead and dead[0].startswith("unknown_topic")
+    assert task._gone(["gone"]) == ["gone"]
     task.producer.answer = {"here": SimpleNamespace(error=None, partitions={0: None})}
     row.topic = "here"
     assert task._topic_ready(row) is True and task._topic_ready(row) is True
