@@ -61,7 +61,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
         self.ready = TopicPartition(config.ready_topic, partition)
         self.ledger = TopicPartition(config.ledger_topic, partition)
         self.consumer = Consumer({**config.consumer, "enable.auto.commit": False,
-                                  "auto.offset.reset": "error"})
+                                  "auto.offset.reset": "error", "on_commit": self.committed})
         self.txn = bool(config.transactional_id)
         self.producer = Producer({**config.producer, "transactional.id":
                                   f"{config.transactional_id}.{partition}"} if self.txn

@@ -44,6 +44,7 @@ class Transactions:
         self.refusals, self.doomed, self.in_transaction = refusals, None, False
         self._offsets_at = time.monotonic()   # when the offsets were last committed
         self.at_commit = (0, 0)   # `sent` and `dead` at the last commit
+        self.commit_refused: KafkaException | None = None   # a background commit's, not transient
         # Topics known to exist, and those not: (first found missing or None, last looked up).
         self._topics: set[str] = set()
         self._missing: dict[str, tuple[float | None, float]] = {}
@@ -153,8 +154,10 @@ class Transactions:
         return not usable or (found.error is None and bool(found.partitions))
 
     def _commit(self, final: bool = False) -> None:
-        """Commit the commit point (a transient failure waits for the next). exactly_once: the
-        transaction first, offsets every `offsets_interval_s` (rows read again: ledger skips)."""
+        """Commit the commit point, the `final` one synchronously, others in the background (a
+        lost coordinator is awaited up to session.timeout.ms, 45 s, while the loop goes on); a
+        transient failure waits for the next. exactly_once: the transaction first, offsets
+        every `offsets_interval_s` (rows read again: ledger skips)."""
         if self.txn:
             due = final or time.monotonic() - self._offsets_at >= self.config.offsets_interval_s
             # Taken first, so below what the commit delivers; only when due (a min over held rows).
@@ -165,13 +168,26 @@ class Transactions:
             self._offsets_at = time.monotonic()
         else:
             commits = self._commit_points()
+        if self.commit_refused is not None:
+            raise self.commit_refused
         try:
-            self.consumer.commit(offsets=commits, asynchronous=False)
+            self.consumer.commit(offsets=commits, asynchronous=not final)
         except KafkaException as e:
-            if not transient(e):
+            self.committed(e.args[0], [])
+            if self.commit_refused is not None:
                 raise
-            log.warning("dispatch %d: commit failed (%s); the next one retries it",
-                        self.partition, e)
+
+    def committed(self, err: KafkaError | None, partitions: list) -> None:
+        """The consumer's on_commit: a transient failure waits for the next commit; any other
+        is raised by the next `_commit`."""
+        err = err or next((tp.error for tp in partitions if tp.error is not None), None)
+        if err is None:
+            return
+        if not transient(KafkaException(err)):
+            self.commit_refused = KafkaException(err)
+            return
+        log.warning("dispatch %d: commit failed (%s); the next one retries it",
+                    self.partition, err)
 
     def _commit_points(self) -> list:
         commits = []

@@ -282,6 +282,36 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
     assert task._topic_ready(row) is True and task._topic_ready(row) is True
 
 
+def test_a_commit_goes_on_in_the_background_and_only_a_lasting_refusal_stops_the_task():
+    """Commits but the final one do not wait (a lost coordinator is awaited up to 45 s): a
+    transient failure waits for the next commit; any other is raised by the next commit."""
+    from confluent_kafka import KafkaException
+
+    from streaming.dispatch.txn import Transactions
+
+    class Consumer:
+        def __init__(self):
+            self.calls = []
+
+        def commit(self, offsets, asynchronous):
+            self.calls.append(asynchronous)
+
+    task = Transactions.__new__(Transactions)
+    Transactions.__init__(task, None)
+    task.txn, task.partition, task.consumer = False, 0, Consumer()
+    task._commit_points = lambda: []
+    task._commit()
+    task._commit(final=True)
+    assert task.consumer.calls == [True, False]
+    task.committed(KafkaError(KafkaError._WAIT_COORD), [])
+    task.committed(None, [SimpleNamespace(error=KafkaError(KafkaError.REQUEST_TIMED_OUT))])
+    task._commit()
+    assert task.commit_refused is None
+    task.committed(None, [SimpleNamespace(error=KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))])
+    with pytest.raises(KafkaException, match="GROUP_AUTHORIZATION_FAILED"):
+        task._commit()
+
+
 def test_a_row_waits_only_behind_its_own_intake_partition_s_reference_without_a_body():
     """Due rows leave in due order; one due after a reference of its intake partition still
     without its body waits aside until that reference has it (one key's order), and goes back
