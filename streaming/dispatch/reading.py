@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from state import headers as H
 from streaming.dispatch.bodies import Bodies
@@ -47,9 +47,14 @@ class Reading:
                                              for p in self.ring.partitions()]
         starts, mark, batch = retrying(lambda: committed(consumer, config,
                                                          [self.ready, *self.intake, *ring]))
-        done, last, self.ledger_end = in_ledger(
-            consumer, self.ledger, mark, config.intake_topic, ring[0].topic if ring else None,
-            config.skip_deadline_s)
+        ends = Consumer({**config.consumer, "isolation.level": "read_uncommitted",
+                         "enable.auto.commit": False})
+        try:
+            done, last, self.ledger_end = in_ledger(
+                consumer, ends, self.ledger, mark, config.intake_topic,
+                ring[0].topic if ring else None, config.skip_deadline_s)
+        finally:
+            ends.close()
         self.offsets = {source: Offsets(start, mark or 0, last.get(source, -1))
                         for source, start in starts.items()}
         self._known_below = starts[None]

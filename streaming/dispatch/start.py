@@ -89,15 +89,18 @@ def committed(consumer, config: DispatchConfig, parts: list) -> tuple[dict, int 
     return starts, min(marks) if marks else None, batch
 
 
-def in_ledger(consumer, ledger, mark: int | None, intake_topic: str, ring_topic: str | None,
-              deadline_s: float) -> tuple[dict[tuple[str, int], int], dict, int]:
-    """From the ledger mark (or the beginning) to the end of `ledger`: what it says of each
-    (UNIQ_KEY, due) as TARGET_DONE and CANCEL_SETTLED bits, which a restart skips; each source's
-    last row there, which the commits' marks wait for (rules.py Offsets); and the partition's
-    end. All of it or nothing: a transient error is waited out up to `deadline_s`, then, like
-    any other error, it raises."""
+def in_ledger(consumer, ends, ledger, mark: int | None, intake_topic: str,
+              ring_topic: str | None, deadline_s: float
+              ) -> tuple[dict[tuple[str, int], int], dict, int]:
+    """From the ledger mark (or the beginning) to the end of `ledger`, read by `consumer`
+    (read_committed): what it says of each (UNIQ_KEY, due) as TARGET_DONE and CANCEL_SETTLED
+    bits, which a restart skips; each source's last row there, which the commits' marks wait for
+    (rules.py Offsets); and the partition's end, its high watermark as `ends` (read_uncommitted)
+    sees it: a read_committed end stops at a transaction left open, before the rows committed
+    after it. All of it or nothing: a transient error, or a transaction still open, is waited
+    out up to `deadline_s`, then, like any other error, it raises."""
     deadline = time.monotonic() + deadline_s
-    low, high = retrying(lambda: consumer.get_watermark_offsets(
+    low, high = retrying(lambda: ends.get_watermark_offsets(
         ledger, timeout=max(1.0, deadline - time.monotonic())), timeout_s=deadline_s)
     position = low if mark is None else max(low, min(mark, high))
     done: dict[tuple[str, int], int] = {}
@@ -110,7 +113,8 @@ def in_ledger(consumer, ledger, mark: int | None, intake_topic: str, ring_topic:
             if time.monotonic() > deadline:
                 raise DispatchError(   # not sending what the unread part may say was sent
                     f"the restart's skip read ledger partition {ledger.partition} only to offset "
-                    f"{position} of {high} in {deadline_s:.0f} s (dispatch_skip_deadline)")
+                    f"{position} of {high} in {deadline_s:.0f} s (dispatch_skip_deadline): the "
+                    f"broker away, or a transaction left open there")
             for msg in consumer.consume(1000, timeout=1.0):
                 if msg.error():
                     _unless_transient(msg.error(), ledger.partition)

@@ -14,8 +14,8 @@ from pyspark.sql import functions as F
 
 from sinks import store
 from streaming.kafka.admin import admin_client, create_topic
-from tests.faults.conftest import (SteadyLoad, check_all_delivered, check_ledgered_once,
-                                   ledger_senders, real_topic)
+from tests.faults.conftest import (SteadyLoad, check_all_delivered, check_late,
+                                   check_ledgered_once, ledger_senders, real_topic)
 from tests.support import assert_eventually
 
 KILLS = 2
@@ -116,3 +116,60 @@ def test_a_paused_dispatch_worker_is_replaced_and_what_it_sends_after_is_fenced(
         print(f"\npaused dispatch worker {paused}: replaced by {sorted(replaced)} {took:.1f} s "
               f"later, then {fate}; {len(load.sent)} messages, lost 0, early 0, read twice 0 "
               f"(read_committed); lateness max {max(outcome.lateness_ms)} ms")
+
+
+# How long past the ledger's return (or its due time) a message may arrive: the task's restart
+# back-off (up to 5 s by then), its start and its skip.
+SKIP_LATE_MS = 20_000
+
+
+def test_a_restart_whose_skip_cannot_read_the_whole_ledger_waits_and_sends_nothing_twice(
+        job_process, capsys):
+    """Ready partition 0's dispatch worker killed (SIGKILL) under load while a transaction of
+    another producer is left open on its ledger partition, so a read_committed reader stops
+    before the ledger rows committed after it: the restart's skip cannot read them, fails the
+    task after dispatch_skip_deadline and is tried again after its back-off, never sending with
+    a partial skip. Once that transaction is aborted, the task goes on: every message once
+    (read_committed), none early, the partition's late ones bounded from the abort."""
+    import os
+    import signal
+
+    from confluent_kafka import Producer
+
+    job, settings = job_process(dispatch_skip_deadline="4s", dispatch_commit_interval_ms=30_000)
+    real = real_topic(settings)
+    job.start()
+    load = SteadyLoad(settings, real)
+    load.start()
+    worker = assert_eventually(lambda: (ledger_senders(settings, 0) or [None])[-1],
+                               timeout_s=60, message="a delivery from ready partition 0")
+    time.sleep(3)   # rows in the ledger past the last offset commit, which the skip must read
+    foreign = Producer({"bootstrap.servers": settings.bootstrap,
+                        "transactional.id": f"foreign-{uuid.uuid4().hex[:8]}"})
+    foreign.init_transactions(30)
+    foreign.begin_transaction()
+    try:
+        foreign.produce(settings.ledger_topic, b"left open", partition=0)
+        foreign.flush(30)
+        time.sleep(3)   # the task's own ledger rows, committed past the open transaction
+        os.kill(worker, signal.SIGKILL)
+        refused = "the restart's skip read ledger partition 0 only to offset"
+        assert_eventually(lambda: refused in job.log.read_text(errors="replace"), timeout_s=60,
+                          message="the restart's skip refused a partial read")
+    finally:
+        foreign.abort_transaction(30)
+    open_ms = int(time.time() * 1000)
+    assert_eventually(lambda: set(ledger_senders(settings, 0)) - {worker}, timeout_s=60,
+                      message="ready partition 0's task sending again")
+    time.sleep(5)
+    load.stop()
+    assert job.proc.poll() is None, "the job went on"
+    outcome = check_all_delivered(settings, real, load.sent, unacknowledged=load.unacknowledged)
+    assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
+    worst = check_late(outcome, load.sent, SKIP_LATE_MS, after_ms=open_ms)
+    check_ledgered_once(settings, load)
+    job.stop()
+    with capsys.disabled():
+        print(f"\nskip refused while ledger partition 0 had an open transaction: "
+              f"{len(load.sent)} messages, lost 0, early 0, read twice 0 (read_committed); "
+              f"{worst} ms at most after the due time or the abort")

@@ -240,11 +240,11 @@ def test_the_restart_skip_reads_the_whole_ledger_or_fails_the_task():
     ledger = TopicPartition("x.LEDGER", 0)
     slow = _Unreadable(KafkaError(KafkaError._TRANSPORT))   # transient: waited out, then fails
     with pytest.raises(DispatchError, match=r"ledger partition 0 only to offset 0 of 10 in 0 s"):
-        in_ledger(slow, ledger, None, "x", None, deadline_s=0.2)
+        in_ledger(slow, slow, ledger, None, "x", None, deadline_s=0.2)
     assert slow.assigned is None
     denied = _Unreadable(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))   # at once
     with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
-        in_ledger(denied, ledger, None, "x", None, deadline_s=60)
+        in_ledger(denied, denied, ledger, None, "x", None, deadline_s=60)
 
 
 def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topic_does():
