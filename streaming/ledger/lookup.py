@@ -189,7 +189,8 @@ def intake_topic_of(settings, ipart: int, ioff: int) -> str | None:
 
 def _records(consumer, topic: str, starts, from_earliest: bool = False):
     """Every record of `topic` from the offsets `starts(partitions)` gives to each partition's
-    end; where it gives none, from the earliest (`from_earliest`) or nothing."""
+    end (30 s at most each); where it gives none, from the earliest (`from_earliest`) or
+    nothing."""
     found = consumer.list_topics(topic, timeout=30).topics.get(topic)
     if found is None or found.error is not None:
         return
@@ -199,12 +200,14 @@ def _records(consumer, topic: str, starts, from_earliest: bool = False):
         if start >= high:
             continue
         consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
-        position = start
-        while position < high:
-            batch = consumer.consume(1000, timeout=5.0)
-            if not batch:
-                break
-            for msg in batch:
+        position, deadline = start, time.monotonic() + 30
+        while position < high and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=0.2):
                 if msg.error() is None:
                     position = msg.offset() + 1
                     yield msg
+            # Past what a read_committed read skips too: a transaction's markers, which end
+            # every partition a transactional producer writes (the ledger's), never come as
+            # records; waiting for them took 5 s a partition.
+            [now] = consumer.position([TopicPartition(tp.topic, tp.partition)])
+            position = max(position, now.offset)
