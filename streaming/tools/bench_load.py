@@ -94,9 +94,10 @@ class Load:
 
 class MemoryPeaks(threading.Thread):
     """Peak memory of the driver (its JVM and its Python process, this one unless a child runs
-    the job; together and each alone) and of the Python workers, and CPU seconds per role
-    (driver JVM, Python workers, broker, load generator, reader, this process), sampled twice
-    a second from /proc.
+    the job; together and each alone) and of the Python workers (together, and the largest
+    alone: a dispatch task's worker holds its rows), and CPU seconds per role (driver JVM,
+    Python workers, broker, load generator, reader, this process), sampled twice a second from
+    /proc.
 
     The JVM and this process are measured by their resident set (RSS). The Python workers are
     forks of one daemon that share its pages, so they are measured by their proportional set
@@ -116,7 +117,7 @@ class MemoryPeaks(threading.Thread):
              ("streaming.tools.loadgen consume", "reader"))
     # What the peaks are reported as, in the order `sample` measures them.
     PEAKS = ("driver_rss_peak_mb", "driver_jvm_rss_peak_mb", "driver_python_rss_peak_mb",
-             "python_workers_pss_peak_mb")
+             "python_workers_pss_peak_mb", "python_worker_pss_peak_mb")
 
     def __init__(self):
         super().__init__(daemon=True)
@@ -156,7 +157,7 @@ class MemoryPeaks(threading.Thread):
 
         me = psutil.Process()
         # The driver's Python: this process, unless a `delayq run` or `submit` child is the job.
-        python, own, jvm, workers, cpu = 0, me.memory_info().rss, 0, 0, {}
+        python, own, jvm, workers, largest, cpu = 0, me.memory_info().rss, 0, 0, 0, {}
         times = me.cpu_times()
         cpu[me.pid] = ("bench_python", times.user + times.system)
         children = []
@@ -179,11 +180,11 @@ class MemoryPeaks(threading.Thread):
             if role == "spark_jvm":
                 jvm += memory
             elif role == "python_workers":
-                workers += memory
+                workers, largest = workers + memory, max(largest, memory)
             elif role in ("job_driver_python", "cluster_driver_python"):   # a child's driver
                 python += memory
         python = python or own
-        now = (jvm + python, jvm, python, workers)
+        now = (jvm + python, jvm, python, workers, largest)
         with self._lock:
             self._cpu.update(cpu)
             self.peaks = [max(a, b) for a, b in zip(self.peaks, now)]

@@ -116,6 +116,8 @@ finally:
     window = got["window"]
     assert 200 <= window["driver_jvm_rss_peak_mb"] < 300, "the JVM's fork is not counted"
     assert 50 <= window["python_workers_pss_peak_mb"] < 90, "shared pages count once"
+    assert window["python_workers_pss_peak_mb"] / 2 <= window["python_worker_pss_peak_mb"] \
+        < window["python_workers_pss_peak_mb"], "the largest worker alone: its share"
     assert abs(window["driver_python_rss_peak_mb"] - got["me"]) < 50
     assert window["driver_rss_peak_mb"] == pytest.approx(
         window["driver_jvm_rss_peak_mb"] + window["driver_python_rss_peak_mb"], abs=1)
