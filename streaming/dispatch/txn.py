@@ -10,8 +10,10 @@ import json
 import logging
 import math
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streaming.dispatch.rules import TOO_LARGE, Row, refusal
 from streaming.dispatch.start import Aborted, retrying, transient
@@ -48,17 +50,22 @@ class Transactions:
         # Topics known to exist, and those not: (first found missing or None, last looked up).
         self._topics: set[str] = set()
         self._missing: dict[str, tuple[float | None, float]] = {}
+        self._admin: AdminClient | None = None   # a stuck topic's min.insync.replicas (`_stuck`)
 
     def _topic_ready(self, row: Row) -> bool:
-        """Whether `row`'s topic exists; if not, the row waits aside, then is dead-lettered after
-        the producer's own wait (sent, it would hold the commit that long, then abort it)."""
+        """Whether `row`'s topic exists and takes records. If it does not exist, the row waits
+        aside, then is dead-lettered after the producer's own wait (sent, it would hold the
+        commit that long, then abort it); if it is stuck (`_stuck`), it waits aside until not."""
         topic = row.topic
         if topic in self._topics:
             return True
         first, looked = self._missing.get(topic, (None, 0.0))
         if time.monotonic() - looked >= _LOOK_AGAIN_S:
             exists = self._exists(topic)
-            if exists is None:   # no answer (the broker away): not an answer that it is gone
+            stuck = exists and self._stuck(topic)
+            if exists is None or stuck:   # no answer (the broker away), or stuck: not gone
+                if stuck and topic not in self._missing:
+                    log.warning("dispatch %d: %s, %s; its rows wait", self.partition, topic, stuck)
                 self._missing[topic] = None, time.monotonic()
                 self._later(lambda: self._hold(row), _LOOK_AGAIN_S)
                 return False
@@ -125,14 +132,52 @@ class Transactions:
             self._ledger(force=True)
             if time.monotonic() - checked >= self.config.ack_check_s:
                 checked = time.monotonic()
-                if gone := self._gone([topic for topic, n in self.unacked.items() if n > 0]):
-                    self.doomed = f"records to {', '.join(gone)}, which no longer exists, " \
-                                  f"unacknowledged for {checked - start:.0f} s"
+                if held_up := self._held_up([t for t, n in self.unacked.items() if n > 0]):
+                    self.doomed = f"records to {held_up}, unacknowledged for " \
+                                  f"{checked - start:.0f} s"
                     return
             if time.monotonic() - start >= 30:
                 log.warning("dispatch %d: records unacknowledged for 30 s; waiting", self.partition)
                 start = time.monotonic()
         self._ledger(force=True)
+
+    def _held_up(self, topics: list[str]) -> str | None:
+        """What holds the records to `topics`: a real topic gone, or stuck (its rows, read again,
+        wait aside while the others leave); None: nothing found, the records are awaited (the
+        broker away, or a topic of delayq's own stuck: nothing leaves without it)."""
+        if gone := self._gone(topics):
+            return f"{', '.join(gone)}, which no longer exists"
+        for topic in topics:
+            if topic in self._topics and (why := self._stuck(topic)):
+                self._topics.discard(topic)
+                return f"{topic}, {why}"
+        return None
+
+    def _stuck(self, topic: str) -> str | None:
+        """Why `topic` takes no record though it exists (librdkafka would retry one until
+        message.timeout.ms, 5 min, holding the transaction): a partition without a leader, or
+        with fewer in-sync replicas than its min.insync.replicas (acks=all; at most its
+        replicas). None: it takes them, or no answer."""
+        try:
+            found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
+            if found is None or found.error is not None:
+                return None
+            parts = sorted(found.partitions.values(), key=lambda p: p.id)
+            if leaderless := [p.id for p in parts if p.leader < 0 or p.error is not None]:
+                return f"whose partition {leaderless[0]} has no leader"
+            if self._admin is None:
+                self._admin = AdminClient(self.config.producer)
+            resource = ConfigResource("topic", topic)
+            configs = self._admin.describe_configs([resource], request_timeout=_LOOK_UP_S)
+            need = int(configs[resource].result(_LOOK_UP_S)["min.insync.replicas"].value)
+        except (KafkaException, FutureTimeout):
+            return None
+        # The broker asks min(min.insync.replicas, replication factor) in sync.
+        if short := [p for p in parts if len(p.isrs) < min(need, len(p.replicas))]:
+            p = short[0]
+            return f"whose partition {p.id} has {len(p.isrs)} in-sync replicas of the " \
+                   f"{min(need, len(p.replicas))} its min.insync.replicas asks"
+        return None
 
     def _gone(self, topics: list[str]) -> list[str]:
         """The `topics` the broker says do not exist (no answer: none, the broker away)."""

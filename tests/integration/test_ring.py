@@ -1,19 +1,25 @@
 """Each dispatch task's own timer wheel (streaming/dispatch/ring.py) on the real broker and real
 Spark: the tests' rings are 6 slots of 2 s, so timers due 1 s to 8 s after their append go
-through them (1 s: the direct window; beyond 8 s: the wheel)."""
+through them (1 s: the direct window; beyond 8 s: the wheel). Kills at chosen moments run the
+task alone, in a process of its own, on the real broker."""
 from __future__ import annotations
 
+import multiprocessing
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 from kafka import KafkaProducer
 
+from conf import load_settings
 from state import headers as H
+from streaming.stages import ring_of, rules_of
 from streaming.producer import DelayProducer
 from tests.integration.conftest import Sent
-from tests.integration.test_dispatch import ledger_of
-from tests.support import check_deliveries, consume_all, header_map
+from tests.integration.test_dispatch import (_run, dispatch, in_thread,  # noqa: F401
+                                             ledger_of, stop, transactional)
+from tests.support import assert_eventually, check_deliveries, consume_all, header_map
 
 LOG_APPEND = {"message_timestamp_type": "LogAppendTime"}
 
@@ -154,3 +160,87 @@ def test_a_ring_partition_past_its_retention_is_refused_at_start(job_settings, k
     with pytest.raises(JobError, match=r"3: committed 2, log starts at 6.*reset-offsets"):
         check_ring_positions(settings, admin)
     admin.close()
+
+
+def _ring_counts(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
+    """The records on `topic`'s partitions, written (the high watermarks) and committed as far as
+    a read_committed reader sees (its ends stop at the first open transaction)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    counts = []
+    for isolation in ("read_uncommitted", "read_committed"):
+        reader = Consumer({"bootstrap.servers": bootstrap, "group.id": "ring-counts",
+                           "isolation.level": isolation})
+        counts.append(sum(reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                          for p in range(partitions)))
+        reader.close()
+    return counts[0], counts[1]
+
+
+def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot_sends_each_once(
+        dispatch, new_topic, kafka_bootstrap):
+    """2,000 timers due over one 2 s slot, 10 to 14 s after their append. A first task (its
+    commits 30 s apart, started before them: its first turn of the ring read) writes them to
+    its ring in a transaction it has not committed, and is killed (SIGKILL); the second fences
+    it, so those writes are aborted, and writes them again; it reads the slot and is killed
+    while it sends them; the third reads the slot again from its commit point. Each timer
+    arrives once (read_committed), through the ring, never early, the rest soon after the
+    third task starts; each is ringed once in the ledger."""
+    config, _ = dispatch
+    slots = 10
+    ring = new_topic(partitions=slots, **LOG_APPEND)
+    settings = load_settings(intake_topic=config.intake_topic, dlq_topic=config.dlq_topic,
+                             ring_slots=slots, ring_slot_ms=2_000, ring_read_lead_ms=1_000,
+                             dispatch_direct_max_delay_ms=1_000)
+    config = transactional(replace(config, direct_max_delay_ms=1_000, rules=rules_of(settings, ""),
+                                   ring=replace(ring_of(settings), topic=ring)))
+    spawn = multiprocessing.get_context("spawn")
+    first = spawn.Process(target=_run, args=(replace(config, commit_interval_s=30.0),))
+    second = spawn.Process(target=_run, args=(config,))
+    try:
+        first.start()
+        assert_eventually(lambda: _ring_counts(kafka_bootstrap, config.ledger_topic, 1)[0] > 0,
+                          timeout_s=60, message="the first task's clock probe (it is up)")
+        time.sleep(1)   # its first turn of the ring read, at once
+        slot_start = -(-(int(time.time() * 1000) + 10_000) // 2_000) * 2_000
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
+        due = {f"t{i}": slot_start + i for i in range(2_000)}
+        for uniq, at in due.items():
+            producer.send(config.intake_topic, b"v", partition=0, headers=[
+                (H.REAL_TOPIC, config.real.encode()), (H.TIMER_DELIVER_MS, str(at).encode()),
+                (H.UNIQ_KEY, uniq.encode())])
+        producer.flush(30)
+        producer.close()
+        assert_eventually(lambda: _ring_counts(kafka_bootstrap, ring, slots)[0] >= len(due),
+                          timeout_s=30, message="the first task wrote every timer to its ring")
+        assert _ring_counts(kafka_bootstrap, ring, slots)[1] == 0, "its ring writes committed"
+        first.kill()
+        first.join(30)
+
+        second.start()
+        time.sleep(max(0.0, slot_start + 1_000 - time.time() * 1000) / 1000)   # mid-slot
+        second.kill()
+        second.join(30)
+    finally:
+        for task in (first, second):
+            if task.is_alive():
+                task.kill()
+    partway = len(consume_all(kafka_bootstrap, config.real, expected=len(due), timeout_s=5))
+    assert 0 < partway < len(due), f"{partway} of {len(due)} sent before the kill"
+
+    third_ms = int(time.time() * 1000)
+    thread, result = in_thread(config)
+    records = consume_all(kafka_bootstrap, config.real, expected=len(due), timeout_s=60, idle_s=2)
+    rows = ledger_of(kafka_bootstrap, config.ledger_topic, 2 * len(due))
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert thread.is_alive() is False and result, "the third task ended on its stop record"
+    uniqs = [header_map(r)[H.UNIQ_KEY].decode() for r in records]
+    assert sorted(uniqs) == sorted(due), "each timer once (read_committed)"
+    assert all(r.timestamp >= due[u] for r, u in zip(records, uniqs)), "none early"
+    late = max(r.timestamp - max(due[u], third_ms) for r, u in zip(records, uniqs))
+    assert late < 5_000, f"up to {late} ms after its due time or the third task's start"
+    delivered = [r for r in rows if r["status"] == "delivered"]
+    assert sorted(r["uniq_key"] for r in delivered) == sorted(due)
+    assert all(r["ring_offset"] is not None for r in delivered), "each through the ring"
+    assert sorted(r["uniq_key"] for r in rows if r["status"] == "ringed") == sorted(due)

@@ -250,7 +250,9 @@ def test_the_restart_skip_reads_the_whole_ledger_or_fails_the_task():
 def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topic_does():
     """A REAL_TOPIC not known yet is looked up: no answer in time (the broker away) keeps the
     row aside, never dead-lettered for it; an answer that the topic does not exist dead-letters
-    the row once the producer's own wait has passed since that answer."""
+    the row once the producer's own wait has passed since that answer; a topic that exists but
+    is stuck (a partition without a leader, or short of in-sync replicas) keeps it aside until
+    it takes records again, and one already sent to dooms the transaction that waits on it."""
     from confluent_kafka import KafkaException
 
     from streaming.dispatch.txn import Transactions
@@ -267,6 +269,7 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
     Transactions.__init__(task, None)
     task.producer = Metadata()
     task.config = SimpleNamespace(producer={"topic.metadata.propagation.max.ms": 0})
+    task.partition = 0
     held, dead = [], []
     task._hold, task._dead_letter = held.append, lambda row, why: dead.append(why)
     task._later = lambda send, delay_s: send()
@@ -277,8 +280,32 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
     task.producer.answer = {}
     assert task._topic_ready(row) is False and dead and dead[0].startswith("unknown_topic")
     assert task._gone(["gone"]) == ["gone"]
-    task.producer.answer = {"here": SimpleNamespace(error=None, partitions={0: None})}
-    row.topic = "here"
+    # A topic that exists but takes nothing: its rows wait, never dead-lettered for it.
+    insync = SimpleNamespace(value="2")
+
+    class Admin:
+        def describe_configs(self, resources, request_timeout):
+            future = SimpleNamespace(result=lambda timeout: {"min.insync.replicas": insync})
+            return {resources[0]: future}
+
+    task._admin, dead[:] = Admin(), []
+    one = SimpleNamespace(id=0, leader=1, error=None, isrs=[1], replicas=[1, 2, 3])
+    for partition, why in [(SimpleNamespace(id=0, leader=-1, error=None, isrs=[], replicas=[3]),
+                            "whose partition 0 has no leader"),
+                           (one, "whose partition 0 has 1 in-sync replicas of the 2 its "
+                                 "min.insync.replicas asks")]:
+        task._missing.clear()
+        task.producer.answer = {"here": SimpleNamespace(error=None, partitions={0: partition})}
+        row.topic = "here"
+        assert task._stuck("here") == why
+        assert task._topic_ready(row) is False and dead == []
+        task._missing["here"] = (None, -1e9)   # long ago: still not dead-lettered
+        assert task._topic_ready(row) is False and dead == []
+        assert task._held_up(["here"]) is None, "a topic not sent to yet holds nothing up"
+        task._topics.add("here")
+        assert task._held_up(["here"]) == f"here, {why}" and "here" not in task._topics
+    one.replicas = [1]   # the broker asks no more in sync than there are replicas
+    task._missing["here"] = (None, 0.0)
     assert task._topic_ready(row) is True and task._topic_ready(row) is True
 
 
