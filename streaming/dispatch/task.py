@@ -138,6 +138,9 @@ class _Task(Reading, Ringing, Sending, Transactions):
                 self.ring.close()
         finally:
             self.producer.flush(10)
+            # Its on_commit is a method of this task: without the cycle, an aborted task (its
+            # heap) is freed at once, not at the next full collection (rare: GC_THRESHOLD).
+            self.consumer = None
 
     def _now_ms(self) -> int:
         """The broker's clock as this host reads it (`Skew`: never ahead of the broker's);

@@ -154,8 +154,8 @@ class Transactions:
         return None
 
     def _stuck(self, topic: str) -> str | None:
-        """Why `topic` takes no record though it exists (librdkafka would retry one until
-        message.timeout.ms, 5 min, holding the transaction): a partition without a leader, or
+        """Why `topic` takes no record though it exists (librdkafka would retry one until the
+        transaction's timeout, a minute, holding it): a partition without a leader, or
         with fewer in-sync replicas than its min.insync.replicas (acks=all; at most its
         replicas). None: it takes them, or no answer."""
         try:

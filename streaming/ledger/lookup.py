@@ -189,8 +189,8 @@ def intake_topic_of(settings, ipart: int, ioff: int) -> str | None:
 
 def _records(consumer, topic: str, starts, from_earliest: bool = False):
     """Every record of `topic` from the offsets `starts(partitions)` gives to each partition's
-    end (30 s at most each); where it gives none, from the earliest (`from_earliest`) or
-    nothing."""
+    end (given up after 30 s without progress); where it gives none, from the earliest
+    (`from_earliest`) or nothing."""
     found = consumer.list_topics(topic, timeout=30).topics.get(topic)
     if found is None or found.error is not None:
         return
@@ -200,8 +200,9 @@ def _records(consumer, topic: str, starts, from_earliest: bool = False):
         if start >= high:
             continue
         consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
-        position, deadline = start, time.monotonic() + 30
-        while position < high and time.monotonic() < deadline:
+        position, idle_until = start, time.monotonic() + 30
+        while position < high and time.monotonic() < idle_until:
+            before = position
             for msg in consumer.consume(1000, timeout=0.2):
                 if msg.error() is None:
                     position = msg.offset() + 1
@@ -211,3 +212,5 @@ def _records(consumer, topic: str, starts, from_earliest: bool = False):
             # records; waiting for them took 5 s a partition.
             [now] = consumer.position([TopicPartition(tp.topic, tp.partition)])
             position = max(position, now.offset)
+            if position > before:
+                idle_until = time.monotonic() + 30

@@ -144,8 +144,9 @@ def test_a_restart_whose_skip_cannot_read_the_whole_ledger_waits_and_sends_nothi
     worker = assert_eventually(lambda: (ledger_senders(settings, 0) or [None])[-1],
                                timeout_s=60, message="a delivery from ready partition 0")
     time.sleep(3)   # rows in the ledger past the last offset commit, which the skip must read
-    foreign = Producer({"bootstrap.servers": settings.bootstrap,
-                        "transactional.id": f"foreign-{uuid.uuid4().hex[:8]}"})
+    foreign = Producer({"bootstrap.servers": settings.bootstrap,   # open until aborted below
+                        "transactional.id": f"foreign-{uuid.uuid4().hex[:8]}",
+                        "transaction.timeout.ms": 300_000})
     foreign.init_transactions(30)
     foreign.begin_transaction()
     try:

@@ -114,7 +114,8 @@ def test_a_real_topic_without_a_leader_holds_only_its_own_rows(replicated, capsy
     """A dispatch task (exactly_once) sends to two real topics; its own topics and one real
     topic are led by node 1, the other real topic has one replica, on node 3. Node 3 killed
     under load: that topic has no leader, every send to it waits (librdkafka would retry it for
-    5 min, holding the transaction and every row of the task), until the transaction waiting on
+    the transaction's timeout, a minute, holding it and every row of the task, and again for
+    each transaction after), until the transaction waiting on
     it is aborted (`dispatch_ack_check_ms`) and its rows, read again, wait aside. The other
     topic's 1,500 rows keep leaving, none more than STUCK_LATE_MS late; node 3 back, the stuck
     topic's 500 rows arrive, each once (read_committed), none early, none dead-lettered, none

@@ -217,8 +217,9 @@ def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot
         first.kill()
         first.join(30)
 
-        second.start()
-        time.sleep(max(0.0, slot_start + 1_000 - time.time() * 1000) / 1000)   # mid-slot
+        second.start()   # killed once it delivered some of the slot (it sends them over 2 s)
+        assert_eventually(lambda: _ring_counts(kafka_bootstrap, config.real, 1)[1] > 0,
+                          timeout_s=60, interval_s=0.2, message="the second task delivering")
         second.kill()
         second.join(30)
     finally:
