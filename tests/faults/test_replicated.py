@@ -45,6 +45,21 @@ def leader(bootstrap: str, topic: str, partition: int) -> int:
     return admin.list_topics(topic, timeout=30).topics[topic].partitions[partition].leader
 
 
+def task_config(bootstrap: str, names: dict, name: str, **overrides):
+    """A dispatch task's config (exactly_once, transactional.id and group `name`) over the
+    topics `names`, reading no intake itself."""
+    settings = load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"])
+    return replace(
+        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
+                        rules=rules_of(settings, "")), ring=None,
+        consumer={"bootstrap.servers": bootstrap, "group.id": name},
+        producer={"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
+                  "enable.idempotence": True, "message.max.bytes": 1_048_576},
+        ready_topic=names["ready"], ledger_topic=names["ledger"], dlq_topic=names["dlq"],
+        commit_interval_s=0.1, retry_backoff_s=0.2, direct_max_delay_ms=-1,
+        transactional_id=name, **overrides)
+
+
 def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicated, capsys):
     nodes, bootstrap = replicated
     tag = uuid.uuid4().hex[:8]
@@ -56,16 +71,7 @@ def test_leaders_killed_under_load_lose_nothing_and_send_nothing_twice(replicate
                      config={"min.insync.replicas": "2"} if k == "ready" else stamped)
             for k, topic in names.items()]).values():
         done.result(60)
-    settings = load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"])
-    config = replace(
-        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
-                        rules=rules_of(settings, "")), ring=None,
-        consumer={"bootstrap.servers": bootstrap, "group.id": f"replicated-{tag}"},
-        producer={"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
-                  "enable.idempotence": True, "message.max.bytes": 1_048_576},
-        ready_topic=names["ready"], ledger_topic=names["ledger"], dlq_topic=names["dlq"],
-        commit_interval_s=0.1, retry_backoff_s=0.2, direct_max_delay_ms=-1,
-        transactional_id=f"replicated-{tag}")
+    config = task_config(bootstrap, names, f"replicated-{tag}")
     start = int(time.time() * 1000) + 3000
     due = {f"m{i}": start + i * 40_000 // ROWS for i in range(ROWS)}   # over 40 s
     write_fired(bootstrap, names["intake"], names["ready"], [
@@ -132,16 +138,7 @@ def test_a_real_topic_without_a_leader_holds_only_its_own_rows(replicated, capsy
                      config={} if k == "ready" else stamped)
             for k, topic in names.items()]).values():
         done.result(60)
-    settings = load_settings(intake_topic=names["intake"], dlq_topic=names["dlq"])
-    config = replace(
-        dispatch_config(settings, "run-1", 1_048_576, 1, {}, 1_048_588,
-                        rules=rules_of(settings, "")), ring=None,
-        consumer={"bootstrap.servers": bootstrap, "group.id": f"stuck-{tag}"},
-        producer={"bootstrap.servers": bootstrap, "linger.ms": 1, "acks": "all",
-                  "enable.idempotence": True, "message.max.bytes": 1_048_576},
-        ready_topic=names["ready"], ledger_topic=names["ledger"], dlq_topic=names["dlq"],
-        commit_interval_s=0.1, retry_backoff_s=0.2, direct_max_delay_ms=-1, ack_check_s=0.5,
-        transactional_id=f"stuck-{tag}")
+    config = task_config(bootstrap, names, f"stuck-{tag}", ack_check_s=0.5)
     start = int(time.time() * 1000) + 15_000
     due = {f"s{i}": start - 4000 if i < 10 else start + 6 * i for i in range(510)}
     due.update({f"k{i}": start - 3000 + 6 * i for i in range(1_500)})
