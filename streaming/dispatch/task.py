@@ -10,13 +10,13 @@ import time
 from collections import Counter
 from typing import Callable, Iterator
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from streaming.dispatch.cancels import CANCELLED, MISSED, Tombstone
 from streaming.dispatch.clock import Skew
 from streaming.dispatch.reading import Reading
 from streaming.dispatch.ring import Ringing
-from streaming.dispatch.rules import DispatchConfig, Offsets, Row
+from streaming.dispatch.rules import DispatchConfig, Offsets, Row, refusal
 from streaming.dispatch.send import Sending
 from streaming.dispatch.start import Aborted, retrying
 from streaming.dispatch.txn import Refusals, Transactions
@@ -71,6 +71,9 @@ class _Task(Reading, Ringing, Sending, Transactions):
         # Heap entries due, set aside behind a reference of their intake partition that waits
         # for its body (`_send_due`): a heap per partition.
         self.behind: dict[int, list[tuple]] = {}
+        # Heap entries due whose real topic takes no records yet (txn.py `_topic_ready`): a heap
+        # per topic, back in the heap at once when it does (the topic is looked up every 0.5 s).
+        self.aside: dict[str, list[tuple]] = {}
         self._pushes = itertools.count()   # equal orders never compare their rows
         # Sends to try again later, (monotonic time, send): librdkafka retries what it queued,
         # not a record its full queue refused, a topic not yet known, or a dead letter refused.
@@ -153,8 +156,9 @@ class _Task(Reading, Ringing, Sending, Transactions):
         return min(0.02, max(0.0, (self.heap[0][0] - self._now_ms()) / 1000))
 
     def _holding(self) -> int:
-        """Rows held: in the heap and set aside behind a reference."""
-        return len(self.heap) + sum(map(len, self.behind.values()))
+        """Rows held: in the heap, set aside behind a reference, and aside for their topic."""
+        return len(self.heap) + sum(map(len, self.behind.values())) + \
+            sum(map(len, self.aside.values()))
 
     def _hold(self, row: Row) -> None:
         heapq.heappush(self.heap, (*row.order(), next(self._pushes), row))
@@ -169,6 +173,8 @@ class _Task(Reading, Ringing, Sending, Transactions):
         heap, pop, produce, delivered = self.heap, heapq.heappop, self._produce, self._delivered
         if self.behind:
             self._unblock()
+        if self.aside:
+            self._look_aside()
         broker_ms, first = self.skew.broker_ms, self.bodies.first_wanted()
         refusals = self.refusals
         for _ in range(self.config.read_batch):
@@ -179,7 +185,8 @@ class _Task(Reading, Ringing, Sending, Transactions):
                 if wanted is not None and heap[0][:3] >= wanted:
                     heapq.heappush(self.behind.setdefault(heap[0][1], []), pop(heap))
                     continue
-            row = pop(heap)[-1]
+            entry = pop(heap)
+            row = entry[-1]
             if self.tombstones and (tomb := self.tombstones.drop(row)) is not None:
                 self._cancelled(row, tomb)
                 continue
@@ -191,7 +198,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
                 if where in refusals.alone:
                     self._send_alone(row)
                     continue
-            if self.txn and not self._topic_ready(row):
+            if self.txn and self._not_sendable(entry):
                 continue
             if not produce(row.topic, row.partition, row, row.headers, delivered):
                 self._hold(row)   # the producer's queue is full: later
@@ -206,6 +213,26 @@ class _Task(Reading, Ringing, Sending, Transactions):
                 heapq.heappush(self.heap, heapq.heappop(entries))
             if not entries:
                 del self.behind[p]
+
+    def _not_sendable(self, entry: tuple) -> bool:
+        """Whether the row of heap `entry` is not sent now (exactly_once): behind its topic's
+        rows aside, or its topic takes no records yet, it waits aside (one key's order); its
+        topic found gone, it is dead-lettered."""
+        row = entry[-1]
+        ready = None if row.topic in self.aside else self._topic_ready(row.topic)
+        if ready is None:
+            heapq.heappush(self.aside.setdefault(row.topic, []), entry)
+        elif ready is False:
+            self._dead_letter(row, refusal(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), row))
+        return ready is not True
+
+    def _look_aside(self) -> None:
+        """A topic's rows aside back into the heap once it takes records, or once it is found
+        gone (they are dead-lettered as they leave the heap)."""
+        for topic in list(self.aside):
+            if self._topic_ready(topic) is not None:
+                for entry in self.aside.pop(topic):
+                    heapq.heappush(self.heap, entry)
 
     def _cancelled(self, row: Row, tomb: Tombstone) -> None:
         """`row` dropped by a cancel: its ledger row says so and settles the tombstone; a copy
@@ -224,6 +251,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
         if not self.tombstones or not self.skew.measured:
             return
         heads = [self.heap[0][0]] if self.heap else []
+        heads += [entries[0][0] for entries in self.aside.values()]
         if (wanted := self.bodies.first_wanted()) is not None:
             heads.append(wanted[0])
         if self.ring is not None:   # a target may be in a slot not read yet

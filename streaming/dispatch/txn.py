@@ -52,11 +52,12 @@ class Transactions:
         self._missing: dict[str, tuple[float | None, float]] = {}
         self._admin: AdminClient | None = None   # a stuck topic's min.insync.replicas (`_stuck`)
 
-    def _topic_ready(self, row: Row) -> bool:
-        """Whether `row`'s topic exists and takes records. If it does not exist, the row waits
-        aside, then is dead-lettered after the producer's own wait (sent, it would hold the
-        commit that long, then abort it); if it is stuck (`_stuck`), it waits aside until not."""
-        topic = row.topic
+    def _topic_ready(self, topic: str) -> bool | None:
+        """Whether `topic` exists and takes records: None while it does not (missing, stuck
+        (`_stuck`), or no answer): its rows wait aside (task.py), and it is looked up again at
+        most every _LOOK_AGAIN_S; False once the broker has said it is missing for the producer's
+        own wait: its rows are dead-lettered (sent, they would hold the commit that long, then
+        abort it). A stuck topic's rows are never dead-lettered for it."""
         if topic in self._topics:
             return True
         first, looked = self._missing.get(topic, (None, 0.0))
@@ -67,8 +68,7 @@ class Transactions:
                 if stuck and topic not in self._missing:
                     log.warning("dispatch %d: %s, %s; its rows wait", self.partition, topic, stuck)
                 self._missing[topic] = None, time.monotonic()
-                self._later(lambda: self._hold(row), _LOOK_AGAIN_S)
-                return False
+                return None
             if exists:
                 self._topics.add(topic)
                 self._missing.pop(topic, None)
@@ -76,11 +76,7 @@ class Transactions:
             first = time.monotonic() if first is None else first
             self._missing[topic] = first, time.monotonic()
         wait_s = self.config.producer.get("topic.metadata.propagation.max.ms", 30_000) / 1000
-        if first is not None and time.monotonic() - first >= wait_s:
-            self._dead_letter(row, refusal(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), row))
-        else:
-            self._later(lambda: self._hold(row), _LOOK_AGAIN_S)
-        return False
+        return None if first is None or time.monotonic() - first < wait_s else False
 
     def _begin(self) -> None:
         """Fence earlier producers of this transactional.id (aborting what they left open)."""

@@ -270,15 +270,11 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
     task.producer = Metadata()
     task.config = SimpleNamespace(producer={"topic.metadata.propagation.max.ms": 0})
     task.partition = 0
-    held, dead = [], []
-    task._hold, task._dead_letter = held.append, lambda row, why: dead.append(why)
-    task._later = lambda send, delay_s: send()
-    row = Row(1000, 0, 1, 1, "gone", None, None, b"v", [], 1, 0, "u1")
-    assert task._topic_ready(row) is False and held == [row] and dead == []
+    assert task._topic_ready("gone") is None, "no answer: aside"
     assert task._gone(["gone"]) == [], "no answer: not gone (a transaction waits on)"
     task._missing["gone"] = (None, 0.0)   # looked up again now: it does not exist
     task.producer.answer = {}
-    assert task._topic_ready(row) is False and dead and dead[0].startswith("unknown_topic")
+    assert task._topic_ready("gone") is False, "missing for the producer's wait (0 here)"
     assert task._gone(["gone"]) == ["gone"]
     # A topic that exists but takes nothing: its rows wait, never dead-lettered for it.
     insync = SimpleNamespace(value="2")
@@ -288,7 +284,7 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
             future = SimpleNamespace(result=lambda timeout: {"min.insync.replicas": insync})
             return {resources[0]: future}
 
-    task._admin, dead[:] = Admin(), []
+    task._admin = Admin()
     one = SimpleNamespace(id=0, leader=1, error=None, isrs=[1], replicas=[1, 2, 3])
     for partition, why in [(SimpleNamespace(id=0, leader=-1, error=None, isrs=[], replicas=[3]),
                             "whose partition 0 has no leader"),
@@ -296,17 +292,73 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
                                  "min.insync.replicas asks")]:
         task._missing.clear()
         task.producer.answer = {"here": SimpleNamespace(error=None, partitions={0: partition})}
-        row.topic = "here"
         assert task._stuck("here") == why
-        assert task._topic_ready(row) is False and dead == []
+        assert task._topic_ready("here") is None
         task._missing["here"] = (None, -1e9)   # long ago: still not dead-lettered
-        assert task._topic_ready(row) is False and dead == []
+        assert task._topic_ready("here") is None
         assert task._held_up(["here"]) is None, "a topic not sent to yet holds nothing up"
         task._topics.add("here")
         assert task._held_up(["here"]) == f"here, {why}" and "here" not in task._topics
     one.replicas = [1]   # the broker asks no more in sync than there are replicas
     task._missing["here"] = (None, 0.0)
-    assert task._topic_ready(row) is True and task._topic_ready(row) is True
+    assert task._topic_ready("here") is True and task._topic_ready("here") is True
+
+
+def test_a_topic_that_takes_no_records_holds_its_rows_aside_and_not_the_others():
+    """exactly_once: the due rows of a topic not taking records wait aside, all of them, not
+    cycled through the heap (thousands took each turn's sends from the other topics); they are
+    held rows (`dispatch_max_held`) and heads for the tombstones; once the topic takes records
+    they leave in due order, before its later rows; found gone, they are dead-lettered."""
+    import heapq
+
+    from streaming.dispatch.task import _Task
+
+    task = _Task.__new__(_Task)
+    task.heap, task.behind, task.aside = [], {}, {}
+    task.bodies = SimpleNamespace(first_wanted=lambda p=None: None)
+    task.skew = SimpleNamespace(measured=True, broker_ms=lambda: 10_000)
+    task.config = SimpleNamespace(read_batch=100)
+    task.tombstones, task.refusals, task.txn = None, SimpleNamespace(reasons={}, alone=set()), True
+    ready = {"other": True, "stuck": None}
+    looked = []
+
+    def topic_ready(topic):
+        looked.append(topic)
+        return ready[topic]
+    task._topic_ready = topic_ready
+    sent, dead = [], []
+    task._dead_letter = lambda row, why: dead.append((row.uniq_key, why))
+
+    def produce(topic, partition, row, headers, callback):
+        sent.append(row.uniq_key)
+        return True
+    task._produce = produce
+
+    def hold(rows):
+        for row in rows:
+            heapq.heappush(task.heap, (*row.order(), row.offset, row))
+    hold(Row(1_000 + i, 0, i, i, "stuck", None, None, b"v", [], 1, 0, f"s{i}") for i in range(500))
+    hold([Row(1_250, 1, 900, 900, "other", None, None, b"v", [], 1, 0, "o1")])
+    for _ in range(6):   # a read_batch of 100 a turn: the stuck ones do not take them again
+        task._send_due()
+    assert sent == ["o1"] and len(task.aside["stuck"]) == 500 and task._holding() == 500
+    assert looked.count("stuck") < 10, "a topic aside is looked up per turn, not per row"
+    hold([Row(1_300, 1, 901, 901, "other", None, None, b"v", [], 1, 0, "o2"),
+          Row(5_000, 0, 600, 600, "stuck", None, None, b"v", [], 1, 0, "s-later")])
+    task._send_due()
+    assert sent == ["o1", "o2"] and len(task.aside["stuck"]) == 501
+    ready["stuck"] = True
+    for _ in range(6):
+        task._send_due()
+    assert sent[2:] == [f"s{i}" for i in range(500)] + ["s-later"] and task.aside == {}
+    # Found gone: dead-lettered as they leave.
+    ready["gone"] = None
+    hold([Row(9_000, 0, 700, 700, "gone", None, None, b"v", [], 1, 0, "g1")])
+    task._send_due()
+    assert task.aside["gone"] and dead == []
+    ready["gone"] = False
+    task._send_due()
+    assert [key for key, _ in dead] == ["g1"] and dead[0][1].startswith("unknown_topic")
 
 
 def test_a_commit_goes_on_in_the_background_and_only_a_lasting_refusal_stops_the_task():
@@ -355,7 +407,7 @@ def test_a_row_waits_only_behind_its_own_intake_partition_s_reference_without_a_
                 self.wanted.get(p)
 
     task = _Task.__new__(_Task)
-    task.heap, task.behind, task.bodies = [], {}, Bodies()
+    task.heap, task.behind, task.aside, task.bodies = [], {}, {}, Bodies()
     task.skew = SimpleNamespace(measured=True, broker_ms=lambda: 10_000)
     task.config = SimpleNamespace(read_batch=100)
     task.tombstones, task.refusals, task.txn = None, SimpleNamespace(reasons={}, alone=set()), False
