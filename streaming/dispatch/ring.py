@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from collections import Counter
-from typing import Iterator
+from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -133,14 +133,15 @@ class Ring:
         self.reading = slot, part
         self.consumer.assign([TopicPartition(self.config.topic, part, position)])
 
-    def pump(self, wait_s: float = 0.0) -> list[Row]:
-        """The open slot's rows read now: those of its turn or an earlier one; at the first row
-        of a later turn, or the partition's end, the slot is read and the next one may open."""
+    def pump(self, room: int, wait_s: float = 0.0) -> list[Row]:
+        """The open slot's rows read now, about `room` at most (whole fetches of `read_batch`):
+        those of its turn or an earlier one; at the first row of a later turn, or the
+        partition's end, the slot is read and the next one may open."""
         if self.reading is None:
             return []
         slot, part = self.reading
         rows, deadline = [], time.monotonic() + PUMP_S
-        for msg in self._fetched(wait_s, deadline):
+        for msg in self._fetched(wait_s, deadline, lambda: len(rows) < room):
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
@@ -158,14 +159,14 @@ class Ring:
             rows.append(row)
         return rows
 
-    def _fetched(self, wait_s: float, deadline: float) -> Iterator:
+    def _fetched(self, wait_s: float, deadline: float, more: Callable[[], bool]) -> Iterator:
         """Records fetched, `read_batch` at a time, for up to PUMP_S (the task sends what is due
-        between two pumps)."""
+        between two pumps) and while `more()`."""
         while True:
             msgs = self.consumer.consume(self.read_batch, timeout=wait_s)
             yield from msgs
             wait_s = 0
-            if not msgs or time.monotonic() >= deadline:
+            if not msgs or time.monotonic() >= deadline or not more():
                 return
 
     def _read(self, rows: list[Row]) -> list[Row]:
@@ -246,9 +247,10 @@ class Ringing:
                 self._commit_transaction() if self.txn else self.producer.flush(30)
                 ring.dirty.clear()
             ring.open(slot, self.offsets[(ring.config.topic, part)].position)
-        if self._holding() >= self.config.max_held:   # bounded: the rest of the slot waits
+        room = self.config.max_held - self._holding()
+        if room <= 0:   # bounded: the rest of the slot waits
             return
-        rows = ring.pump()
+        rows = ring.pump(room)
         if ring.read_to is not None:   # its position past the markers, which retention may drop
             self.offsets[(ring.config.topic, ring.partition(ring.next_slot - 1))].skip(
                 ring.read_to - 1)

@@ -245,3 +245,53 @@ def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot
     assert sorted(r["uniq_key"] for r in delivered) == sorted(due)
     assert all(r["ring_offset"] is not None for r in delivered), "each through the ring"
     assert sorted(r["uniq_key"] for r in rows if r["status"] == "ringed") == sorted(due)
+
+
+def test_a_slot_larger_than_the_task_s_bound_is_read_in_parts_each_once_and_never_early(
+        dispatch, new_topic, kafka_bootstrap, monkeypatch):
+    """4,000 timers due over one 2 s slot, and a task that holds at most 500 rows
+    (`dispatch_max_held`, 100 read a turn): it reads the slot in parts as it sends, holding no
+    more than its bound and one read (before, one read of the slot took all of it); each timer
+    arrives once (read_committed), never early, within 3 s of its due time."""
+    from streaming.dispatch.task import _Task
+
+    config, _ = dispatch
+    slots = 10
+    ring = new_topic(partitions=slots, **LOG_APPEND)
+    settings = load_settings(intake_topic=config.intake_topic, dlq_topic=config.dlq_topic,
+                             ring_slots=slots, ring_slot_ms=2_000, ring_read_lead_ms=1_000,
+                             dispatch_direct_max_delay_ms=1_000)
+    config = transactional(replace(config, direct_max_delay_ms=1_000, max_held=500, read_batch=100,
+                                   rules=rules_of(settings, ""),
+                                   ring=replace(ring_of(settings), topic=ring)))
+    peak, hold = [0], _Task._hold
+
+    def counted(task, row):
+        hold(task, row)
+        peak[0] = max(peak[0], task._holding())
+    monkeypatch.setattr(_Task, "_hold", counted)
+    thread, result = in_thread(config)
+    assert_eventually(lambda: _ring_counts(kafka_bootstrap, config.ledger_topic, 1)[0] > 0,
+                      timeout_s=60, message="the task's clock probe (it is up)")
+    slot_start = -(-(int(time.time() * 1000) + 10_000) // 2_000) * 2_000
+    due = {f"t{i}": slot_start + i // 2 for i in range(4_000)}
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
+    for uniq, at in due.items():
+        producer.send(config.intake_topic, b"v", partition=0, headers=[
+            (H.REAL_TOPIC, config.real.encode()), (H.TIMER_DELIVER_MS, str(at).encode()),
+            (H.UNIQ_KEY, uniq.encode())])
+    producer.flush(30)
+    producer.close()
+    records = consume_all(kafka_bootstrap, config.real, expected=len(due), timeout_s=60,
+                          idle_s=2)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert thread.is_alive() is False and result, "the task ended on its stop record"
+    uniqs = [header_map(r)[H.UNIQ_KEY].decode() for r in records]
+    assert sorted(uniqs) == sorted(due), "each timer once (read_committed)"
+    assert all(r.timestamp >= due[u] for r, u in zip(records, uniqs)), "none early"
+    late = max(r.timestamp - due[u] for r, u in zip(records, uniqs))
+    assert late < 3_000, f"up to {late} ms after its due time"
+    assert 500 <= peak[0] < 500 + 100, f"held {peak[0]} rows at most"
+    print(f"a slot of {len(due)} timers, {config.max_held} held at most: held {peak[0]} at "
+          f"most, the last {late} ms after its due time")

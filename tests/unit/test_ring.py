@@ -140,8 +140,8 @@ def test_a_slot_is_read_past_what_the_task_committed_there_and_its_markers():
     rows = [Record(timer(102_100 + i), offset=i, partition=r.partition(51)) for i in range(3)]
     r.consumer = Consumer([rows[0], End(1)], [], [*rows[1:], End(4)])   # [] : nothing fetched
     r.open(51, position=0)
-    assert len(r.pump()) == 1 and r.reading is not None, "ended short: still reading"
-    assert len(r.pump()) == 2 and r.reading is None and r.next_slot == 52
+    assert len(r.pump(100)) == 1 and r.reading is not None, "ended short: still reading"
+    assert len(r.pump(100)) == 2 and r.reading is None and r.next_slot == 52
     assert r.read_to == 4, "the position past the commit marker"
 
 
@@ -151,9 +151,9 @@ def test_a_later_turns_row_ends_a_slots_read_and_a_lost_position_stops_the_task(
     later = Record(timer(102_100 + 12_000), offset=1, partition=r.partition(51))
     r.consumer = Consumer([Record(timer(102_100), offset=0, partition=r.partition(51)), later])
     r.open(51, position=0)
-    assert len(r.pump()) == 1 and r.reading is None and r.read_to is None
+    assert len(r.pump(100)) == 1 and r.reading is None and r.read_to is None
     r.consumer = Consumer([End(0, KafkaError._AUTO_OFFSET_RESET)])
     r.ends[r.partition(52)] = 5
     r.open(52, position=0)
     with pytest.raises(RuntimeError, match="ring read of partition"):
-        r.pump()
+        r.pump(100)
