@@ -190,15 +190,14 @@ class _Task(Reading, Ringing, Sending, Transactions):
             if self.tombstones and (tomb := self.tombstones.drop(row)) is not None:
                 self._cancelled(row, tomb)
                 continue
-            if refusals.reasons or refusals.alone:   # refused in an aborted transaction
-                where = (row.source, row.offset)
-                if where in refusals.reasons:
-                    self._dead_letter(row, refusals.reasons[where])
-                    continue
-                if where in refusals.alone:
-                    self._send_alone(row)
-                    continue
+            # Refused in an aborted transaction: dead-lettered, or sent alone (after its topic).
+            if refusals.reasons and (row.source, row.offset) in refusals.reasons:
+                self._dead_letter(row, refusals.reasons[(row.source, row.offset)])
+                continue
             if self.txn and self._not_sendable(entry):
+                continue
+            if refusals.alone and (row.source, row.offset) in refusals.alone:
+                self._send_alone(row)
                 continue
             if not produce(row.topic, row.partition, row, row.headers, delivered):
                 self._hold(row)   # the producer's queue is full: later

@@ -307,8 +307,8 @@ def test_a_topic_look_up_without_an_answer_never_dead_letters_and_a_missing_topi
 def test_a_topic_that_takes_no_records_holds_its_rows_aside_and_not_the_others():
     """exactly_once: the due rows of a topic not taking records wait aside, all of them, not
     cycled through the heap (thousands took each turn's sends from the other topics); they are
-    held rows (`dispatch_max_held`) and heads for the tombstones; once the topic takes records
-    they leave in due order, before its later rows; found gone, they are dead-lettered."""
+    held rows (`dispatch_max_held`); once the topic takes records they leave in due order,
+    before its later rows; found gone, they are dead-lettered."""
     import heapq
 
     from streaming.dispatch.task import _Task
@@ -343,6 +343,9 @@ def test_a_topic_that_takes_no_records_holds_its_rows_aside_and_not_the_others()
         task._send_due()
     assert sent == ["o1"] and len(task.aside["stuck"]) == 500 and task._holding() == 500
     assert looked.count("stuck") < 10, "a topic aside is looked up per turn, not per row"
+    # A later row of it, refused in a batch too large before (sent alone), waits behind them.
+    task.refusals.alone.add((None, 600))
+    task._send_alone = lambda row: sent.append(f"alone {row.uniq_key}")
     hold([Row(1_300, 1, 901, 901, "other", None, None, b"v", [], 1, 0, "o2"),
           Row(5_000, 0, 600, 600, "stuck", None, None, b"v", [], 1, 0, "s-later")])
     task._send_due()
@@ -350,7 +353,7 @@ def test_a_topic_that_takes_no_records_holds_its_rows_aside_and_not_the_others()
     ready["stuck"] = True
     for _ in range(6):
         task._send_due()
-    assert sent[2:] == [f"s{i}" for i in range(500)] + ["s-later"] and task.aside == {}
+    assert sent[2:] == [f"s{i}" for i in range(500)] + ["alone s-later"] and task.aside == {}
     # Found gone: dead-lettered as they leave.
     ready["gone"] = None
     hold([Row(9_000, 0, 700, 700, "gone", None, None, b"v", [], 1, 0, "g1")])
