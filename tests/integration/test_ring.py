@@ -177,6 +177,34 @@ def _ring_counts(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]
     return counts[0], counts[1]
 
 
+def _ring_task(dispatch, new_topic, **changes):
+    """The `dispatch` fixture's task with a ring of 10 slots of 2 s read 1 s ahead, delivering
+    exactly once (timers due over 1 s after their append go to the ring), and `changes`."""
+    config, _ = dispatch
+    slots = 10
+    ring = new_topic(partitions=slots, **LOG_APPEND)
+    settings = load_settings(intake_topic=config.intake_topic, dlq_topic=config.dlq_topic,
+                             ring_slots=slots, ring_slot_ms=2_000, ring_read_lead_ms=1_000,
+                             dispatch_direct_max_delay_ms=1_000)
+    return transactional(replace(config, direct_max_delay_ms=1_000, rules=rules_of(settings, ""),
+                                 ring=replace(ring_of(settings), topic=ring), **changes))
+
+
+def _timers_in_one_slot(bootstrap: str, config, count: int, per_ms: int) -> dict[str, int]:
+    """`count` timers (`per_ms` a millisecond) due from the start of the 2 s slot 10 s on, on
+    intake partition 0; their due times by UNIQ_KEY."""
+    slot_start = -(-(int(time.time() * 1000) + 10_000) // 2_000) * 2_000
+    due = {f"t{i}": slot_start + i // per_ms for i in range(count)}
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    for uniq, at in due.items():
+        producer.send(config.intake_topic, b"v", partition=0, headers=[
+            (H.REAL_TOPIC, config.real.encode()), (H.TIMER_DELIVER_MS, str(at).encode()),
+            (H.UNIQ_KEY, uniq.encode())])
+    producer.flush(30)
+    producer.close()
+    return due
+
+
 def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot_sends_each_once(
         dispatch, new_topic, kafka_bootstrap):
     """2,000 timers due over one 2 s slot, 10 to 14 s after their append. A first task (its
@@ -186,14 +214,8 @@ def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot
     while it sends them; the third reads the slot again from its commit point. Each timer
     arrives once (read_committed), through the ring, never early, the rest soon after the
     third task starts; each is ringed once in the ledger."""
-    config, _ = dispatch
-    slots = 10
-    ring = new_topic(partitions=slots, **LOG_APPEND)
-    settings = load_settings(intake_topic=config.intake_topic, dlq_topic=config.dlq_topic,
-                             ring_slots=slots, ring_slot_ms=2_000, ring_read_lead_ms=1_000,
-                             dispatch_direct_max_delay_ms=1_000)
-    config = transactional(replace(config, direct_max_delay_ms=1_000, rules=rules_of(settings, ""),
-                                   ring=replace(ring_of(settings), topic=ring)))
+    config = _ring_task(dispatch, new_topic)
+    ring, slots = config.ring.topic, 10
     spawn = multiprocessing.get_context("spawn")
     first = spawn.Process(target=_run, args=(replace(config, commit_interval_s=30.0),))
     second = spawn.Process(target=_run, args=(config,))
@@ -202,15 +224,7 @@ def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot
         assert_eventually(lambda: _ring_counts(kafka_bootstrap, config.ledger_topic, 1)[0] > 0,
                           timeout_s=60, message="the first task's clock probe (it is up)")
         time.sleep(1)   # its first turn of the ring read, at once
-        slot_start = -(-(int(time.time() * 1000) + 10_000) // 2_000) * 2_000
-        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
-        due = {f"t{i}": slot_start + i for i in range(2_000)}
-        for uniq, at in due.items():
-            producer.send(config.intake_topic, b"v", partition=0, headers=[
-                (H.REAL_TOPIC, config.real.encode()), (H.TIMER_DELIVER_MS, str(at).encode()),
-                (H.UNIQ_KEY, uniq.encode())])
-        producer.flush(30)
-        producer.close()
+        due = _timers_in_one_slot(kafka_bootstrap, config, 2_000, per_ms=1)
         assert_eventually(lambda: _ring_counts(kafka_bootstrap, ring, slots)[0] >= len(due),
                           timeout_s=30, message="the first task wrote every timer to its ring")
         assert _ring_counts(kafka_bootstrap, ring, slots)[1] == 0, "its ring writes committed"
@@ -255,15 +269,7 @@ def test_a_slot_larger_than_the_task_s_bound_is_read_in_parts_each_once_and_neve
     arrives once (read_committed), never early, within 3 s of its due time."""
     from streaming.dispatch.task import _Task
 
-    config, _ = dispatch
-    slots = 10
-    ring = new_topic(partitions=slots, **LOG_APPEND)
-    settings = load_settings(intake_topic=config.intake_topic, dlq_topic=config.dlq_topic,
-                             ring_slots=slots, ring_slot_ms=2_000, ring_read_lead_ms=1_000,
-                             dispatch_direct_max_delay_ms=1_000)
-    config = transactional(replace(config, direct_max_delay_ms=1_000, max_held=500, read_batch=100,
-                                   rules=rules_of(settings, ""),
-                                   ring=replace(ring_of(settings), topic=ring)))
+    config = _ring_task(dispatch, new_topic, max_held=500, read_batch=100)
     peak, hold = [0], _Task._hold
 
     def counted(task, row):
@@ -273,15 +279,7 @@ def test_a_slot_larger_than_the_task_s_bound_is_read_in_parts_each_once_and_neve
     thread, result = in_thread(config)
     assert_eventually(lambda: _ring_counts(kafka_bootstrap, config.ledger_topic, 1)[0] > 0,
                       timeout_s=60, message="the task's clock probe (it is up)")
-    slot_start = -(-(int(time.time() * 1000) + 10_000) // 2_000) * 2_000
-    due = {f"t{i}": slot_start + i // 2 for i in range(4_000)}
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
-    for uniq, at in due.items():
-        producer.send(config.intake_topic, b"v", partition=0, headers=[
-            (H.REAL_TOPIC, config.real.encode()), (H.TIMER_DELIVER_MS, str(at).encode()),
-            (H.UNIQ_KEY, uniq.encode())])
-    producer.flush(30)
-    producer.close()
+    due = _timers_in_one_slot(kafka_bootstrap, config, 4_000, per_ms=2)
     records = consume_all(kafka_bootstrap, config.real, expected=len(due), timeout_s=60,
                           idle_s=2)
     stop(config, kafka_bootstrap)
