@@ -117,6 +117,12 @@ class Settings(BaseSettings):
     data_dir: Path
     jars_dir: str
     store: str
+    s3_endpoint: str
+    s3_region: str
+    s3_access_key: str
+    s3_secret_key: SecretStr
+    s3_path_style: bool
+    s3_port: PositiveInt
 
     spark_master: str
     spark_app_name: str

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh machine (Python 3.11, Java 17 and Maven installed):
 #   - .venv with delayq and its pinned Python dependencies (from PyPI),
-#   - .lib/spark, .lib/kafka and .lib/hdfs with the JVM jars, resolved by Maven (from Maven
-#     Central); .lib/hdfs runs a local HDFS for a store on hdfs:// (`delayq hdfs start`),
+#   - .lib/spark, .lib/kafka, .lib/hdfs, .lib/s3 and .lib/s3proxy with the JVM jars, resolved by
+#     Maven (from Maven Central); .lib/hdfs runs a local HDFS for a store on hdfs:// (`delayq hdfs
+#     start`), .lib/s3 is S3A for a store on s3a://, .lib/s3proxy a local S3 server (`delayq s3`),
 #   - Prometheus and libfaketime (Debian packages) for the metrics and clock tests.
 # Safe to run again: each step is skipped when its inputs did not change.
 # Nothing is downloaded after this: the job and the broker start from these folders.
@@ -40,7 +41,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-for part in spark kafka hdfs; do
+for part in spark kafka hdfs s3 s3proxy; do
   pom=deploy/maven/$part/pom.xml
   out=.lib/$part
   if [ ! -f "$out/.resolved" ] || [ "$pom" -nt "$out/.resolved" ]; then
@@ -72,4 +73,4 @@ sys.exit(0 if archive_path(load_settings()).is_file() else 1)' 2>/dev/null; then
   .venv/bin/python -m streaming.tools.cds_train >.lib/cds-build.log 2>&1 || {
     echo "setup: the class data archive was not built (see .lib/cds-build.log); Spark starts without it" >&2; }
 fi
-echo "setup: ready (.venv, .lib/spark, .lib/kafka, .lib/hdfs, .lib/localfs, .lib/cds)"
+echo "setup: ready (.venv, .lib/spark, .lib/kafka, .lib/hdfs, .lib/s3, .lib/s3proxy, .lib/localfs, .lib/cds)"

@@ -29,6 +29,22 @@ def path(location: str | Path) -> Path | HadoopPath:
     return HadoopPath(location.rstrip("/"))
 
 
+def object_store_options(settings) -> dict[str, str]:
+    """delta-rs's options (object_store's) for the tables of an s3a:// store, from the same
+    settings as S3A's (streaming/spark/session.py s3_conf); {} for any other."""
+    if not settings.store.strip().startswith("s3a://"):
+        return {}
+    options = {"AWS_REGION": settings.s3_region,
+               "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": str(not settings.s3_path_style).lower()}
+    if settings.s3_endpoint:
+        options["AWS_ENDPOINT_URL"] = settings.s3_endpoint
+        options["AWS_ALLOW_HTTP"] = str(settings.s3_endpoint.startswith("http://")).lower()
+    if settings.s3_access_key:
+        options["AWS_ACCESS_KEY_ID"] = settings.s3_access_key
+        options["AWS_SECRET_ACCESS_KEY"] = settings.s3_secret_key.get_secret_value()
+    return options
+
+
 def write_atomic(target: Path | HadoopPath, text: str) -> None:
     """Replace `target`'s content by `text` in one step: a reader sees the old or the new
     file, never a part (a crash while writing leaves the old one)."""
@@ -94,8 +110,17 @@ class HadoopPath:
 
     def write_atomic(self, text: str) -> None:
         """Written beside, then renamed over the target with Hadoop's FileContext (an atomic
-        rename on HDFS; on object stores a single object written whole)."""
+        rename on HDFS). On S3 a rename that replaces deletes the target first, then copies:
+        a crash between leaves no file; one object written whole (a single PUT, visible at its
+        close) replaces it in one step."""
         jvm, conf, fs, jpath = self._fs()
+        if self.uri.startswith("s3a://"):
+            out = fs.create(jpath, True)
+            try:
+                out.write(text.encode())
+            finally:
+                out.close()
+            return
         tmp = jvm.org.apache.hadoop.fs.Path(f"{self.parent.uri}/.{self.name}.tmp")
         out = fs.create(tmp, True)
         try:

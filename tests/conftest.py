@@ -102,6 +102,22 @@ def hdfs_uri(work_dir):
 
 
 @pytest.fixture(scope="session")
+def s3_store(work_dir):
+    """A real S3 API server (s3proxy, from .lib/s3proxy) and a bucket on it, started at the first
+    test that asks for it: the settings that point the job at it, less `store`."""
+    from streaming.tools import s3
+
+    spec = s3.S3Spec(home=work_dir / "s3", jars=PROJECT / ".lib" / "s3proxy",
+                     port=free_ports(1)[0], access_key="delayq", secret_key="test-secret")
+    s3.start(spec, ("delayq",))
+    try:
+        yield {"s3_endpoint": spec.endpoint, "s3_path_style": True, "s3_access_key": "delayq",
+               "s3_secret_key": "test-secret"}
+    finally:
+        s3.stop(spec)
+
+
+@pytest.fixture(scope="session")
 def test_settings(work_dir, kafka_bootstrap):
     """Settings for tests: the session broker, short levels, small Spark."""
     from conf import load_settings

@@ -81,7 +81,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     from streaming.ledger.tables import Tables
 
     settings = settings_of(args)
-    tables = Tables(lambda: _reader_session(settings))
+    tables = Tables(lambda: _reader_session(settings), store.object_store_options(settings))
     try:
         checkpoint = args.checkpoint or str(settings.checkpoint_path)
         if not all(store.is_local(where) for where in (checkpoint, settings.ledger_path)):

@@ -1,5 +1,5 @@
-"""The Delta tables `delayq ledger` reads: a local folder by delta-rs in this process (no Spark
-to start); a store (hdfs://, s3a://) by a Spark session opened at its first need."""
+"""The Delta tables `delayq ledger` reads: a local folder or S3 by delta-rs in this process (no
+Spark to start); HDFS by a Spark session opened at its first need."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +17,13 @@ FROM ledger WHERE {where} GROUP BY level ORDER BY level"""
 
 
 class Tables:
-    def __init__(self, session: Callable[[], object]):
-        self._session, self._spark = session, None
+    """`options`: delta-rs's for an s3a:// store (sinks/store.py object_store_options)."""
+
+    def __init__(self, session: Callable[[], object], options: dict[str, str] | None = None):
+        self._session, self._spark, self._options = session, None, options or {}
+
+    def _by_delta_rs(self, location: str | Path) -> bool:
+        return store.is_local(location) or str(location).startswith("s3a://")
 
     @property
     def spark(self):
@@ -32,8 +37,8 @@ class Tables:
 
     def matching(self, location: str | Path, uniq_key: str) -> list[dict]:
         """The rows of `uniq_key` in the table at `location` ([] without a table)."""
-        if store.is_local(location):
-            table = _delta_rs(location)
+        if self._by_delta_rs(location):
+            table = _delta_rs(location, self._options)
             if table is None:
                 return []
             rows = table.scan(predicate=f'"uniq_key" = {_quoted(uniq_key)}')
@@ -56,10 +61,10 @@ class Tables:
             # Delivered rows: a cancelled message's has its status (a table from before: none).
             kept = where + ["coalesce(status, 'delivered') = 'delivered'"] * ("status" in names)
             return _SUMMARY.format(where=" AND ".join(kept) or "true", percentile=percentile)
-        if store.is_local(ledger):
+        if self._by_delta_rs(ledger):
             from deltalake import QueryBuilder
 
-            table = _delta_rs(ledger)
+            table = _delta_rs(ledger, self._options)
             if table is None:
                 return []
             names = [f.name for f in table.schema().fields]
@@ -76,13 +81,15 @@ class Tables:
                                                        "percentile_approx")).collect()]
 
 
-def _delta_rs(location: str | Path):
-    """The local table at `location` as delta-rs opens it; None without one (or a commit)."""
+def _delta_rs(location: str | Path, options: dict[str, str]):
+    """The table at `location` (a folder, or s3a://) as delta-rs opens it; None without one (or
+    a commit)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
+    where = str(location) if str(location).startswith("s3a://") else str(store.path(location))
     try:
-        return DeltaTable(str(store.path(location)))
+        return DeltaTable(where, storage_options=options or None)
     except TableNotFoundError:
         return None
 

@@ -1,5 +1,5 @@
-"""The jars deploy/setup.sh resolves with Maven: Spark's connectors (`spark/`) and delayq's
-Hadoop local file system (`localfs/`)."""
+"""The jars deploy/setup.sh resolves with Maven: Spark's connectors (`spark/`), delayq's
+Hadoop local file system (`localfs/`) and S3A for a store on S3 (`s3/`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,6 +31,24 @@ def spark_jars(settings: Settings) -> list[Path]:
             f"{folder / connector} is not the Kafka connector of pyspark {spark_version}: "
             f"resolve the jars of deploy/maven/spark/pom.xml again (deploy/setup.sh does; "
             f"an image: build it again)")
+    return jars
+
+
+def s3_jars(settings: Settings) -> list[Path]:
+    """S3A and the SDK modules it calls; refused when missing or built for another Hadoop than
+    the client pyspark ships (S3A calls Hadoop's internals)."""
+    folder = settings.jars_path / "s3"
+    jars = sorted(folder.glob("*.jar")) if folder.is_dir() else []
+    aws = next((jar.name for jar in jars if jar.name.startswith("hadoop-aws-")), None)
+    if aws is None:
+        raise ConfigError(f"no hadoop-aws-*.jar in {folder} for the s3a:// store; run "
+                          f"deploy/setup.sh once to resolve deploy/maven/s3/pom.xml with Maven")
+    client = next(spark_home().glob("jars/hadoop-client-api-*.jar"), None)
+    hadoop = client.name.removeprefix("hadoop-client-api-") if client else None
+    if hadoop is not None and aws != f"hadoop-aws-{hadoop}":
+        raise ConfigError(f"{folder / aws} is not the S3A of pyspark's Hadoop "
+                          f"({hadoop.removesuffix('.jar')}): set hadoop.version in "
+                          f"deploy/maven/s3/pom.xml to it and run deploy/setup.sh again")
     return jars
 
 

@@ -1,5 +1,5 @@
 """The `delayq` commands for local tools and their options: the embedded Kafka broker, a Spark
-standalone cluster, a local HDFS, the demo and the benchmark."""
+standalone cluster, a local HDFS, a local S3 server, the demo and the benchmark."""
 from __future__ import annotations
 
 import argparse
@@ -66,6 +66,28 @@ def cmd_hdfs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_s3(args: argparse.Namespace) -> int:
+    from streaming.tools import s3
+
+    settings = settings_of(args)
+    spec = s3.spec_from_settings(settings)
+    if args.action == "start":
+        bucket = s3.bucket_of(settings.store)
+        pid = s3.start(spec, (bucket,))
+        key, _ = spec.credentials()
+        secret = "the s3_secret_key setting" if spec.secret_key else spec.home / "secret"
+        print(f"s3 running: {spec.endpoint} (s3proxy pid {pid}), bucket {bucket}, access key "
+              f"{key}, secret in {secret}; objects in its memory until it stops")
+    elif args.action == "stop":
+        print("s3 stopped" if s3.stop(spec) else "s3 was not running")
+    else:
+        info = s3.status(spec)
+        for key, value in info.items():
+            print(f"{key:10} {value}")
+        return 0 if info["answers"] else 3
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from streaming.tools.bench import Plan, main as bench, scenarios_of
 
@@ -97,7 +119,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_tool_parsers(sub: argparse._SubParsersAction) -> None:
-    """cluster (a master for `delayq submit`), demo, bench, kafka and hdfs."""
+    """cluster (a master for `delayq submit`), demo, bench, kafka, hdfs and s3."""
     cluster_cmd = sub.add_parser("cluster", help="a local Spark standalone cluster (Master + Workers)")
     add_common(cluster_cmd)
     cluster_cmd.add_argument("action", choices=("start", "stop", "status"))
@@ -164,7 +186,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
-    """kafka and hdfs, the local broker and file system."""
+    """kafka, hdfs and s3: the local broker, file system and object store."""
     kafka = sub.add_parser("kafka", help="start, stop or inspect the embedded local Kafka broker")
     kafka.add_argument("action", choices=("start", "stop", "status"))
     add_common(kafka)
@@ -175,3 +197,9 @@ def _add_service_parsers(sub: argparse._SubParsersAction) -> None:
     hdfs.add_argument("action", choices=("start", "stop", "status"))
     add_common(hdfs)
     hdfs.set_defaults(func=cmd_hdfs)
+
+    s3 = sub.add_parser("s3", help="start, stop or inspect a local S3 server (s3proxy) for a "
+                                   "store on s3a://")
+    s3.add_argument("action", choices=("start", "stop", "status"))
+    add_common(s3)
+    s3.set_defaults(func=cmd_s3)

@@ -21,18 +21,22 @@ from tests.support import assert_eventually
 KILLS = 2
 
 
-@pytest.mark.parametrize("where", ["local", "hdfs", "at_least_once"])
+@pytest.mark.parametrize("where", ["local", "hdfs", "s3", "at_least_once"])
 def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, capsys, where,
                                                             request):
     """The wheel, the dispatch tasks and the ledger query killed together, with the checkpoints
-    and tables in a local folder or on a real HDFS (`store`), or in a local folder without the
-    dispatch tasks' transactions."""
+    and tables in a local folder, on a real HDFS or a real S3 server (`store`), or in a local
+    folder without the dispatch tasks' transactions."""
     options = {"ledger_interval": "2s"}
     exactly = where != "at_least_once"
     if not exactly:
         options["delivery"] = "at_least_once"
     if where == "hdfs":
         options["store"] = f"{request.getfixturevalue('hdfs_uri')}/kill-{uuid.uuid4().hex[:8]}"
+    if where == "s3":
+        options.update(request.getfixturevalue("s3_store"),
+                       store=f"s3a://delayq/kill-{uuid.uuid4().hex[:8]}")
+    on_store = where in ("hdfs", "s3")
     job, settings = job_process(**options)
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
@@ -43,7 +47,7 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     load = SteadyLoad(settings, real)
     load.start()
     rng = random.Random(7)
-    for _ in range(KILLS if where != "hdfs" else 1):   # the store's path once is enough
+    for _ in range(1 if on_store else KILLS):   # a store's path once is enough
         time.sleep(rng.uniform(4, 10))
         job.kill()
         time.sleep(rng.uniform(0, 3))
@@ -57,21 +61,49 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     assert not twice or not exactly, (f"{len(twice)} read twice, by level (-1 a timer): "
                                       f"{sorted(load.level_of.get(u) for u in twice)}")
     # The ledger is written after Kafka in each batch: let the last batch finish first.
-    ledger_keys = lambda: {r["uniq_key"] for r in spark.read.format("delta")
-                           .load(str(settings.ledger_path)).select("uniq_key").collect()}
-    assert_eventually(lambda: ledger_keys() >= set(sent), timeout_s=60,
+    assert_eventually(lambda: set(ledger_rows(spark, settings)) >= set(sent), timeout_s=60,
                       message="ledger rows for every delivered message")
     job.stop()
-    checkpoint = store.path(settings.checkpoint_path)
-    assert (checkpoint / "commits").is_dir() and str(checkpoint).startswith(settings.store_root)
+    assert settings.checkpoint_path.startswith(settings.store_root)
+    if where == "s3":   # the test's Spark has no S3A: pyarrow's S3 client looks
+        from pyarrow import fs
 
-    ledger = spark.read.format("delta").load(str(settings.ledger_path))
-    per_key = {r["uniq_key"]: r["n"] for r in ledger.groupBy("uniq_key").agg(F.count("*").alias("n")).collect()}
+        s3 = fs.S3FileSystem(access_key=settings.s3_access_key, endpoint_override=settings.s3_endpoint,
+                             secret_key=settings.s3_secret_key.get_secret_value(), scheme="http")
+        commits = fs.FileSelector(settings.checkpoint_path.removeprefix("s3a://") + "/commits")
+        assert s3.get_file_info(commits), "Spark's commits on S3"
+    else:
+        assert (store.path(settings.checkpoint_path) / "commits").is_dir()
+
+    per_key = ledger_rows(spark, settings)
     assert set(per_key) == set(sent), f"ledger misses {len(set(sent) - set(per_key))}"
     assert all(n == 1 for n in per_key.values()), "ledger rows must be exactly once"
     with capsys.disabled():
-        print(f"\nkill test ({where}): {KILLS if where != 'hdfs' else 1} kill(s), {len(sent)} messages, lost 0, early 0, "
+        print(f"\nkill test ({where}): {1 if on_store else KILLS} kill(s), {len(sent)} messages, lost 0, early 0, "
               f"duplicates in Kafka {outcome.duplicates}, ledger rows {len(per_key)} (exactly once)")
+
+
+def ledger_rows(spark, settings) -> dict[str, int]:
+    """The ledger's rows per UNIQ_KEY: through the test's Spark, or on S3 through delta-rs (as
+    `delayq ledger` reads it)."""
+    if settings.store.startswith("s3a://"):
+        from collections import Counter
+
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            table = DeltaTable(settings.ledger_path,
+                               storage_options=store.object_store_options(settings))
+        except TableNotFoundError:
+            return {}
+        return Counter(table.to_pyarrow_table(columns=["uniq_key"]).column("uniq_key")
+                       .to_pylist())
+    if not store.path(settings.ledger_path).exists():
+        return {}
+    ledger = spark.read.format("delta").load(str(settings.ledger_path))
+    return {r["uniq_key"]: r["n"] for r in
+            ledger.groupBy("uniq_key").agg(F.count("*").alias("n")).collect()}
 
 
 def test_a_paused_dispatch_worker_is_replaced_and_what_it_sends_after_is_fenced(
