@@ -7,6 +7,37 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from state.errors import DelayqError
+
+# What a store's refusal says (S3A's exceptions, AWS's error codes) and the fix to name.
+_REFUSALS = (
+    (("AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"),
+     "it refused this job's credentials: check s3_access_key and s3_secret_key "
+     "(DELAYQ_S3_ACCESS_KEY, DELAYQ_S3_SECRET_KEY) or the role's policy"),
+    (("NoSuchBucket", "UnknownStoreException"),
+     "its bucket does not exist: create it (`delayq s3 start` creates the store's bucket on "
+     "its local server) or fix DELAYQ_STORE"),
+)
+
+
+class StoreError(DelayqError):
+    """The store cannot be reached, or refuses this job; the message names the fix."""
+
+
+def check_reachable(root: str) -> None:
+    """Refuse a store this job cannot read, with the reason and the fix, before anything is
+    written there (a local folder: nothing to check)."""
+    if is_local(root):
+        return
+    try:
+        path(root).exists()
+    except Exception as exc:   # py4j's error holds the Java exception's text
+        text = str(exc)
+        fix = next((fix for needles, fix in _REFUSALS if any(n in text for n in needles)), None)
+        said = next((line for line in text.splitlines() if "Exception" in line), text)
+        raise StoreError(f"the store {root} cannot be used: "
+                         f"{fix or said.strip()[:300]}") from None
+
 
 def jvm(spark_or_context):
     """The Spark driver's JVM, for what PySpark has no public API for: Hadoop's file systems

@@ -140,6 +140,7 @@ class DelayJob:
     def _check_checkpoint(self) -> tuple[int, int]:
         """Returns (started_ms: level messages due before it pass through; now_ms: a new query's
         first watermark)."""
+        store.check_reachable(self.settings.store_root)
         verdict = ckpt.check(self.settings, self.checkpoint,
                              lambda: ckpt.read_group_offsets(self._admin, self.settings,
                                                              self.checkpoint),

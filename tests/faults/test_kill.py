@@ -206,3 +206,21 @@ def test_a_restart_whose_skip_cannot_read_the_whole_ledger_waits_and_sends_nothi
         print(f"\nskip refused while ledger partition 0 had an open transaction: "
               f"{len(load.sent)} messages, lost 0, early 0, read twice 0 (read_committed); "
               f"{worst} ms at most after the due time or the abort")
+
+
+@pytest.mark.parametrize("fault", ["credentials", "bucket"])
+def test_a_store_on_s3_that_refuses_the_job_stops_its_start_with_the_fix(job_process, s3_store,
+                                                                          fault):
+    """Wrong credentials, or a bucket that does not exist, on a real S3 server: the start stops
+    before anything is written, saying which and what to fix."""
+    options = {**s3_store, "store": f"s3a://delayq/refused-{uuid.uuid4().hex[:8]}"}
+    if fault == "credentials":
+        options["s3_secret_key"] = "not-the-secret"
+    else:
+        options["store"] = "s3a://no-such-bucket/delayq"
+    job, _ = job_process(**options)
+    with pytest.raises(AssertionError, match="exited 2") as refused:
+        job.start(timeout_s=120)
+    said = {"credentials": "refused this job's credentials: check s3_access_key and s3_secret_key",
+            "bucket": "its bucket does not exist"}[fault]
+    assert said in str(refused.value)
