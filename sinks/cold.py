@@ -18,6 +18,7 @@ from sinks.delta import append_once, query_id, table_exists
 from sinks.kafka import appended_headers, header_struct
 from state import headers as H
 from state.columns import TOMBSTONE, WITH_BODY
+from state.errors import JobError
 from state.seal import LENGTH
 from state.timing import bucket_start
 
@@ -47,6 +48,14 @@ class ColdTier:
         try:
             self._loaded = int(json.loads(self.marker.read_text())["loaded_until"])
         except FileNotFoundError:
+            if table_exists(self.path):   # made again at the horizon, it would skip buckets
+                raise JobError(
+                    f"the cold tier's marker {self.marker} is missing, and {self.path} holds "
+                    f"parked messages: started from now, the buckets not rolled yet would never "
+                    f"roll. Put the marker back (from a copy of the checkpoint), or write it as "
+                    f'{{"loaded_until": <ms>}}: the start of the last bucket the job rolled '
+                    f"(an earlier one rolls buckets again: their messages are sent twice)") \
+                    from None
             self._set_loaded(self._horizon_bucket())
         return self._loaded
 

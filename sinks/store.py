@@ -129,6 +129,14 @@ class HadoopPath:
         _, _, fs, jpath = self._fs()
         return [self / status.getPath().getName() for status in fs.listStatus(jpath)]
 
+    def newest_ms(self) -> int | None:
+        """When the newest entry of this folder was written (epoch ms; None: none, or no folder)."""
+        _, _, fs, jpath = self._fs()
+        if not fs.exists(jpath):
+            return None
+        return max((int(status.getModificationTime()) for status in fs.listStatus(jpath)),
+                   default=None)
+
     def read_text(self) -> str:
         _, _, fs, jpath = self._fs()
         if not fs.exists(jpath):

@@ -169,6 +169,7 @@ class DelayJob:
                         spark_options(self.settings), self.settings.cold_bucket_ms,
                         self.settings.near_horizon_ms + self.settings.clock_tolerance_ms,
                         self._rules.seal_key)
+        cold.loaded_until()   # read (or made) now: a marker gone with messages parked stops here
         observers = [h for h in (self.metrics.observe_batch if self.metrics else None,
                                  self._on_batch) if h]
         writer = BatchWriter(kafka, (intake, spark_options(self.settings), self.settings.dlq_topic),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from streaming.cli.arguments import settings_of
 
@@ -106,10 +107,16 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
-    from streaming.ledger.maintenance import maintain
+    from streaming.ledger.maintenance import maintain, s3_writer_busy
 
     settings = settings_of(args)
     with _reader_session(settings) as spark:
+        checkpoint = str(settings.checkpoint_path)
+        busy = settings.store.strip().startswith("s3a://") and s3_writer_busy(
+            [checkpoint, checkpoint.rstrip("/") + "-ledger"], int(time.time() * 1000))
+        if busy:
+            print(f"delayq tables maintain: not now: {busy}", file=sys.stderr)
+            return 2
         for path, column in ((settings.ledger_path, "sent_date"),
                              (settings.dead_letter_path, "dead_date")):
             print(maintain(spark, path, column, args.retain_days, args.vacuum_hours))

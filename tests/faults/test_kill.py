@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
@@ -63,6 +64,15 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     # The ledger is written after Kafka in each batch: let the last batch finish first.
     assert_eventually(lambda: set(ledger_rows(spark, settings)) >= set(sent), timeout_s=60,
                       message="ledger rows for every delivered message")
+    if where == "s3":   # Delta's S3 log store takes one writer: no upkeep while the job writes
+        import subprocess
+        import sys
+
+        upkeep = subprocess.run([sys.executable, "-m", "streaming.cli.main", "tables", "maintain"],
+                                cwd=Path(__file__).parents[2], env=job.env,
+                                capture_output=True, text=True, timeout=180)
+        assert upkeep.returncode == 2 and "one writer at a time: stop the job" in upkeep.stderr, \
+            upkeep.stderr[-2000:]
     job.stop()
     assert settings.checkpoint_path.startswith(settings.store_root)
     if where == "s3":   # the test's Spark has no S3A: pyarrow's S3 client looks

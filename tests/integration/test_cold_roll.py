@@ -2,6 +2,7 @@
 was down rolls in one pass, each tombstone leaving out its own bucket's message only."""
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import types as T
 
 from dataclasses import replace
@@ -9,6 +10,7 @@ from dataclasses import replace
 from sinks.base import BatchSummary
 from sinks.cold import ColdTier
 from state.envelope import Kind, parse
+from state.errors import JobError
 from streaming.kafka.config import spark_options
 from streaming.stages import rules_of
 from tests.support import consume_all, header_map
@@ -65,3 +67,11 @@ def test_buckets_due_while_down_roll_in_one_pass_with_their_own_tombstones(
     assert summary.count("cancelled") == 1 and summary.pending_delta_by_level == {3: -1}
     assert summary.count("cancel_unknown") == 2, "the c of another bucket and gone"
     assert cold.advance(BatchSummary(2)) == 0, "nothing more until the clock moves"
+    # The marker lost (a store that dropped it) with messages parked: never made again at the
+    # horizon, which would skip the buckets not rolled yet.
+    cold.marker.unlink()
+    again = ColdTier(spark, tmp_path / "cold", str(tmp_path / "ckpt"), intake, {},
+                     bucket_ms=BUCKET, horizon_ms=HORIZON, seal_key=key, clock=lambda: now[0])
+    with pytest.raises(JobError, match="marker .* is missing, and .* holds parked messages"):
+        again.loaded_until()
+    assert not cold.marker.exists()
