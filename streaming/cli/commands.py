@@ -85,8 +85,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     tables = Tables(lambda: _reader_session(settings), store.object_store_options(settings))
     try:
         checkpoint = args.checkpoint or str(settings.checkpoint_path)
-        if not all(store.is_local(where) for where in (checkpoint, settings.ledger_path)):
-            tables.spark   # a store is read through Spark's Hadoop client
+        if not tables.by_delta_rs(settings.ledger_path):
+            tables.spark   # HDFS is read through Spark's Hadoop client
         if args.summary:
             rows = tables.summary(settings.ledger_path, _ms(args.since), _ms(args.until))
             print(f"{'level':>5} {'delivered':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "

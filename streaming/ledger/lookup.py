@@ -84,6 +84,8 @@ def _pending(tables: Tables, settings, uniq_key: str,
              checkpoint: Path | HadoopPath) -> Whereabouts | None:
     """A message held in the wheel's state, read with Spark's state data source; the wheel holds
     references only, so its REAL_TOPIC is read from its intake record."""
+    if not isinstance(checkpoint, Path):
+        tables.spark   # started now: a store's checkpoint is read through Spark's Hadoop client
     if not (checkpoint / "state").is_dir():
         return None
     from pyspark.sql import functions as F

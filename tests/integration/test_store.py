@@ -1,6 +1,7 @@
 """The store on a real HDFS (NameNode and DataNode from .lib/hdfs): delayq's own files beside
-Spark's, and the checkpoint's guards, read and written through Spark's Hadoop client.
-The whole job on HDFS, killed under load: tests/faults/test_kill.py[executors-hdfs]."""
+Spark's, and the checkpoint's guards, read and written through Spark's Hadoop client; the ledger
+on a real S3 server (s3proxy) read by delta-rs. The whole job on HDFS and on S3, killed under
+load: tests/faults/test_kill.py[hdfs] and [s3]."""
 from __future__ import annotations
 
 import json
@@ -122,3 +123,61 @@ def test_the_ledger_lookup_reads_a_table_on_hdfs_through_spark_as_delta_rs_reads
     assert answers[0] == answers[1]
     assert Tables(lambda: spark).matching(f"{location}/none", "k7") == []
     assert Tables(lambda: spark).summary(str(tmp_path / "none"), None, None) == []
+
+
+def test_the_ledger_on_s3_is_read_by_delta_rs_as_a_local_one_and_its_summary_starts_no_spark(
+        s3_store, test_settings, tmp_path):
+    """`delayq ledger` on an S3 ledger (a real s3proxy): delta-rs in the command's own process,
+    the same answers as on a local folder, and `--summary` with no Spark to start (SPARK_HOME
+    points nowhere)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from streaming.ledger.tables import Tables
+
+    n = 100_000
+    rows = pa.table({"uniq_key": [f"k{i}" for i in range(n)], "topic": ["orders"] * n,
+                     "partition": pa.array([i % 2 for i in range(n)], pa.int32()),
+                     "offset": list(range(n)), "level": pa.array([1 + i % 2 for i in range(n)],
+                                                                 pa.int32()),
+                     "due_ms": [1_000 + i for i in range(n)],
+                     "sent_ms": [1_000 + i + i % 97 for i in range(n)],
+                     "lateness_ms": [i % 97 for i in range(n)],
+                     "batch_id": [i // 5_000 for i in range(n)],
+                     "intake_partition": pa.array([i % 3 for i in range(n)], pa.int32()),
+                     "intake_offset": list(range(n)), "sent_date": ["2026-12-05"] * n})
+    settings = load_settings(**{**test_settings.model_dump(), **s3_store,
+                                "store": f"s3a://delayq/ledger-{uuid.uuid4().hex[:8]}"})
+    options = store.object_store_options(settings)
+    write_deltalake(settings.ledger_path, rows, partition_by=["sent_date"],
+                    storage_options={**options, "AWS_S3_ALLOW_UNSAFE_RENAME": "true"})
+    write_deltalake(str(tmp_path / "ledger"), rows, partition_by=["sent_date"])
+    tables = Tables(lambda: pytest.fail("no Spark for a ledger on S3"), options)
+    on_s3 = (tables.matching(settings.ledger_path, "k7"), tables.summary(settings.ledger_path,
+                                                                         1_010, None))
+    local = (tables.matching(str(tmp_path / "ledger"), "k7"),
+             tables.summary(str(tmp_path / "ledger"), 1_010, None))
+    assert on_s3 == local and on_s3[0][0]["lateness_ms"] == 7
+    assert [(r["level"], r["delivered"], r["max_ms"], r["early"]) for r in on_s3[1]] == \
+        [(1, 49_997, 96, 0), (2, 49_998, 96, 0)]   # sent from 1,010 ms: rows 5 on
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    env.update({f"DELAYQ_{k.upper()}": str(v) for k, v in settings.model_dump().items()
+                if k in ("store", "data_dir") or k.startswith("s3_")},
+               DELAYQ_S3_SECRET_KEY=settings.s3_secret_key.get_secret_value(),
+               SPARK_HOME="/nonexistent")
+    summary = subprocess.run([sys.executable, "-m", "streaming.cli.main", "ledger", "--summary"],
+                             cwd=Path(__file__).parents[2], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert summary.returncode == 0, summary.stderr[-2000:]
+    assert [line.split()[:2] for line in summary.stdout.splitlines()[1:]] == \
+        [["1", "50000"], ["2", "50000"]]
+    found = subprocess.run([sys.executable, "-m", "streaming.cli.main", "ledger", "k7"],
+                           cwd=Path(__file__).parents[2], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert found.returncode == 0 and found.stdout.startswith("k7: delivered"), \
+        found.stdout + found.stderr[-2000:]
