@@ -151,3 +151,46 @@ def rolled_header(level: int, due_ms: int, uniq_key: str, topic: str, qid: int |
 
     text = rolled_text(level, due_ms, uniq_key, topic, qid)
     return H.ROLLED, f"{level}:{seal(key, text)}".encode()
+
+
+def store_text(settings, location: str) -> str:
+    """A small file of the store (a folder, or an s3a:// one read with pyarrow's S3 client: the
+    tests' own Spark has no S3A)."""
+    if not location.startswith("s3a://"):
+        return Path(location).read_text()
+    with s3_client(settings).open_input_stream(location.removeprefix("s3a://")) as stream:
+        return stream.read().decode()
+
+
+def s3_client(settings):
+    """pyarrow's S3 client on the tests' s3proxy (streaming/tools/s3.py `client`)."""
+    from streaming.tools import s3
+
+    host, port = settings.s3_endpoint.removeprefix("http://").split(":")
+    return s3.client(s3.S3Spec(home=Path(), jars=Path(), host=host, port=int(port),
+                               access_key=settings.s3_access_key,
+                               secret_key=settings.s3_secret_key.get_secret_value()))
+
+
+def delta_rows(spark, settings, location: str, columns: list[str]) -> list[dict]:
+    """A Delta table's rows (`columns` of them, those it has): through the tests' Spark, or on
+    S3 through delta-rs as `delayq ledger` reads it; [] without a table."""
+    if location.startswith("s3a://"):
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        from sinks.store import object_store_options
+
+        try:
+            table = DeltaTable(location, storage_options=object_store_options(settings))
+        except TableNotFoundError:
+            return []
+        names = [c for c in columns if c in table.schema().to_arrow().names]
+        return table.to_pyarrow_table(columns=names).to_pylist()
+    from sinks.delta import table_exists
+
+    if not table_exists(location):
+        return []
+    frame = spark.read.format("delta").load(location)
+    return [row.asDict() for row in frame.select(*[c for c in columns if c in frame.columns])
+            .collect()]

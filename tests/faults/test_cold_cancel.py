@@ -1,26 +1,29 @@
 """Cancels of timers parked in the cold tier survive a SIGKILL of the job and its restart: a
 cancel parked beside its timer, a cancel that came before its timer, a cancel sent again after
 the restart, and a cancel of a timer that rolled into the wheel after it; their neighbour with
-the same due time is delivered on time."""
+the same due time is delivered on time: with the checkpoint and the cold table in a folder, and
+on a real S3 server (s3proxy)."""
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+import uuid
 
-from pyspark.sql import functions as F
-
-from sinks.delta import table_exists
+import pytest
 from streaming.kafka.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.integration.test_timers import COLD, cancel_elsewhere
-from tests.support import assert_eventually, consume_all, header_map
+from tests.support import assert_eventually, consume_all, delta_rows, header_map, store_text
 
 
-def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstrap):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstrap, where,
+                                               request):
     # The roll 21 s before due (horizon and tolerance): room for a slow hour's batches after
     # the restart, and for the cancel sent after the roll to reach the wheel before it fires.
-    job, settings = job_process(**{**COLD, "near_horizon": "20s"})
+    on_s3 = {**request.getfixturevalue("s3_store"),
+             "store": f"s3a://delayq/cold-{uuid.uuid4().hex[:8]}"} if where == "s3" else {}
+    job, settings = job_process(**{**COLD, "near_horizon": "20s", **on_s3})
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"
     create_topic(admin, real, 1, {"message.timestamp.type": "LogAppendTime"})
@@ -37,10 +40,8 @@ def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstra
         rolled = producer.send(real, b"rolled", deliver_at_ms=due)
 
     def tombstones() -> int:
-        if not table_exists(settings.cold_path):
-            return 0
-        table = spark.read.format("delta").load(str(settings.cold_path))
-        return table.filter(F.col("tombstone") == "waiting").count() if "tombstone" in table.columns else 0
+        rows = delta_rows(spark, settings, str(settings.cold_path), ["tombstone"])
+        return sum(row.get("tombstone") == "waiting" for row in rows)
 
     assert_eventually(lambda: tombstones() >= 2, timeout_s=60,
                       message="both cancels parked beside their timers")
@@ -49,8 +50,9 @@ def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstra
     restarted_ms = int(time.time() * 1000)
     with DelayProducer(settings) as producer:
         producer.cancel(waiting)          # sent again after the restart: harmless
-    marker = Path(settings.checkpoint_path) / "cold" / "loaded_until"
-    assert_eventually(lambda: json.loads(marker.read_text())["loaded_until"] >= due - due % 2000,
+    marker = f"{settings.checkpoint_path}/cold/loaded_until"
+    assert_eventually(lambda: json.loads(store_text(settings, marker))["loaded_until"]
+                      >= due - due % 2000,
                       timeout_s=90, message="the timers' bucket rolled into the wheel")
     assert int(time.time() * 1000) < due - 4_000, \
         f"rolled early enough to cancel in the wheel (restarted {due - restarted_ms} ms before due)"

@@ -11,13 +11,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pyspark.sql import functions as F
 
 from sinks import store
 from streaming.kafka.admin import admin_client, create_topic
 from tests.faults.conftest import (SteadyLoad, check_all_delivered, check_late,
                                    check_ledgered_once, ledger_senders, real_topic)
-from tests.support import assert_eventually
+from tests.support import assert_eventually, delta_rows, s3_client
 
 KILLS = 2
 
@@ -78,10 +77,8 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
     if where == "s3":   # the test's Spark has no S3A: pyarrow's S3 client looks
         from pyarrow import fs
 
-        s3 = fs.S3FileSystem(access_key=settings.s3_access_key, endpoint_override=settings.s3_endpoint,
-                             secret_key=settings.s3_secret_key.get_secret_value(), scheme="http")
         commits = fs.FileSelector(settings.checkpoint_path.removeprefix("s3a://") + "/commits")
-        assert s3.get_file_info(commits), "Spark's commits on S3"
+        assert s3_client(settings).get_file_info(commits), "Spark's commits on S3"
     else:
         assert (store.path(settings.checkpoint_path) / "commits").is_dir()
 
@@ -94,26 +91,11 @@ def test_kill_and_restart_loses_nothing_and_ledger_is_exact(job_process, spark, 
 
 
 def ledger_rows(spark, settings) -> dict[str, int]:
-    """The ledger's rows per UNIQ_KEY: through the test's Spark, or on S3 through delta-rs (as
-    `delayq ledger` reads it)."""
-    if settings.store.startswith("s3a://"):
-        from collections import Counter
+    """The ledger's rows per UNIQ_KEY."""
+    from collections import Counter
 
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        try:
-            table = DeltaTable(settings.ledger_path,
-                               storage_options=store.object_store_options(settings))
-        except TableNotFoundError:
-            return {}
-        return Counter(table.to_pyarrow_table(columns=["uniq_key"]).column("uniq_key")
-                       .to_pylist())
-    if not store.path(settings.ledger_path).exists():
-        return {}
-    ledger = spark.read.format("delta").load(str(settings.ledger_path))
-    return {r["uniq_key"]: r["n"] for r in
-            ledger.groupBy("uniq_key").agg(F.count("*").alias("n")).collect()}
+    return Counter(row["uniq_key"] for row in delta_rows(spark, settings, settings.ledger_path,
+                                                         ["uniq_key"]))
 
 
 def test_a_paused_dispatch_worker_is_replaced_and_what_it_sends_after_is_fenced(
