@@ -181,3 +181,42 @@ def test_the_ledger_on_s3_is_read_by_delta_rs_as_a_local_one_and_its_summary_sta
                            text=True, timeout=120)
     assert found.returncode == 0 and found.stdout.startswith("k7: delivered"), \
         found.stdout + found.stderr[-2000:]
+
+
+def test_a_write_of_the_cold_marker_killed_on_s3_leaves_the_marker_before_it(s3_store,
+                                                                              test_settings):
+    """The marker on a real S3 server: a process killed (SIGKILL, with its JVM) in the middle of
+    writing it leaves the last whole one, never a part or nothing (one object, made visible at
+    its close)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support import store_text
+
+    settings = load_settings(**{**test_settings.model_dump(), **s3_store,
+                                "store": f"s3a://delayq/marker-{uuid.uuid4().hex[:8]}"})
+    marker = f"{settings.checkpoint_path}/cold/loaded_until"
+    code = f"""
+import os, signal
+from conf import load_settings
+from sinks import store
+from streaming.spark.session import build_session
+build_session(load_settings(), {{"spark.master": "local[1]", "spark.ui.enabled": "false"}})
+marker = store.path({marker!r})
+store.write_atomic(marker, '{{"loaded_until": 1}}')
+_, _, fs, path = marker._fs()   # write_atomic's own write, cut before its close
+out = fs.create(path, True)
+out.write(b'{{"loaded_until": 2')
+out.flush()
+os.killpg(0, signal.SIGKILL)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
+    env.update({f"DELAYQ_{k.upper()}": str(v) for k, v in settings.model_dump().items()
+                if k in ("store", "data_dir", "spark_driver_memory") or k.startswith("s3_")},
+               DELAYQ_S3_SECRET_KEY=settings.s3_secret_key.get_secret_value())
+    killed = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2], env=env,
+                            capture_output=True, text=True, timeout=180, start_new_session=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert store_text(settings, marker) == '{"loaded_until": 1}'
