@@ -9,6 +9,14 @@ from pathlib import Path
 from streaming.cli.arguments import add_common, log_to_stderr, setting_overrides, settings_of
 
 
+def _shown(info: dict, up: str | None = None) -> int:
+    """A local service's status, a line per field; 3 when its `up` field is false (not running)."""
+    width = max(map(len, info)) + 2
+    for key, value in info.items():
+        print(f"{key:{width}} {value}")
+    return 0 if up is None or info[up] else 3
+
+
 def cmd_kafka(args: argparse.Namespace) -> int:
     from streaming.tools import broker
 
@@ -21,10 +29,7 @@ def cmd_kafka(args: argparse.Namespace) -> int:
         stopped = broker.stop(spec)
         print("kafka broker stopped" if stopped else "kafka broker was not running")
     else:
-        info = broker.status(spec)
-        for key, value in info.items():
-            print(f"{key:10} {value}")
-        return 0 if info["answers"] else 3
+        return _shown(broker.status(spec), "answers")
     return 0
 
 
@@ -42,8 +47,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         print(f"spark cluster stopped ({', '.join(stopped)})" if stopped
               else "spark cluster was not running")
     else:
-        for key, value in cluster.status(spec).items():
-            print(f"{key:15} {value}")
+        _shown(cluster.status(spec))
     return 0
 
 
@@ -60,8 +64,7 @@ def cmd_hdfs(args: argparse.Namespace) -> int:
         print(f"hdfs stopped ({', '.join(stopped)})" if stopped else "hdfs was not running")
     else:
         info = hdfs.status(spec)
-        for key, value in info.items():
-            print(f"{key:15} {value}")
+        _shown(info)
         return 0 if info["state"] == "Operational" else 3
     return 0
 
@@ -81,10 +84,7 @@ def cmd_s3(args: argparse.Namespace) -> int:
     elif args.action == "stop":
         print("s3 stopped" if s3.stop(spec) else "s3 was not running")
     else:
-        info = s3.status(spec)
-        for key, value in info.items():
-            print(f"{key:10} {value}")
-        return 0 if info["answers"] else 3
+        return _shown(s3.status(spec), "answers")
     return 0
 
 
