@@ -101,13 +101,15 @@ def in_thread(config: DispatchConfig, clock=time.time) -> tuple[threading.Thread
     return thread, result
 
 
-def ledger_of(bootstrap: str, topic: str, expected: int) -> list[dict]:
+def ledger_of(bootstrap: str, topic: str, expected: int, status: str | None = None
+              ) -> list[dict]:
     """The ledger rows on `topic` (each record a batch of them; probes left out), once
-    `expected` are there."""
+    `expected` are there (of `status`, if given)."""
     flat = lambda records: [row for r in records if r.value
                             for row in ledger_rows(r.value).to_pylist()]
+    counted = lambda rows: sum(status is None or row["status"] == status for row in rows)
     return flat(consume_all(bootstrap, topic, expected=10**9, timeout_s=60,
-                            done=lambda records: len(flat(records)) >= expected))
+                            done=lambda records: counted(flat(records)) >= expected))
 
 
 def _run(config: DispatchConfig) -> None:   # a task in a process of its own, to be killed

@@ -57,14 +57,17 @@ def test_scattered_timers_go_through_the_ring_once_on_time_and_in_due_order(
     assert max(late) < 2_000, f"late by up to {max(late)} ms"
     dues = [int(header_map(r)[H.DELIVER_MS]) for r in records]   # one real partition
     assert dues == sorted(dues), "in due order"
-    rows = ledger_of(kafka_bootstrap, settings.ledger_topic, 2 * len(sent))
+    # Each delivered row is in the transaction that sent its message: all are there by now.
+    rows = ledger_of(kafka_bootstrap, settings.ledger_topic, len(sent), status="delivered")
     ringed = {r["uniq_key"] for r in rows if r["status"] == "ringed"}
     from_ring = {r["uniq_key"] for r in rows if r["status"] == "delivered"
                  and r["ring_offset"] is not None}
     # Those due before the ring's next slot but one when read are held at once (slots of 2 s,
-    # read 1 s ahead); the rest went to the ring.
-    far = {u for u, s in sent.items() if s.due_ms - appended[u] >= 5_000}
-    assert ringed == from_ring and far <= ringed and len(far) > 100, (len(ringed), len(far))
+    # read 1 s ahead: due within 3 to 5 s of their read); the rest went to the ring. A loaded
+    # host reads a record up to some hundreds of ms after its append: 1 s is allowed for it.
+    far = {u for u, s in sent.items() if s.due_ms - appended[u] >= 6_000}
+    assert ringed == from_ring, "each ringed timer read from the ring"
+    assert far <= ringed and len(far) > 75, (len(ringed), len(far - ringed))
     assert len([r for r in rows if r["status"] == "ringed"]) == len(ringed), "each ringed once"
 
 
