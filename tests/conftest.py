@@ -129,6 +129,8 @@ def test_settings(work_dir, kafka_bootstrap):
         # Immediate and level-1 messages go the dispatch tasks' own way from the intake, levels
         # 2 and 3 through the wheel: every test of delivery covers both paths.
         dispatch_direct_max_delay_ms=1000,
+        # A missing real topic dead-letters its message after 3 s, not 10 (the broker is local).
+        dispatch_topic_wait_ms=3000,
         # Timers due from 1 s to 8 s after their append go through each dispatch task's ring
         # of 6 slots of 2 s (streaming/dispatch/ring.py), later ones through the wheel.
         ring_slots=6,

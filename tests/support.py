@@ -65,7 +65,7 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60
                 idle_s: float = 0.0, done: Callable[[list], bool] | None = None,
                 committed: bool = True) -> list:
     """Read `topic` from the beginning until `expected` records arrived (or `done(records)`
-    holds), then `idle_s` more seconds to catch extras, or the deadline passes; as a
+    holds), then `idle_s` more seconds to catch extras, or until the deadline passes; as a
     read_committed consumer, as a user's would (`committed` False: read_uncommitted, aborted
     transactions' records too)."""
     from kafka import KafkaConsumer
@@ -84,7 +84,7 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60
         finished = done or (lambda got: len(got) >= expected)
         while time.monotonic() < deadline and not finished(records):
             records.extend(consumer)
-        settle = time.monotonic() + idle_s
+        settle = time.monotonic() + (idle_s if finished(records) else 0)
         while time.monotonic() < settle:
             records.extend(consumer)
     finally:

@@ -39,6 +39,7 @@ def job_settings(test_settings, work_dir):
             data_dir=work_dir / f"data-{tag}",
             delay_levels=test_settings.delay_levels,
             dispatch_direct_max_delay_ms=test_settings.dispatch_direct_max_delay_ms,
+            dispatch_topic_wait_ms=test_settings.dispatch_topic_wait_ms,
             ring_slots=test_settings.ring_slots, ring_slot_ms=test_settings.ring_slot_ms,
             ring_read_lead_ms=test_settings.ring_read_lead_ms,
             spark_master=test_settings.spark_master,

@@ -116,15 +116,15 @@ def test_any_input_is_delivered_on_time_or_dead_lettered_with_its_reason(data, b
         return [r for r in got if r.value.startswith(f"{tag}-".encode())]
     dead = mine(consume_all(kafka_bootstrap, settings.dlq_topic, expected=0, timeout_s=60,
                             idle_s=1, done=lambda got: {r.value for r in mine(got)} >= want_dead))
-    def delivered_now():
-        return mine(consume_all(kafka_bootstrap, real, expected=0, idle_s=1.5)
-                    + consume_all(kafka_bootstrap, small, expected=0, idle_s=1.5))
+    def delivered_now(idle_s: float = 0.2):
+        return mine(consume_all(kafka_bootstrap, real, expected=0, idle_s=idle_s)
+                    + consume_all(kafka_bootstrap, small, expected=0, idle_s=idle_s))
     deadline = time.monotonic() + 60
     delivered = delivered_now()
     while {r.value for r in delivered} < want_sent and time.monotonic() < deadline:
         delivered = delivered_now()
     time.sleep(2)  # a duplicate would show up now
-    delivered = delivered_now()
+    delivered = delivered_now(1.5)
 
     assert sorted(r.value for r in dead) == sorted(want_dead), "each bad record, once, on the DLQ"
     for record in dead:

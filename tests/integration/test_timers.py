@@ -92,7 +92,7 @@ def test_cancel_after_delivery_is_counted_and_harmless(job_settings, start_job, 
 
     from sinks.metrics import Metrics
 
-    settings = job_settings()
+    settings = job_settings(ledger_interval="2s")   # misses are counted by the ledger query
     real = new_topic(**LOG_APPEND)
     metrics = Metrics(CollectorRegistry(), version="test", spark_version="test")
     job = start_job(settings, metrics=metrics)
