@@ -302,9 +302,11 @@ def test_a_cancel_within_the_window_finds_its_timer_in_its_dispatch_task(
     check_deliveries(records, sent, lateness_log=late)
     lateness_log.extend(late)
     assert max(late) < 2_000, late
-    rows = ledger_of(kafka_bootstrap, settings.ledger_topic, 4)
+    # Awaited by the rows it checks (the deliveries came in the same transactions as theirs).
+    rows = ledger_of(kafka_bootstrap, settings.ledger_topic, 2, status="cancelled")
     assert {r["uniq_key"]: r["status"] for r in rows if r["status"] != "delivered"} == {
         near.uniq_key: "cancelled", far.uniq_key: "cancelled"}
+    assert sorted(r["uniq_key"] for r in rows if r["status"] == "delivered") == sorted(sent)
     tables = Tables(lambda: spark)
     for handle in (near, far):
         where = lookup.find(tables, settings, handle.uniq_key, Path(job.checkpoint))
