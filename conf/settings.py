@@ -99,6 +99,7 @@ class Settings(BaseSettings):
     ring_slots: NonNegativeInt
     ring_slot_ms: PositiveInt
     ring_read_lead_ms: NonNegativeInt
+    ring_markers_wait_ms: PositiveInt
     dispatch_fetch_gap: NonNegativeInt
     fire_lead_per_message_us: NonNegativeInt
     heartbeat_ms: PositiveInt

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 # A ring record's header: what its row needs besides its message and delivered headers.
 RING = "DELAYQ_RING"
+# The only header of a filler: a record of no timer, written to commit a hanging transaction's
+# records (`Ringing._fill`); a read skips it.
+FILL = (RING, b"fill")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class RingConfig:
     slot_ms: int     # w
     lead_ms: int     # a slot is read this long before it starts
     lead_per_message_us: int = 0   # ... and this much earlier per record it holds
+    markers_wait_ms: int = 5_000   # a read short of a commit this long: its markers were lost
 
 
 def ring_value(row: Row) -> bytes:
@@ -73,6 +77,7 @@ class Ring:
         self.reading: tuple[int, int] | None = None   # (slot, partition) being read
         self.until = 0   # the open slot's partition is read to here at least (`open`)
         self.read_to: int | None = None   # where its read ended, past markers (`pump`)
+        self.short_since: float | None = None   # since when its read ends short (`hanging`)
         # The keys the open slot's read took: at least once, a restart between a ring write's
         # ack and its ledger row's writes the timer again, next to the first (same due, slot).
         self.seen: set[tuple[str, int]] = set()
@@ -127,6 +132,7 @@ class Ring:
         written, and until then a read_committed read ends short of what it committed."""
         part = self.partition(slot)
         self.until, self.read_to, self.seen = self.ends.get(part, 0), None, set()
+        self.short_since = None
         if position >= self.until:
             self.next_slot = slot + 1
             return
@@ -148,16 +154,33 @@ class Ring:
                     if msg.offset() >= self.until:   # past the markers too: the task's position
                         self.read_to = msg.offset()
                         return self._read(rows)
-                    continue   # the commit's markers are not written yet
+                    # the commit's markers are not written yet
+                    self.short_since = self.short_since or time.monotonic()
+                    continue
                 if err.fatal() or err.code() == KafkaError._AUTO_OFFSET_RESET:
                     raise RuntimeError(f"ring read of partition {part}: {err}")
                 log.warning("ring read of partition %d: %s", part, err)
+                continue
+            self.short_since = None
+            if msg.headers() == [FILL]:
                 continue
             row = ring_row(msg)
             if self.slot(row.due_ms) > slot:   # a later turn's: it waits for its own
                 return self._read(rows)
             rows.append(row)
         return rows
+
+    def hanging(self) -> int | None:
+        """The open slot's partition if its read has ended short of the end the task knows for
+        `markers_wait_ms`: the broker lost the markers of a commit that wrote there (seen when it
+        restarted at that moment), and read_committed reads stop before those records until
+        another transaction of the task's producer writes there and commits. Named once per
+        wait."""
+        if self.short_since is None or \
+                time.monotonic() - self.short_since < self.config.markers_wait_ms / 1000:
+            return None
+        self.short_since = None
+        return self.reading[1]
 
     def _fetched(self, wait_s: float, deadline: float, more: Callable[[], bool]) -> Iterator:
         """Records fetched, `read_batch` at a time, for up to PUMP_S (the task sends what is due
@@ -229,9 +252,8 @@ class Ringing:
     def _turn_ring(self, done: dict[tuple[str, int], int]) -> None:
         """Read the ring's next slot when its time comes (after what the open transaction wrote
         there is committed), one slot at a time, opened while the task holds under half its most
-        and read while under its most (beyond, a slot's rows may leave out of due order);
-        its rows are held like any, or skipped when the ledger holds them done (read again after
-        a restart: the ring's offsets are committed outside the transactions)."""
+        and read while under its most (beyond, a slot's rows may leave out of due order); its rows
+        held like any, or skipped when the ledger holds them done (read again after a restart)."""
         ring = self.ring
         if ring is None or not self.skew.measured:
             return
@@ -251,10 +273,16 @@ class Ringing:
         if room <= 0:   # bounded: the rest of the slot waits
             return
         rows = ring.pump(room)
+        if self.txn and (hanging := ring.hanging()) is not None:
+            self._commit_hanging(ring.config.topic, hanging, [FILL])
         if ring.read_to is not None:   # its position past the markers, which retention may drop
-            self.offsets[(ring.config.topic, ring.partition(ring.next_slot - 1))].skip(
-                ring.read_to - 1)
+            topic_part = (ring.config.topic, ring.partition(ring.next_slot - 1))
+            self.offsets[topic_part].skip(ring.read_to - 1)
             ring.read_to = None
+        self._hold_ring_rows(rows, done)
+
+    def _hold_ring_rows(self, rows: list[Row], done: dict[tuple[str, int], int]) -> None:
+        ring = self.ring
         for row in rows:
             key = (row.uniq_key, row.due_ms)
             if key in ring.seen or key in ring.held_instead or (

@@ -119,6 +119,21 @@ class Transactions:
         self.at_commit = (self.sent, self.dead)
         self.producer.begin_transaction()
 
+    def _commit_hanging(self, topic: str, part: int, filler: list) -> None:
+        """Commit the records a commit's lost markers left hanging in `part` of delayq's own
+        `topic`: a filler (`filler` its headers) written there in the task's transaction, whose
+        commit markers end the producer's whole open transaction in that partition. The task's
+        commit of those records returned: they are committed, as the coordinator decided. (Kafka
+        4.4 lost a commit's markers when the broker stopped just after it; with librdkafka 2.16's
+        transactions, no KIP-890, nothing else ends them but the producer's next commit there.)"""
+        log.warning("dispatch %d: %s [%d] ends short of the records the task committed there (the "
+                    "broker lost the commit's markers); a filler commits them", self.partition,
+                    topic, part)
+        refused = lambda err, msg: err and self._refused_in_transaction(None, err)  # noqa: E731
+        self.producer.produce(topic, None, None, part, on_delivery=refused, headers=filler)
+        self.in_transaction = True
+        self._commit_transaction()
+
     def _await_acks(self) -> None:
         """Every queued record acknowledged and every acked row's ledger record queued (the broker
         away: librdkafka resumes, and this waits), unless a topic records wait for is gone."""

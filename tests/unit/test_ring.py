@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError
 
-from streaming.dispatch.ring import RING, Ring, RingConfig, ring_row, ring_value
+from streaming.dispatch import ring as ring_module
+from streaming.dispatch.ring import FILL, RING, Ring, RingConfig, ring_row, ring_value
 from streaming.dispatch.rules import Row
 
 CONFIG = RingConfig("in.TIMERS", slots=6, slot_ms=2_000, lead_ms=1_000)
@@ -38,6 +39,16 @@ class Record:
 
     def value(self):
         return self._row.value
+
+
+class Filler(Record):
+    """A filler (`Ringing._fill`): no timer, its only header FILL."""
+
+    def __init__(self, offset: int, partition: int):
+        self._offset, self._partition = offset, partition
+
+    def headers(self):
+        return [FILL]
 
 
 class End:
@@ -73,6 +84,7 @@ def ring(task: int = 1) -> Ring:
     ring = Ring.__new__(Ring)   # no consumer: the rules only
     ring.config, ring.task, ring.ends, ring.reading, ring.dirty = CONFIG, task, {}, None, set()
     ring.written, ring.until, ring.read_to, ring.seen = {}, 0, None, set()
+    ring.short_since = None
     ring.held_instead, ring.first_turn_until, ring.read_batch = set(), 0, 250
     return ring
 
@@ -157,3 +169,26 @@ def test_a_later_turns_row_ends_a_slots_read_and_a_lost_position_stops_the_task(
     r.open(52, position=0)
     with pytest.raises(RuntimeError, match="ring read of partition"):
         r.pump(100)
+
+
+def test_a_read_short_of_the_tasks_commit_for_the_markers_wait_is_hanging_and_a_filler_is_skipped(
+        monkeypatch):
+    """The broker lost a commit's markers: the slot's read ends short of what the task committed
+    there. After `markers_wait_ms` the partition is named (the task writes a filler there, whose
+    commit commits the hanging records); the read then passes them and skips the filler."""
+    now = [100.0]
+    monkeypatch.setattr(ring_module.time, "monotonic", lambda: now[0])
+    r = ring()
+    part = r.partition(51)
+    r.next_slot, r.ends[part] = 51, 1
+    hung = Record(timer(102_100), offset=0, partition=part)
+    r.consumer = Consumer([End(0)], [], [], [], [hung, Filler(1, part), End(3)])
+    r.open(51, position=0)
+    assert r.pump(100) == [] and r.hanging() is None, "markers may still come"
+    now[0] += 4.9
+    assert r.pump(100) == [] and r.hanging() is None
+    now[0] += 0.1
+    assert r.pump(100) == [] and r.hanging() == part
+    rows = r.pump(100)   # the filler committed: the hanging record, then the filler, then the end
+    assert [row.uniq_key for row in rows] == [hung._row.uniq_key] and r.read_to == 3
+    assert r.reading is None and r.next_slot == 52 and r.hanging() is None
