@@ -176,7 +176,7 @@ class Ring:
         restarted at that moment), and read_committed reads stop before those records until
         another transaction of the task's producer writes there and commits. Named once per
         wait."""
-        if self.short_since is None or \
+        if self.reading is None or self.short_since is None or \
                 time.monotonic() - self.short_since < self.config.markers_wait_ms / 1000:
             return None
         self.short_since = None
@@ -196,7 +196,7 @@ class Ring:
         """The open slot is read: the next may open (the task's position of the partition stays
         after its last row read, before any later turn's)."""
         self.consumer.unassign()
-        self.reading, self.next_slot = None, self.next_slot + 1
+        self.reading, self.next_slot, self.short_since = None, self.next_slot + 1, None
         return rows
 
     def close(self) -> None:

@@ -192,3 +192,11 @@ def test_a_read_short_of_the_tasks_commit_for_the_markers_wait_is_hanging_and_a_
     rows = r.pump(100)   # the filler committed: the hanging record, then the filler, then the end
     assert [row.uniq_key for row in rows] == [hung._row.uniq_key] and r.read_to == 3
     assert r.reading is None and r.next_slot == 52 and r.hanging() is None
+    # Ended short, then past the end with no record between (an aborted batch skipped): read,
+    # and no longer waited for.
+    r.ends[r.partition(52)] = 2
+    r.consumer = Consumer([End(0)], [], [End(3)])
+    r.open(52, position=0)
+    assert r.pump(100) == [] and r.pump(100) == [] and r.reading is None
+    now[0] += 10
+    assert r.hanging() is None
