@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 # A ring record's header: what its row needs besides its message and delivered headers.
 RING = "DELAYQ_RING"
 # The only header of a filler: a record of no timer, written to commit a hanging transaction's
-# records (`Ringing._fill`); a read skips it.
+# records (txn.py `_commit_hanging`); a read skips it.
 FILL = (RING, b"fill")
 
 
@@ -50,9 +50,9 @@ def ring_value(row: Row) -> bytes:
             .encode())
 
 
-def ring_row(msg) -> Row:
-    """A ring record as the row it was written from, its source now the ring partition."""
-    headers = msg.headers() or []
+def ring_row(msg, headers: list | None = None) -> Row:
+    """A ring record as the row it was written from, its source the ring (`headers`: if read)."""
+    headers = headers or msg.headers() or []
     due, level, append, ipart, ioff, topic, qid = headers[-1][1].decode().split(",")
     delivered = headers[:-1]   # the message's own headers, then UNIQ_KEY and DELIVER_MS
     return Row(int(due), int(ipart), int(ioff), msg.offset(), topic, int(qid) if qid else None,
@@ -162,9 +162,9 @@ class Ring:
                 log.warning("ring read of partition %d: %s", part, err)
                 continue
             self.short_since = None
-            if msg.headers() == [FILL]:
+            if (headers := msg.headers()) == [FILL]:
                 continue
-            row = ring_row(msg)
+            row = ring_row(msg, headers)
             if self.slot(row.due_ms) > slot:   # a later turn's: it waits for its own
                 return self._read(rows)
             rows.append(row)

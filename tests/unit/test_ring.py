@@ -42,7 +42,7 @@ class Record:
 
 
 class Filler(Record):
-    """A filler (`Ringing._fill`): no timer, its only header FILL."""
+    """A filler (txn.py `_commit_hanging`): no timer, its only header FILL."""
 
     def __init__(self, offset: int, partition: int):
         self._offset, self._partition = offset, partition
