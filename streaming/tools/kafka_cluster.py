@@ -101,7 +101,3 @@ def kill(spec: broker.BrokerSpec) -> None:
 def restart(spec: broker.BrokerSpec, timeout_s: float = 180.0) -> None:
     broker.wait_ready(spec, launch(spec), timeout_s)
 
-
-def stop(nodes: list[broker.BrokerSpec]) -> None:
-    for spec in nodes:
-        broker.stop(spec)

@@ -1,28 +1,25 @@
 """Cancels of timers parked in the cold tier survive a SIGKILL of the job and its restart: a
 cancel parked beside its timer, a cancel that came before its timer, a cancel sent again after
 the restart, and a cancel of a timer that rolled into the wheel after it; their neighbour with
-the same due time is delivered on time: with the checkpoint and the cold table in a folder, and
-on a real S3 server (s3proxy)."""
+the same due time is delivered on time: with the checkpoint and the cold table on a real S3 server
+(s3proxy; a folder is the same Delta table through Hadoop's local file system, which
+tests/integration/test_timers.py runs)."""
 from __future__ import annotations
 
 import json
 import time
 import uuid
 
-import pytest
 from streaming.kafka.admin import admin_client, create_topic
 from streaming.producer import DelayProducer
 from tests.integration.test_timers import COLD, cancel_elsewhere
 from tests.support import assert_eventually, consume_all, delta_rows, header_map, store_text
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstrap, where,
-                                               request):
+def test_cold_tier_cancels_hold_across_a_kill(job_process, spark, kafka_bootstrap, s3_store):
     # The roll 21 s before due (horizon and tolerance): room for a slow hour's batches after
     # the restart, and for the cancel sent after the roll to reach the wheel before it fires.
-    on_s3 = {**request.getfixturevalue("s3_store"),
-             "store": f"s3a://delayq/cold-{uuid.uuid4().hex[:8]}"} if where == "s3" else {}
+    on_s3 = {**s3_store, "store": f"s3a://delayq/cold-{uuid.uuid4().hex[:8]}"}
     job, settings = job_process(**{**COLD, "near_horizon": "20s", **on_s3})
     admin = admin_client(settings)
     real = f"real-{settings.intake_topic}"

@@ -1,7 +1,7 @@
 """The store on a real HDFS (NameNode and DataNode from .lib/hdfs): delayq's own files beside
 Spark's, and the checkpoint's guards, read and written through Spark's Hadoop client; the ledger
 on a real S3 server (s3proxy) read by delta-rs. The whole job on HDFS and on S3, killed under
-load: tests/faults/test_kill.py[hdfs] and [s3]."""
+load: tests/faults/test_kill.py[hdfs-at_least_once] and [s3]."""
 from __future__ import annotations
 
 import json
