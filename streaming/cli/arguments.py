@@ -27,8 +27,7 @@ PACKAGES = ("conf", "state", "sinks", "streaming")
 
 
 def log_to_stderr(level: str) -> None:
-    """delayq's loggers at `level`, other libraries' at WARNING (kafka-python's INFO is a line
-    per connection)."""
+    """delayq's loggers at `level`, other libraries' at WARNING, kafka-python's silent."""
     import logging
 
     handler = logging.StreamHandler(sys.stderr)
@@ -39,8 +38,10 @@ def log_to_stderr(level: str) -> None:
     root.setLevel(logging.WARNING)
     for package in PACKAGES:
         logging.getLogger(package).setLevel(level)
-    # kafka-python warns of any event-loop task over 100 ms, as a busy 2-core host causes.
-    logging.getLogger("kafka.net.selector").setLevel(logging.ERROR)
+    # kafka-python's failures reach delayq as exceptions, which it reports in its own words;
+    # its log has a line per connection (INFO), per event-loop task over 100 ms (WARNING, as a
+    # busy 2-core host causes), and 4 a second while the broker is away (WARNING, ERROR).
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

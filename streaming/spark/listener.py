@@ -44,11 +44,22 @@ class OffsetMirror:
         self._intake = intake_topic
         self._commit = commit
         self._last: dict[int, int] = {}
+        self._failing = False
 
     def __call__(self, progress: dict) -> None:
         offsets: dict[int, int] = {}
         for source in progress.get("sources", []):
             offsets.update(_offsets(source.get("endOffset"), self._intake))
-        if offsets and offsets != self._last:
+        if not offsets or offsets == self._last:
+            return
+        try:
             self._commit(offsets)
-            self._last = offsets
+        except Exception as exc:   # the broker away: the next report tries again
+            if not self._failing:
+                log.warning("could not commit the intake's offsets to its consumer group (%s: %s);"
+                            " retrying with the next progress report", type(exc).__name__, exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("the intake's offsets are committed to its consumer group again")
+        self._failing, self._last = False, offsets

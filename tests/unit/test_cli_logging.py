@@ -12,7 +12,8 @@ from streaming.cli import arguments as cli
 @pytest.fixture
 def clean_logging():
     root = logging.getLogger()
-    saved = root.handlers[:], root.level, {p: logging.getLogger(p).level for p in cli.PACKAGES}
+    saved = root.handlers[:], root.level, {p: logging.getLogger(p).level
+                                           for p in (*cli.PACKAGES, "kafka")}
     root.handlers = []
     yield
     root.handlers, level, levels = saved
@@ -25,13 +26,45 @@ def test_delayqs_info_lines_are_shown_and_other_libraries_only_from_warning(clea
     cli.log_to_stderr(load_settings().log_level)
     logging.getLogger("streaming.dispatch.supervisor").info("dispatch task 1 restarted")
     logging.getLogger("streaming.job").info("batch 7 waited 1.2 s")
-    logging.getLogger("kafka.net.manager").info("Attempting bootstrap")
-    logging.getLogger("kafka.net.manager").warning("broker gone")
+    logging.getLogger("py4j.clientserver").info("Python Server ready")
+    logging.getLogger("py4j.clientserver").warning("answer lost")
     err = capsys.readouterr().err
     assert "INFO streaming.dispatch.supervisor: dispatch task 1 restarted" in err
     assert "INFO streaming.job: batch 7 waited 1.2 s" in err
-    assert "Attempting bootstrap" not in err
-    assert "WARNING kafka.net.manager: broker gone" in err
+    assert "Python Server ready" not in err
+    assert "WARNING py4j.clientserver: answer lost" in err
+
+
+def test_kafka_pythons_lines_are_not_shown_and_an_unreachable_broker_is_one_line(clean_logging,
+                                                                                 capsys):
+    """A broker away for 15 s put 60 lines of kafka-python's and a traceback per progress report
+    of the offset mirror's into the job's log, before its own lines; its failures reach delayq
+    as exceptions: the mirror says so once, and once when it commits again."""
+    from streaming.spark.listener import OffsetMirror
+
+    cli.log_to_stderr(load_settings().log_level)
+    logging.getLogger("kafka.net.manager").info("Attempting bootstrap")
+    logging.getLogger("kafka.cluster").warning("No node available for metadata refresh")
+    logging.getLogger("kafka.net.connection").error("Connection lost: 111 ECONNREFUSED")
+    broker_away, committed = True, []
+
+    def commit(offsets):
+        if broker_away:
+            raise ConnectionError("111 ECONNREFUSED")
+        committed.append(offsets)
+
+    mirror = OffsetMirror("intake", commit)
+    for end in (5, 6, 7):
+        mirror({"sources": [{"endOffset": {"intake": {"0": end}}}]})
+    broker_away = False
+    mirror({"sources": [{"endOffset": {"intake": {"0": 7}}}]})   # the same end: committed now
+    assert committed == [{0: 7}]
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == [
+        "WARNING streaming.spark.listener: could not commit the intake's offsets to its consumer "
+        "group (ConnectionError: 111 ECONNREFUSED); retrying with the next progress report",
+        "INFO streaming.spark.listener: the intake's offsets are committed to its consumer group "
+        "again"]
 
 
 def test_the_setting_quiets_delayqs_lines(clean_logging, capsys, monkeypatch):
