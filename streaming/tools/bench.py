@@ -110,10 +110,9 @@ class Plan:
         """The CI form: small, quick, fails only on early or lost messages (restart: an outage)."""
         return cls(scenarios=("raw", "raw-steady", "drain", "steady", "timers", "burst",
                               "scattered", "backlog", "restart"), drain=5_000, rate=1_000,
-                   seconds=10, warmup_s=5, burst=5_000, burst_lead_s=25, timers_spread_s=20,
-                   scattered_fill_s=10,
-                   scattered_spread_s=20, backlog=20_000, backlog_rate=500,
-                   backlog_seconds=10, restart_down_s=5, restart_backlog=2_000)
+                   seconds=6, warmup_s=3, burst=5_000, burst_lead_s=15, timers_spread_s=15,
+                   scattered_fill_s=5, scattered_spread_s=15, backlog=10_000, backlog_rate=500,
+                   backlog_seconds=5, restart_down_s=5, restart_backlog=2_000)
 
 
 @dataclass
