@@ -168,16 +168,22 @@ class Sending:
 
     def _probe(self, wait: bool = False) -> None:
         """An empty ledger record whose ack measures the clock (Skew); the ledger query ignores
-        it; at the start, nothing is sent until then. Lost: not sent again."""
+        it; at the start, nothing is sent until then (`wait`: its ack or its failure awaited,
+        a minute at most). Lost: not sent again; unmeasured, the task's loop probes again."""
         self._last_ack = time.monotonic()
+        failed = []
+
+        def probed(err, msg) -> None:
+            if err is not None:
+                failed.append(err)
+            self._ledgered(err, msg, [], None)
         try:
             self.producer.produce(self.ledger.topic, value=b"", headers=[(PROBE, b"1")],
-                                  partition=self.partition,
-                                  on_delivery=lambda err, msg: self._ledgered(err, msg, [], None))
+                                  partition=self.partition, on_delivery=probed)
             self.in_transaction = True
         except BufferError:   # the next one goes at its interval
             pass
         deadline = time.monotonic() + 60
-        while wait and not self.skew.measured and time.monotonic() < deadline:
+        while wait and not (self.skew.measured or failed) and time.monotonic() < deadline:
             self.producer.poll(0.05)
             self._release()

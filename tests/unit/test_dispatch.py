@@ -148,6 +148,31 @@ def test_a_ledger_record_whose_delivery_failed_is_sent_again_itself():
         again_report(None, Acked(9, kind=TIMESTAMP_CREATE_TIME))   # no clock to measure by
 
 
+def test_a_probe_refused_at_the_start_ends_the_wait_for_it_and_nothing_is_sent_unmeasured():
+    """At a task's start nothing is sent until a probe's ack measures the clock. A refused
+    probe (the broker just back, say) held the start for the wait's whole minute, sending
+    nothing; its failure ends the wait, the clock still unmeasured, for the task's loop to
+    probe again."""
+    import time as clock
+
+    from streaming.dispatch.task import _Task
+
+    class Refusing(Producer):
+        def poll(self, timeout):
+            for _value, report in self.sent[self.polled:]:
+                report(KafkaError(KafkaError.INVALID_TXN_STATE), None)
+            self.polled = len(self.sent)
+
+    task = _Task.__new__(_Task)
+    task.skew, task.txn, task.partition = Skew("ledger", 60_000), True, 0
+    task.ledger, task.producer = SimpleNamespace(topic="ledger"), Refusing()
+    task.producer.polled, task._release = 0, lambda: None
+    started = clock.monotonic()
+    task._probe(wait=True)
+    assert clock.monotonic() - started < 1, "the wait ended with the probe's failure"
+    assert len(task.producer.sent) == 1 and not task.skew.measured
+
+
 def _acked(n: int, body: int, dead: bool) -> list:
     reason = "unknown_topic: REAL_TOPIC 'gone' does not exist" if dead else None
     return [(Row(1000 + i, 0, i, i, "gone", None, b"k", b"v" * body, [("trace", b"t")], 1, 0,
