@@ -86,6 +86,10 @@ def test_broker_stopped_or_hung_under_load_loses_nothing(own_broker, job_process
     assert outcome.duplicates == 0, f"{outcome.duplicates} read twice (read_committed)"
     check_ledgered_once(settings, load)
     job.stop()
+    # The outage in the job's log in delayq's words, not kafka-python's lines, several a second.
+    said = job.log.read_text(errors="replace")
+    assert " kafka." not in said, [line for line in said.splitlines() if " kafka." in line][:5]
+    assert said.count("could not commit the intake's offsets") <= 1, said[-3000:]
     with capsys.disabled():
         print(f"\nbroker {fault}: {down_s:.1f} s, {len(load.sent)} messages, lost 0, early 0, "
               f"duplicates {outcome.duplicates}, max lateness {max(outcome.lateness_ms)} ms, "
