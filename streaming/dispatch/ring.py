@@ -210,7 +210,11 @@ class Ringing:
     def _ring_write(self, row: Row) -> None:
         """`row` to its slot's partition of the ring; once acked, its ledger row `ringed`
         (with it in the transaction) settles its intake record. One whose slot was read while it
-        waited (a full queue, a retry) is held instead."""
+        waited (a full queue, a retry) is held instead; one read while a commit awaits its acks
+        waits for the next transaction (txn.py `_acks_awaited`)."""
+        if self.committing:
+            self.deferred.append(row)
+            return
         if not self.ring.takes(row, self._now_ms()):
             if self._now_ms() < self.ring.first_turn_until:
                 self.ring.held_instead.add((row.uniq_key, row.due_ms))
@@ -266,8 +270,7 @@ class Ringing:
             if slot is None or self._holding() >= self.config.max_held // 2:
                 return
             if part in ring.dirty:
-                self._commit_transaction() if self.txn else self.producer.flush(30)
-                ring.dirty.clear()
+                self._ring_committed()
             ring.open(slot, self.offsets[(ring.config.topic, part)].position)
         room = self.config.max_held - self._holding()
         if room <= 0:   # bounded: the rest of the slot waits

@@ -81,6 +81,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
         self.ledger_end = 0
         self.sent = self.dead = self.skipped = 0
         self.stopping = False
+        self.done: dict | None = None   # what the ledger held at the start (`_resume`)
         self.held: Counter[int] = Counter()   # rows read and not yet in the ledger, by level
         self.offsets: dict = {None: Offsets(0)}   # Row.source → its rows read and not done
         Reading.__init__(self, config)
@@ -91,7 +92,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
         config = self.config
         if self.txn:   # first: what an earlier run left open is aborted before anything is read
             retrying(self._begin)
-        done = self._resume()
+        done = self.done = self._resume()
         self._probe(wait=True)
         if self.ring is not None:
             self.ring.start(self._now_ms())
