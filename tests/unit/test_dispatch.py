@@ -1,6 +1,6 @@
 """The dispatch task's pure parts (streaming/dispatch/rules.py): reading a fired row back from its ready
 record, the commit point, a wheel batch's copies, the host clock's offset to the broker's, the ledger records' size and
-their retry (against a stand-in producer)."""
+their retry, the intake read during a commit's ack wait (against a stand-in producer)."""
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -476,3 +476,48 @@ def test_a_row_waits_only_behind_its_own_intake_partition_s_reference_without_a_
     Bodies.wanted = {0: (2_200, 0, 73)}   # the first one read; a later one due 2,200 waits
     task._send_due()
     assert sent == ["due-2100"], "the earlier-due row back, the later one still aside"
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_a_timer_read_while_a_commit_awaits_its_acks_is_ringed_in_the_next_transaction(stopping):
+    """While a commit waits for its acks the task reads the intake on (txn.py `_acks_awaited`):
+    a timer it reads then for the ring is written after that commit, into the transaction it
+    opens, never into the one being committed. A stopping task only waits."""
+    from streaming.dispatch.task import _Task
+
+    events = []
+
+    class Committing:
+        def __init__(self):
+            self.unacked = 1
+
+        def flush(self, timeout):
+            events.append("flush")
+            left, self.unacked = self.unacked, 0
+            return left
+
+        def commit_transaction(self, timeout):
+            events.append("commit")
+
+        def begin_transaction(self):
+            events.append("begin")
+
+    task = _Task.__new__(_Task)
+    task.txn, task.partition, task.stopping, task.done = True, 0, stopping, {}
+    task.committing, task.deferred, task.doomed, task.retry = False, [], None, []
+    task.in_transaction, task.producer, task.sent, task.dead = True, Committing(), 0, 0
+    task.config = SimpleNamespace(ack_check_s=60)
+    task._release = task._ledger = lambda force=False: None
+    task._now_ms = lambda: 0
+    task.ring = SimpleNamespace(takes=lambda row, now: True, slot=lambda due: 0,
+                                partition=lambda slot: 3, config=SimpleNamespace(topic="ring"),
+                                dirty=set(), written={})
+    task._produce = lambda topic, part, row, headers, report: events.append(row.uniq_key) or True
+    timer = Row(60_000, 0, 7, 7, "real", None, b"k", b"v", [], -1, 0, "t1")
+    task._consume = lambda wait_s, done: events.append("read") or task._ring_write(timer)
+    task._commit_transaction()
+    if stopping:
+        assert events == ["flush", "flush", "commit", "begin"], "a stopping task reads nothing"
+    else:
+        assert events == ["flush", "read", "flush", "commit", "begin", "t1"]
+        assert task.deferred == [] and task.ring.dirty == {3} and not task.committing
