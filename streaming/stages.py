@@ -4,6 +4,7 @@ one place."""
 from __future__ import annotations
 
 from conf.settings import Settings
+from sinks import store
 from state.envelope import Rules
 from state.groups import WheelConfig
 from streaming.dispatch.ring import RingConfig
@@ -102,4 +103,5 @@ def ledger_config_of(settings: Settings) -> LedgerConfig:
     return LedgerConfig(source=spark_options(settings), topic=settings.ledger_topic,
                         tables=settings.ledger, ledger_path=str(settings.ledger_path),
                         dead_letter_path=str(settings.dead_letter_path),
-                        interval_ms=settings.ledger_interval_ms)
+                        interval_ms=settings.ledger_interval_ms,
+                        table_options=store.object_store_options(settings))

@@ -1,16 +1,18 @@
 """The ledger query: the ledger topic → the Delta ledger and dead-letter tables (unless `ledger`
 is off) every `ledger_interval`, and the delivery metrics. Appends are idempotent on (query id,
-batch id); a message is in the ledger topic once (a restart skips what it holds), so no state."""
+batch id); a message is in the ledger topic once (a restart skips what it holds), so no state.
+The ledger's append and the counts run in one executor task (streaming/ledger/append.py)."""
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.streaming import StreamingQuery
 
 from sinks.base import BatchSummary
@@ -18,6 +20,7 @@ from sinks.delta import append_once, query_id
 from sinks.dead_letters import dead_letter_columns
 from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.dispatch.cancels import CANCELLED, MISSED
+from streaming.ledger.append import COUNTS_SCHEMA, LedgerAppend, delta_rs_uri, ledger_task
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,7 @@ class LedgerConfig:
     ledger_path: str
     dead_letter_path: str
     interval_ms: int
+    table_options: dict = field(default_factory=dict)   # delta-rs's for an s3a:// store
 
 
 def ledger_stream(spark: SparkSession, config: LedgerConfig) -> DataFrame:
@@ -55,27 +59,10 @@ def decode(batches):
             yield from pa.concat_tables(tables).to_batches()
 
 
-def counted(rows: DataFrame) -> list[dict]:
-    """The batch's ledger rows counted by status, level, reason and whether the dispatch read
-    them from the intake itself: rows, lateness sum and per histogram bucket. An aggregation of
-    the committed rows (not an accumulator: a retried task would count its rows again)."""
-    lateness = F.col("sent_ms") - F.col("due_ms")
-    # Read from the intake by the dispatch itself (dispatch/direct.py): neither fired by the
-    # wheel nor ringed, so never seen by the wheel, and counted as received here.
-    direct = F.col("ready_offset").isNull() & F.col("ring_offset").isNull()
-    return [row.asDict() for row in rows.groupBy(
-        "status", "level", "reason", direct.alias("direct")).agg(
-        F.count(F.lit(1)).alias("count_all"), F.sum(lateness).alias("lateness_sum"),
-        *(F.sum((lateness <= int(bound * 1000)).cast("long")).alias(f"le{i}_sum")
-          for i, bound in enumerate(LATENESS_BUCKETS))).collect()]
-
-
 class LedgerWriter:
     """foreachBatch of the ledger query."""
 
     def __init__(self, config: LedgerConfig, checkpoint: str, metrics: Metrics | None):
-        from pyspark.sql.pandas.types import from_arrow_schema
-
         from streaming.ledger.records import ledger_schema
 
         self.config, self.checkpoint, self.metrics = config, checkpoint, metrics
@@ -108,39 +95,23 @@ class LedgerWriter:
             self.idle.set()
 
     def _write(self, batch: DataFrame, batch_id: int) -> None:
-        now_ms = int(time.time() * 1000)
-        rows = batch.mapInArrow(decode, self._schema)
-        if self.config.tables:   # decoded once for the appends and the counts
-            rows = rows.persist()
-        try:
-            if self.config.tables:
-                self._append(rows, batch_id, now_ms)
-            summary = self._summary(batch_id, counted(rows))
-            if summary.count("dead") and self.config.tables:
-                # Rows the dispatch could not deliver (the real topic refused them), as they
-                # came, to the dead-letter table beside those the wheel rejected.
-                dead = rows.filter(F.col("status") == "dead").select(
-                    *dead_letter_columns(batch_id))
-                append_once(dead, self.config.dead_letter_path, self._query_id,
-                            batch_id, ("dead_date",))
-        finally:
-            rows.unpersist()
+        tables = self.config.tables
+        target = LedgerAppend(delta_rs_uri(self.config.ledger_path) if tables else None,
+                              self.config.table_options, self._query_id if tables else "",
+                              batch_id, int(time.time() * 1000))
+        # One task: one commit, and the counts of the rows it appended.
+        counts = [row.asDict() for row in batch.coalesce(1).mapInArrow(
+            partial(ledger_task, target), from_arrow_schema(COUNTS_SCHEMA)).collect()]
+        summary = self._summary(batch_id, counts)
+        if summary.count("dead") and tables:
+            # Rows the dispatch could not deliver (the real topic refused them), as they came,
+            # to the dead-letter table beside those the wheel rejected (by Spark, as the wheel).
+            dead = batch.mapInArrow(decode, self._schema).filter(
+                F.col("status") == "dead").select(*dead_letter_columns(batch_id))
+            append_once(dead, self.config.dead_letter_path, self._query_id,
+                        batch_id, ("dead_date",))
         if self.metrics is not None:
             self.metrics.observe_batch(summary)
-
-    def _append(self, rows: DataFrame, batch_id: int, now_ms: int) -> None:
-        """The delivered and the cancelled rows (`status`; a table from before it: null rows are
-        delivered ones)."""
-        append_once(rows.filter(F.col("status").isin("delivered", CANCELLED)).select(
-            "uniq_key", "status", "topic", "partition", "offset", "level",
-            F.col("ipart").alias("intake_partition"), F.col("ioff").alias("intake_offset"),
-            "append_ms", "due_ms", "sent_ms",
-            (F.col("sent_ms") - F.col("due_ms")).alias("lateness_ms"),
-            F.lit(batch_id).cast("long").alias("batch_id"),
-            F.lit(now_ms).cast("long").alias("batch_time"),
-            F.date_format(F.timestamp_millis("sent_ms"), "yyyy-MM-dd").alias("sent_date")),
-            self.config.ledger_path, self._query_id, batch_id, ("sent_date",),
-            merge_schema=True)   # a table from before `offset` gains it; its older rows: null
 
     @staticmethod
     def _summary(batch_id: int, counted: list[dict]) -> BatchSummary:

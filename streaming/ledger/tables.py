@@ -8,6 +8,7 @@ from typing import Callable
 import pyarrow as pa
 
 from sinks import store
+from streaming.ledger.append import delta_table
 
 _SUMMARY = """SELECT level, count(*) AS delivered,
   CAST(round({percentile}(lateness_ms, 0.5)) AS BIGINT) AS p50_ms,
@@ -22,7 +23,7 @@ class Tables:
     def __init__(self, session: Callable[[], object], options: dict[str, str] | None = None):
         self._session, self._spark, self._options = session, None, options or {}
 
-    def by_delta_rs(self, location: str | Path) -> bool:
+    def bydelta_table(self, location: str | Path) -> bool:
         return store.is_local(location) or str(location).startswith("s3a://")
 
     @property
@@ -37,8 +38,8 @@ class Tables:
 
     def matching(self, location: str | Path, uniq_key: str) -> list[dict]:
         """The rows of `uniq_key` in the table at `location` ([] without a table)."""
-        if self.by_delta_rs(location):
-            table = _delta_rs(location, self._options)
+        if self.bydelta_table(location):
+            table = delta_table(location, self._options)
             if table is None:
                 return []
             rows = table.scan(predicate=f'"uniq_key" = {_quoted(uniq_key)}')
@@ -61,10 +62,10 @@ class Tables:
             # Delivered rows: a cancelled message's has its status (a table from before: none).
             kept = where + ["coalesce(status, 'delivered') = 'delivered'"] * ("status" in names)
             return _SUMMARY.format(where=" AND ".join(kept) or "true", percentile=percentile)
-        if self.by_delta_rs(ledger):
+        if self.bydelta_table(ledger):
             from deltalake import QueryBuilder
 
-            table = _delta_rs(ledger, self._options)
+            table = delta_table(ledger, self._options)
             if table is None:
                 return []
             names = [f.name for f in table.schema().fields]
@@ -79,19 +80,6 @@ class Tables:
         table.createOrReplaceTempView("ledger")
         return [r.asDict() for r in self.spark.sql(sql(table.columns,
                                                        "percentile_approx")).collect()]
-
-
-def _delta_rs(location: str | Path, options: dict[str, str]):
-    """The table at `location` (a folder, or s3a://) as delta-rs opens it; None without one (or
-    a commit)."""
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    where = str(location) if str(location).startswith("s3a://") else str(store.path(location))
-    try:
-        return DeltaTable(where, storage_options=options or None)
-    except TableNotFoundError:
-        return None
 
 
 def _quoted(text: str) -> str:

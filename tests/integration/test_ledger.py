@@ -171,55 +171,79 @@ def test_the_ledger_query_reads_only_what_committed_transactions_sent(
     assert got == [b"committed"]
 
 
+def _ledger_batch(acked):
+    """The ledger records of `acked` rows as the ledger query's task receives them."""
+    import pyarrow as pa
+
+    from streaming.ledger.records import ledger_chunks
+
+    [(_, record)] = ledger_chunks(acked, 100, 1_000_000)
+    return pa.RecordBatch.from_pydict({"value": [record]})
+
+
+def _acked(keys, landed):
+    from streaming.dispatch.rules import Row
+
+    return [(Row(1_000, 0, i, i, "orders", None, None, b"v", [], 1, 900, key), 1_005, None,
+             landed) for i, key in enumerate(keys)]
+
+
 def test_a_ledger_table_from_before_the_offset_column_gains_it_at_the_next_append(
         job_settings, spark):
     """An upgrade: the ledger query's first append adds `offset` to a table the version before
-    wrote without it; the older rows read it as null, the new ones have it."""
+    wrote (by Spark) without it; the older rows read it as null, the new ones have it."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from streaming.dispatch.rules import Row
-    from streaming.ledger.query import LedgerWriter
-    from streaming.stages import ledger_config_of
-    from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
+    from streaming.ledger.append import LedgerAppend, ledger_task
+    from streaming.ledger.records import ledger_rows, ledger_schema
 
     settings = job_settings()
-    checkpoint = settings.data_path / "ckpt"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "metadata").write_text('{"id": "upgrade-test"}\n')   # the query's id
-    writer = LedgerWriter(ledger_config_of(settings), str(checkpoint), None)
-
-    def decoded(keys, landed):
-        acked = [(Row(1_000, 0, i, i, "orders", None, None, b"v", [], 1, 900, key), 1_005, None,
-                  landed) for i, key in enumerate(keys)]
-        [(_, record)] = ledger_chunks(acked, 100, 1_000_000)
-        return spark.createDataFrame(ledger_rows(record).to_pandas(),
-                                     from_arrow_schema(ledger_schema()))
-
+    old = spark.createDataFrame(
+        ledger_rows(_ledger_batch(_acked(["old-1", "old-2"], None))["value"][0].as_py())
+        .to_pandas(), from_arrow_schema(ledger_schema()))
     # The table as the version before wrote it: the same columns but `offset`.
-    (decoded(["old-1", "old-2"], None).select(
+    (old.select(
         "uniq_key", "topic", "partition", "level", F.col("ipart").alias("intake_partition"),
         F.col("ioff").alias("intake_offset"), "append_ms", "due_ms", "sent_ms",
         (F.col("sent_ms") - F.col("due_ms")).alias("lateness_ms"),
         F.lit(0).cast("long").alias("batch_id"), F.lit(0).cast("long").alias("batch_time"),
         F.lit("1970-01-01").alias("sent_date"))
      .write.format("delta").partitionBy("sent_date").save(str(settings.ledger_path)))
-    writer._append(decoded(["new-1"], (3, 77)), 1, 2_000)
-    got = {r["uniq_key"]: (r["partition"], r["offset"]) for r in
+    target = LedgerAppend(str(settings.ledger_path), {}, "upgrade-test", 1, 2_000)
+    list(ledger_task(target, [_ledger_batch(_acked(["new-1"], (3, 77)))]))
+    got = {r["uniq_key"]: (r["partition"], r["offset"], r["status"]) for r in
            spark.read.format("delta").load(str(settings.ledger_path)).collect()}
-    assert got == {"old-1": (None, None), "old-2": (None, None), "new-1": (3, 77)}
+    assert got == {"old-1": (None, None, None), "old-2": (None, None, None),
+                   "new-1": (3, 77, "delivered")}
 
 
-def test_the_delivery_counts_are_an_aggregation_of_the_batch_s_ledger_rows(job_settings, spark):
-    """The counts behind the delivery metrics come from the batch's rows (a Spark aggregation,
-    not an accumulator a retried task adds to twice): deliveries by level, dead letters by
+def test_a_ledger_batch_run_again_is_counted_again_and_appended_once(tmp_path):
+    """A batch's task run again (a restart replays the batch the query had not committed, or
+    Spark retries its task): its counts come again, for the one result the driver reads, and
+    the table holds its rows once, whatever ran before; the next batch is appended."""
+    from deltalake import DeltaTable
+
+    from streaming.ledger.append import LedgerAppend, ledger_task
+
+    path = str(tmp_path / "ledger")
+    for batch_id, keys in ((0, ["a", "b"]), (0, ["a", "b"]), (1, ["c"]), (0, ["a", "b"])):
+        [counts] = list(ledger_task(LedgerAppend(path, {}, "replay-test", batch_id, 7),
+                                    [_ledger_batch(_acked(keys, (0, 1)))]))
+        assert counts.to_pylist()[0]["count_all"] == len(keys)
+    table = DeltaTable(path)
+    keys = sorted(table.to_pyarrow_table(columns=["uniq_key"])["uniq_key"].to_pylist())
+    assert keys == ["a", "b", "c"] and table.transaction_version("replay-test") == 1
+
+
+def test_the_delivery_counts_are_an_aggregation_of_the_batch_s_ledger_rows():
+    """The counts behind the delivery metrics come from the batch's rows, the result of its one
+    task (not an accumulator a retried task adds to twice): deliveries by level, dead letters by
     reason, the direct rows as received, and the lateness histogram."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     from sinks.metrics import LATENESS_BUCKETS
     from streaming.dispatch.rules import Row
-    from streaming.ledger.query import LedgerWriter, counted
-    from streaming.ledger.records import ledger_chunks, ledger_rows, ledger_schema
+    from streaming.ledger.append import LedgerAppend, ledger_task
+    from streaming.ledger.query import LedgerWriter
 
     def row(key, level, due, direct=True):
         return Row(due, 0, 1, 7, "orders", None, None, b"v", [], level, due - 100, key,
@@ -229,10 +253,10 @@ def test_the_delivery_counts_are_an_aggregation_of_the_batch_s_ledger_rows(job_s
              (row("b", 1, 1_000), 3_000, None, (0, 2)),            # direct, 2 s late
              (row("c", 2, 1_000, direct=False), 1_040, None, (0, 3)),   # fired, 40 ms late
              (row("d", 1, 1_000), 1_000, "unknown_topic: gone", None)]  # direct, dead
-    [(_, record)] = ledger_chunks(acked, 100, 1_000_000)
-    rows = spark.createDataFrame(ledger_rows(record).to_pandas(),
-                                 from_arrow_schema(ledger_schema()))
-    summary = LedgerWriter._summary(9, counted(rows))
+    # Split in two input batches, whose counts add up.
+    [counts] = list(ledger_task(LedgerAppend(None, {}, "", 9, 0),
+                                [_ledger_batch(acked[:2]), _ledger_batch(acked[2:])]))
+    summary = LedgerWriter._summary(9, counts.to_pylist())
     assert summary.count("deliver") == 3 and summary.count("dead") == 1
     assert summary.delivered_by_level == {1: 2, 2: 1}
     assert summary.received_by_level == {1: 3}, "the direct rows, dead ones too"
