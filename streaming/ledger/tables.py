@@ -23,7 +23,7 @@ class Tables:
     def __init__(self, session: Callable[[], object], options: dict[str, str] | None = None):
         self._session, self._spark, self._options = session, None, options or {}
 
-    def bydelta_table(self, location: str | Path) -> bool:
+    def by_delta_rs(self, location: str | Path) -> bool:
         return store.is_local(location) or str(location).startswith("s3a://")
 
     @property
@@ -38,7 +38,7 @@ class Tables:
 
     def matching(self, location: str | Path, uniq_key: str) -> list[dict]:
         """The rows of `uniq_key` in the table at `location` ([] without a table)."""
-        if self.bydelta_table(location):
+        if self.by_delta_rs(location):
             table = delta_table(location, self._options)
             if table is None:
                 return []
@@ -62,7 +62,7 @@ class Tables:
             # Delivered rows: a cancelled message's has its status (a table from before: none).
             kept = where + ["coalesce(status, 'delivered') = 'delivered'"] * ("status" in names)
             return _SUMMARY.format(where=" AND ".join(kept) or "true", percentile=percentile)
-        if self.bydelta_table(ledger):
+        if self.by_delta_rs(ledger):
             from deltalake import QueryBuilder
 
             table = delta_table(ledger, self._options)
