@@ -55,9 +55,8 @@ class LedgerAppend:
     batch_id: int
     batch_time: int
 
-    def appended(self) -> bool:
-        """Whether the table already holds this batch (an earlier run of it committed)."""
-        table = delta_table(self.uri, self.options)
+    def holds_batch(self, table) -> bool:
+        """Whether `table` (None: none yet) holds this batch (an earlier run of it committed)."""
         done = table.transaction_version(self.app_id) if table is not None else None
         return done is not None and done >= self.batch_id
 
@@ -73,6 +72,14 @@ class LedgerAppend:
             pa.repeat(pa.scalar(self.batch_time, pa.int64()), n),
             pc.strftime(sent.cast(pa.timestamp("ms", "UTC")), "%Y-%m-%d")],
             schema=LEDGER_TABLE_SCHEMA)
+
+
+def decoded(batch: pa.RecordBatch) -> pa.Table | None:
+    """The ledger rows of a batch of ledger records (its `value` column); None for none."""
+    from streaming.ledger.records import ledger_rows
+
+    records = batch.column("value").to_pylist()
+    return pa.concat_tables([ledger_rows(record) for record in records]) if records else None
 
 
 def counted(table: pa.Table) -> dict[tuple, list[int]]:
@@ -108,29 +115,26 @@ def ledger_task(target: LedgerAppend, batches):
     """mapInArrow over one partition holding the whole batch: its counts, one row per group,
     after the append (skipped when the table holds the batch: a retried task counts again,
     but only the job's one result is read)."""
-    from streaming.ledger.records import ledger_rows
-
     total: dict[tuple, list[int]] = {}
 
     def ledger_batches():
-        for batch in batches:
-            records = batch.column("value").to_pylist()
-            if not records:
-                continue
-            table = pa.concat_tables([ledger_rows(record) for record in records])
+        for table in filter(None, map(decoded, batches)):
             merge(total, counted(table))
             yield from target.rows(table).to_batches()
 
-    if target.uri is None or target.appended():
+    # Opened once: its log read for the batch's check serves the append.
+    table = delta_table(target.uri, target.options) if target.uri is not None else None
+    if target.uri is None or target.holds_batch(table):
         for _ in ledger_batches():
             pass
     else:
         from deltalake import CommitProperties, Transaction, write_deltalake
 
         write_deltalake(
-            target.uri, pa.RecordBatchReader.from_batches(LEDGER_TABLE_SCHEMA, ledger_batches()),
+            table if table is not None else target.uri,
+            pa.RecordBatchReader.from_batches(LEDGER_TABLE_SCHEMA, ledger_batches()),
             mode="append", partition_by=["sent_date"], schema_mode="merge",
-            storage_options=target.options or None,
+            storage_options=None if table is not None else target.options or None,
             commit_properties=CommitProperties(
                 app_transactions=[Transaction(target.app_id, target.batch_id)]))
     yield counts_batch(total)

@@ -20,7 +20,8 @@ from sinks.delta import append_once, query_id
 from sinks.dead_letters import dead_letter_columns
 from sinks.metrics import LATENESS_BUCKETS, Metrics
 from streaming.dispatch.cancels import CANCELLED, MISSED
-from streaming.ledger.append import COUNTS_SCHEMA, LedgerAppend, delta_rs_uri, ledger_task
+from streaming.ledger.append import (COUNTS_SCHEMA, LedgerAppend, decoded, delta_rs_uri,
+                                     ledger_task)
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +50,8 @@ def ledger_stream(spark: SparkSession, config: LedgerConfig) -> DataFrame:
 
 def decode(batches):
     """mapInArrow: the ledger rows of the records."""
-    import pyarrow as pa
-
-    from streaming.ledger.records import ledger_rows
-
-    for batch in batches:
-        tables = [ledger_rows(record) for record in batch.column("value").to_pylist()]
-        if tables:
-            yield from pa.concat_tables(tables).to_batches()
+    for table in filter(None, map(decoded, batches)):
+        yield from table.to_batches()
 
 
 class LedgerWriter:
