@@ -100,6 +100,7 @@ class Settings(BaseSettings):
     ring_slot_ms: PositiveInt
     ring_read_lead_ms: NonNegativeInt
     ring_markers_wait_ms: PositiveInt
+    ring_write_ms: NonNegativeInt
     dispatch_fetch_gap: NonNegativeInt
     fire_lead_per_message_us: NonNegativeInt
     heartbeat_ms: PositiveInt

@@ -89,7 +89,7 @@ def ring_of(settings: Settings) -> RingConfig:
     slots = settings.ring_slots if settings.ring_horizon_ms else 0
     return RingConfig(settings.ring_topic, slots, settings.ring_slot_ms,
                       settings.ring_read_lead_ms, settings.fire_lead_per_message_us,
-                      settings.ring_markers_wait_ms)
+                      settings.ring_markers_wait_ms, settings.ring_write_ms)
 
 
 def supervision_of(settings: Settings) -> Supervision:

@@ -144,6 +144,9 @@ def test_settings(work_dir, kafka_bootstrap):
         ring_slots=6,
         ring_slot_ms=2000,
         ring_read_lead_ms=1000,
+        # Gathered for 200 ms, not 1 s: in a horizon of 12 s a timer would often find its slot
+        # read by then and be held instead, the ring passed by.
+        ring_write_ms=200,
         spark_master="local[*]",
         spark_driver_memory="1500m",
         spark_shuffle_partitions=2,

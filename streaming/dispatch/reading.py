@@ -160,7 +160,7 @@ class Reading:
             elif self.ring is not None and row.level == TIMER_LEVEL \
                     and row.due_ms - row.append_ms > window \
                     and (row.source, row.offset) not in self.refusals.unringed:
-                self._ring_write(row)
+                self._ring_take(row)
             else:
                 self._hold(row)
 

@@ -12,16 +12,12 @@ import logging
 import time
 from dataclasses import dataclass
 
-from collections import Counter
 from typing import Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from state.envelope import TIMER_LEVEL
 from streaming.dispatch.bodies import PUMP_S
-from streaming.dispatch.cancels import RINGED
-from streaming.dispatch.rules import Row, refusal
-from streaming.dispatch.start import TARGET_DONE
+from streaming.dispatch.rules import Row
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +36,7 @@ class RingConfig:
     lead_ms: int     # a slot is read this long before it starts
     lead_per_message_us: int = 0   # ... and this much earlier per record it holds
     markers_wait_ms: int = 5_000   # a read short of a commit this long: its markers were lost
+    write_ms: int = 0   # timers for the ring are gathered this long, then written (0: at once)
 
 
 def ring_value(row: Row) -> bytes:
@@ -86,6 +83,8 @@ class Ring:
         self.held_instead: set[tuple[str, int]] = set()
         self.first_turn_until = 0
         self.dirty: set[int] = set()   # partitions written in the open transaction
+        self.gathered: list[Row] = []   # timers read for the ring, not yet written (`_ring_take`)
+        self.gathered_at = 0.0   # when the first of them was read (monotonic)
         self.written: dict[int, int] = {}   # partition → the latest slot written there
 
     def partitions(self) -> list[int]:
@@ -201,99 +200,3 @@ class Ring:
 
     def close(self) -> None:
         self.consumer.close()
-
-
-class Ringing:
-    """The ring's part of streaming/dispatch/task.py's _Task, mixed into it: timers written to
-    their slots, the slots read when due."""
-
-    def _ring_write(self, row: Row) -> None:
-        """`row` to its slot's partition of the ring; once acked, its ledger row `ringed`
-        (with it in the transaction) settles its intake record. One whose slot was read while it
-        waited (a full queue, a retry) is held instead; one read while a commit awaits its acks
-        waits for the next transaction (txn.py `_acks_awaited`)."""
-        if self.committing:
-            self.deferred.append(row)
-            return
-        if not self.ring.takes(row, self._now_ms()):
-            if self._now_ms() < self.ring.first_turn_until:
-                self.ring.held_instead.add((row.uniq_key, row.due_ms))
-            self._hold(row)
-            return
-        slot = self.ring.slot(row.due_ms)
-        part = self.ring.partition(slot)
-        if self._produce(self.ring.config.topic, part, row, [*row.headers, (RING, ring_value(row))],
-                         self._ringed):
-            self.ring.dirty.add(part)
-            self.ring.written[part] = max(slot, self.ring.written.get(part, slot))
-        else:   # the producer's queue is full
-            self._later(lambda: self._ring_write(row), 0.05)
-
-    def _ringed(self, err, msg, row: Row, sent_ms: int) -> None:
-        if err is None:
-            self.ring.ends[msg.partition()] = msg.offset() + 1
-            row.status = RINGED
-            self._acked(row, sent_ms, None)
-        elif self.txn and msg is not None:   # queued and refused: the transaction is lost,
-            self._refused_in_transaction(None, err)   # and the row, read again, is held
-            self.refusals.unringed.add((row.source, row.offset))
-        elif msg is None or refusal(err, row) is not None:   # refused for good: held instead
-            self._hold(row)
-        else:
-            log.warning("dispatch %d: writing %s to the ring failed (%s); retrying",
-                        self.partition, row.uniq_key, err)
-            self._later(lambda: self._ring_write(row))
-
-    def _in_ring(self) -> Counter:
-        """The ring's records not read yet (timers, as far as the task knows its partitions'
-        ends), by level."""
-        if self.ring is None:
-            return Counter()
-        topic = self.ring.config.topic
-        return Counter({TIMER_LEVEL: sum(max(0, end - self.offsets[(topic, p)].position)
-                                         for p, end in self.ring.ends.items())})
-
-    def _turn_ring(self, done: dict[tuple[str, int], int]) -> None:
-        """Read the ring's next slot when its time comes (after what the open transaction wrote
-        there is committed), one slot at a time, opened while the task holds under half its most
-        and read while under its most (beyond, a slot's rows may leave out of due order); its rows
-        held like any, or skipped when the ledger holds them done (read again after a restart)."""
-        ring = self.ring
-        if ring is None or not self.skew.measured:
-            return
-        if ring.held_instead and self._now_ms() >= ring.first_turn_until:
-            ring.held_instead.clear()
-        if ring.reading is None:
-            part = ring.partition(ring.next_slot)
-            unread = ring.ends.get(part, 0) - self.offsets[(ring.config.topic, part)].position
-            slot = ring.due_to_open(self._now_ms(), unread)
-            if slot is None or self._holding() >= self.config.max_held // 2:
-                return
-            if part in ring.dirty:
-                self._ring_committed()
-            ring.open(slot, self.offsets[(ring.config.topic, part)].position)
-        room = self.config.max_held - self._holding()
-        if room <= 0:   # bounded: the rest of the slot waits
-            return
-        rows = ring.pump(room)
-        if self.txn and (hanging := ring.hanging()) is not None:
-            self._commit_hanging(ring.config.topic, hanging, [FILL])
-        if ring.read_to is not None:   # its position past the markers, which retention may drop
-            topic_part = (ring.config.topic, ring.partition(ring.next_slot - 1))
-            self.offsets[topic_part].skip(ring.read_to - 1)
-            ring.read_to = None
-        self._hold_ring_rows(rows, done)
-
-    def _hold_ring_rows(self, rows: list[Row], done: dict[tuple[str, int], int]) -> None:
-        ring = self.ring
-        for row in rows:
-            key = (row.uniq_key, row.due_ms)
-            if key in ring.seen or key in ring.held_instead or (
-                    done and done.get(key, 0) & TARGET_DONE):
-                self.offsets[row.source].skip(row.offset)
-                self.skipped += 1
-                continue
-            ring.seen.add(key)
-            self.offsets[row.source].read(row.offset, self.ledger_end)
-            self.held[row.level] += 1
-            self._hold(row)

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from streaming.dispatch.cancels import CANCELLED, MISSED, Tombstone
 from streaming.dispatch.clock import Skew
 from streaming.dispatch.reading import Reading
-from streaming.dispatch.ring import Ringing
+from streaming.dispatch.ringing import Ringing
 from streaming.dispatch.rules import DispatchConfig, Offsets, Row, refusal
 from streaming.dispatch.send import Sending
 from streaming.dispatch.start import Aborted, retrying

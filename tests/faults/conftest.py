@@ -189,6 +189,7 @@ def job_process(kafka_bootstrap, work_dir):
                       dispatch_direct_max_delay_ms=1000,
                       # Timers from 1 s to 8 s through the dispatch tasks' rings.
                       ring_slots=6, ring_slot_ms=2000, ring_read_lead_ms=1000,
+                      ring_write_ms=200,
                       spark_driver_memory="1g", ledger_interval="10s")
         values.update(overrides)
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}

@@ -42,6 +42,7 @@ def job_settings(test_settings, work_dir):
             dispatch_topic_wait_ms=test_settings.dispatch_topic_wait_ms,
             ring_slots=test_settings.ring_slots, ring_slot_ms=test_settings.ring_slot_ms,
             ring_read_lead_ms=test_settings.ring_read_lead_ms,
+            ring_write_ms=test_settings.ring_write_ms,
             spark_master=test_settings.spark_master,
             spark_shuffle_partitions=test_settings.spark_shuffle_partitions,
             ledger_interval=test_settings.ledger_interval,

@@ -1,6 +1,6 @@
 """A dispatch task's ring (streaming/dispatch/ring.py) without Kafka: which partition a timer's
-slot lives in, which timers go to the ring, which slot is read next, how far a slot is read, and a
-ring record read back as the row it was written from."""
+slot lives in, which timers go to the ring, when they are written, which slot is read next, how far
+a slot is read, and a ring record read back as the row it was written from."""
 from __future__ import annotations
 
 import pytest
@@ -84,7 +84,7 @@ def ring(task: int = 1) -> Ring:
     ring = Ring.__new__(Ring)   # no consumer: the rules only
     ring.config, ring.task, ring.ends, ring.reading, ring.dirty = CONFIG, task, {}, None, set()
     ring.written, ring.until, ring.read_to, ring.seen = {}, 0, None, set()
-    ring.short_since = None
+    ring.short_since, ring.gathered, ring.gathered_at = None, [], 0.0
     ring.held_instead, ring.first_turn_until, ring.read_batch = set(), 0, 250
     return ring
 
@@ -112,6 +112,42 @@ def test_a_timer_goes_to_the_ring_only_into_a_slot_not_read_yet_and_not_due_with
     assert r.takes(timer(104_000), now_ms=100_000)
     r.written[r.partition(52)] = 58   # a row of the slot a turn later is there already
     assert not r.takes(timer(104_000), now_ms=100_000), "never behind a later turn's row"
+
+
+def test_timers_for_the_ring_are_written_together_after_the_first_waited_and_a_late_slot_s_held(
+        monkeypatch):
+    """Timers read for the ring are gathered and written together `write_ms` after the first was
+    read (each transaction writing a ring partition marks it: conf's ring_write_ms); one whose
+    slot was read meanwhile is held by the task instead."""
+    from streaming.dispatch import ringing
+
+    now = [100.0]
+    monkeypatch.setattr(ringing.time, "monotonic", lambda: now[0])
+    task = ringing.Ringing()
+    task.ring, task.committing, written, held = ring(), False, [], []
+    task.ring.config = RingConfig("in.TIMERS", slots=6, slot_ms=2_000, lead_ms=1_000,
+                                  write_ms=1_000)
+    task.ring.next_slot = 51   # slot 51 (102.0-104.0 s) is the next read
+    task._now_ms = lambda: int(now[0] * 1000)
+    task._produce = lambda topic, part, row, headers, report: written.append((part, row)) or True
+    task._hold = held.append
+    soon, later = timer(105_500), timer(111_000)   # slots 52 and 55
+    task._ring_take(soon)
+    now[0] += 0.5
+    task._ring_take(later)
+    now[0] += 0.499
+    task._ring_write_gathered()
+    assert written == [] and held == [], "the first waited less than write_ms"
+    now[0] += 0.001
+    task._ring_write_gathered()
+    assert written == [(task.ring.partition(52), soon), (task.ring.partition(55), later)]
+    assert task.ring.gathered == [] and task.ring.dirty == {6 + 4, 6 + 1}
+    written.clear()
+    task._ring_take(soon)
+    task.ring.next_slot = 53   # slot 52 read while it was gathered
+    now[0] += 1
+    task._ring_write_gathered()
+    assert written == [] and held == [soon]
 
 
 def test_the_next_slot_opens_its_lead_before_it_starts_and_an_empty_one_is_passed():
