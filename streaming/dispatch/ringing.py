@@ -23,8 +23,12 @@ class Ringing:
     def _ring_take(self, row: Row) -> None:
         """`row`, read for the ring, gathered and written `write_ms` after the first (a
         transaction adds each ring partition it writes and marks it at its end: conf's
-        ring_write_ms); meanwhile it holds its intake's commit point, as a held row does."""
+        ring_write_ms); meanwhile it holds its intake's commit point, as a held row does. One
+        the ring would not take now (overdue, read after an outage) is held at once."""
         ring = self.ring
+        if not ring.takes(row, self._now_ms()):
+            self._ring_write(row)
+            return
         if not ring.gathered:
             ring.gathered_at = time.monotonic()
         ring.gathered.append(row)

@@ -148,6 +148,9 @@ def test_timers_for_the_ring_are_written_together_after_the_first_waited_and_a_l
     now[0] += 1
     task._ring_write_gathered()
     assert written == [] and held == [soon]
+    overdue = timer(int(now[0] * 1000) - 1_000)   # read late, after an outage
+    task._ring_take(overdue)
+    assert held == [soon, overdue] and task.ring.gathered == [], "held at once, not gathered"
 
 
 def test_the_next_slot_opens_its_lead_before_it_starts_and_an_empty_one_is_passed():
