@@ -87,10 +87,10 @@ class Ringing:
                                          for p, end in self.ring.ends.items())})
 
     def _turn_ring(self, done: dict[tuple[str, int], int]) -> None:
-        """Read the ring's next slot when its time comes (after what the open transaction wrote
-        there is committed), one slot at a time, opened while the task holds under half its most
-        and read while under its most (beyond, a slot's rows may leave out of due order); its rows
-        held like any, or skipped when the ledger holds them done (read again after a restart)."""
+        """Write the gathered timers (`_ring_take`); read the next slot when its time comes (after
+        what the open transaction wrote there is committed), one at a time, opened while the task
+        holds under half its most and read while under its most (beyond, a slot's rows may leave
+        out of due order); its rows held, or skipped when the ledger holds them done."""
         ring = self.ring
         if ring is None:
             return
