@@ -106,12 +106,15 @@ def _pending(tables: Tables, settings, uniq_key: str,
 
 def in_topics(settings, uniq_key: str) -> Whereabouts | None:
     """A message between the wheel and the tables: in the ledger topic, not yet appended (the
-    last three `ledger_interval`s are read); or in the ready topic above the dispatch group's
-    commits."""
+    last three `ledger_interval`s are read); or in the ready topic or the intake above the
+    dispatch group's commits, read before the ledger: a task commits past a record in the
+    transaction that writes its ledger row, so one past them has its row in the ledger read."""
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
                          "group.id": f"delayq.{settings.intake_topic}.dispatch",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
+        commits = {topic: _commits(consumer, topic)
+                   for topic in (settings.ready_topic, settings.intake_topic)}
         # A timer in a ring waits at most its horizon; this host may lead the broker.
         since_ms = (int(time.time() * 1000) - settings.clock_tolerance_ms
                     - max(3 * settings.ledger_interval_ms, settings.ring_horizon_ms))
@@ -127,7 +130,7 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
             return _from_topic({**last, "intake_partition": last["ipart"],
                                 "intake_offset": last["ioff"]})
         for msg in _records(consumer, settings.ready_topic,
-                            lambda tps: consumer.committed(tps, timeout=30), from_earliest=True):
+                            lambda _: commits[settings.ready_topic], from_earliest=True):
             headers = msg.headers() or []
             if headers and headers[-1][0] == READY_STOP:
                 continue
@@ -135,19 +138,20 @@ def in_topics(settings, uniq_key: str) -> Whereabouts | None:
             if row.uniq_key == uniq_key:   # a reference: its topic is in its intake record
                 row.topic = intake_topic_of(settings, row.ipart, row.ioff) or "-"
                 return _pending_at(row, where=f"the ready topic, partition {msg.partition()}")
-        return _in_intake(consumer, settings, uniq_key)
+        return _in_intake(consumer, settings, uniq_key, commits[settings.intake_topic])
     finally:
         consumer.close()
 
 
-def _in_intake(consumer, settings, uniq_key: str) -> Whereabouts | None:
-    """A short level's message a dispatch task read from the intake itself (dispatch/direct.py)
-    and has not finished: from the dispatch group's commits on."""
+def _in_intake(consumer, settings, uniq_key: str, commits: list) -> Whereabouts | None:
+    """A message a dispatch task reads from the intake itself (dispatch/direct.py: due within
+    the window, or a timer for its ring) and has not finished: from the dispatch group's
+    `commits` on (from the beginning where there are none yet, as a new job's task reads)."""
     if settings.dispatch_direct_max_delay_ms < 0:
         return None
     wanted = (H.UNIQ_KEY, uniq_key.encode())
     for msg in _records(consumer, settings.intake_topic,
-                        lambda tps: consumer.committed(tps, timeout=30)):
+                        lambda _: commits, from_earliest=True):
         if wanted in (msg.headers() or []) or uniq_key == default_uniq_key(msg.partition(),
                                                                            msg.offset()):
             from streaming.dispatch.direct import direct_rows   # the parse: pandas, numpy
@@ -187,6 +191,14 @@ def intake_topic_of(settings, ipart: int, ioff: int) -> str | None:
         return None
     finally:
         consumer.close()
+
+
+def _commits(consumer, topic: str) -> list:
+    """The dispatch group's commits on each partition of `topic` (offset < 0: none)."""
+    found = consumer.list_topics(topic, timeout=30).topics.get(topic)
+    if found is None or found.error is not None:
+        return []
+    return consumer.committed([TopicPartition(topic, p) for p in found.partitions], timeout=30)
 
 
 def _records(consumer, topic: str, starts, from_earliest: bool = False):
