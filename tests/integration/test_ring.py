@@ -267,6 +267,50 @@ def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot
     assert sorted(r["uniq_key"] for r in rows if r["status"] == "ringed") == sorted(due)
 
 
+def test_a_task_killed_while_it_gathers_timers_for_its_ring_loses_none(
+        dispatch, new_topic, kafka_bootstrap):
+    """200 timers due 10 s on, read by a task that gathers its ring writes for 60 s
+    (ring_write_ms), then an immediate message behind them on their intake partition; once
+    that one is delivered (the timers were read) the task is killed (SIGKILL) with nothing in
+    its ring. The next task reads them again from its commit point: each timer arrives once
+    (read_committed), through the ring, never early, soon after its due time or the second
+    task's start; the immediate message not again."""
+    config = _ring_task(dispatch, new_topic)
+    ring, slots = config.ring.topic, 10
+    first = multiprocessing.get_context("spawn").Process(
+        target=_run, args=(replace(config, ring=replace(config.ring, write_ms=60_000)),))
+    try:
+        first.start()
+        assert_eventually(lambda: _ring_counts(kafka_bootstrap, config.ledger_topic, 1)[0] > 0,
+                          timeout_s=60, message="the first task's clock probe (it is up)")
+        due = _timers_in_one_slot(kafka_bootstrap, config, 200, per_ms=1)
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        producer.send(config.intake_topic, b"behind", partition=0, headers=[
+            (H.REAL_TOPIC, config.real.encode()), (H.UNIQ_KEY, b"behind")]).get(timeout=30)
+        producer.close()
+        consume_all(kafka_bootstrap, config.real, expected=1, timeout_s=30)
+        assert _ring_counts(kafka_bootstrap, ring, slots)[0] == 0, "the timers still gathered"
+        first.kill()
+        first.join(30)
+    finally:
+        if first.is_alive():
+            first.kill()
+    second_ms = int(time.time() * 1000)
+    thread, result = in_thread(config)
+    records = consume_all(kafka_bootstrap, config.real, expected=len(due) + 1, timeout_s=60,
+                          idle_s=2)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert thread.is_alive() is False and result, "the second task ended on its stop record"
+    uniqs = [header_map(r)[H.UNIQ_KEY].decode() for r in records]
+    assert sorted(uniqs) == sorted([*due, "behind"]), "each once (read_committed)"
+    assert all(r.timestamp >= due[u] for r, u in zip(records, uniqs) if u in due), "none early"
+    late = max(r.timestamp - max(due[u], second_ms) for r, u in zip(records, uniqs) if u in due)
+    assert late < 5_000, f"up to {late} ms after its due time or the second task's start"
+    rows = ledger_of(kafka_bootstrap, config.ledger_topic, len(due), status="ringed")
+    assert sorted(r["uniq_key"] for r in rows if r["status"] == "ringed") == sorted(due)
+
+
 def test_a_slot_larger_than_the_task_s_bound_is_read_in_parts_each_once_and_never_early(
         dispatch, new_topic, kafka_bootstrap, monkeypatch):
     """4,000 timers due over one 2 s slot, and a task that holds at most 500 rows
