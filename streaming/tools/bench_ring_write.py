@@ -23,7 +23,10 @@ from streaming.tools.broker import read_pid, spec_from_settings
 TRANSACTION_S = 0.05
 
 
-def _run(bootstrap: str, rate: int, partitions: int, write_ms: int, seconds: float) -> str:
+def run(bootstrap: str, broker: int, rate: int, partitions: int, write_ms: int,
+        seconds: float) -> tuple[str, str, int]:
+    """One cadence against the broker of pid `broker`: the line it prints, and its topic and the
+    timers it wrote."""
     topic = f"ring-write-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
@@ -31,7 +34,6 @@ def _run(bootstrap: str, rate: int, partitions: int, write_ms: int, seconds: flo
                          "linger.ms": 1})
     producer.init_transactions(30)
     producer.begin_transaction()
-    broker = read_pid(spec_from_settings(load_settings()))
     body, gathered, written = b"x" * 200, [], 0
     broker_cpu, cpu, began = _cpu_s(broker), time.process_time(), time.monotonic()
     wrote_at = began
@@ -46,9 +48,10 @@ def _run(bootstrap: str, rate: int, partitions: int, write_ms: int, seconds: flo
         producer.begin_transaction()
         time.sleep(max(0.0, TRANSACTION_S - (time.monotonic() - now)))
     took = time.monotonic() - began
+    producer.commit_transaction(30)
     return (f"written every {write_ms} ms: {written / took:,.0f} timers/s over {partitions} "
             f"partitions; in {took:.0f} s the broker used {_cpu_s(broker) - broker_cpu:.1f} "
-            f"CPU-s, the producer {time.process_time() - cpu:.1f}")
+            f"CPU-s, the producer {time.process_time() - cpu:.1f}"), topic, written
 
 
 def main() -> None:
@@ -59,8 +62,10 @@ def main() -> None:
     args.add_argument("--seconds", type=float, default=30)
     args.add_argument("--write-ms", type=int, nargs="+", default=[50, 1000, 50, 1000])
     opts = args.parse_args()
+    broker = read_pid(spec_from_settings(load_settings()))
     for write_ms in opts.write_ms:
-        print(_run(opts.bootstrap, opts.rate, opts.partitions, write_ms, opts.seconds), flush=True)
+        line, *_ = run(opts.bootstrap, broker, opts.rate, opts.partitions, write_ms, opts.seconds)
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

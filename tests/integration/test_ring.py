@@ -343,3 +343,23 @@ def test_a_slot_larger_than_the_task_s_bound_is_read_in_parts_each_once_and_neve
     assert 500 <= peak[0] < 500 + 100, f"held {peak[0]} rows at most"
     print(f"a slot of {len(due)} timers, {config.max_held} held at most: held {peak[0]} at "
           f"most, the last {late} ms after its due time")
+
+
+def test_the_ring_write_bench_writes_what_it_reports_at_each_cadence(kafka_bootstrap, work_dir):
+    """streaming.tools.bench_ring_write, the figures behind conf's ring_write_ms, on the real
+    broker: at each cadence its timers, all committed, over every partition, and a line that says
+    so with the broker's CPU."""
+    from pathlib import Path
+
+    from streaming.tools import bench_ring_write, broker
+
+    pid = broker.read_pid(broker.BrokerSpec(home=work_dir / "kafka", jars=Path()))
+    if pid is None:
+        pytest.skip("the session's broker is not this run's (DELAYQ_TEST_BOOTSTRAP)")
+    for write_ms in (50, 500):
+        line, topic, written = bench_ring_write.run(kafka_bootstrap, pid, rate=500, partitions=4,
+                                                    write_ms=write_ms, seconds=2)
+        assert 500 <= written <= 1_000, line
+        records = consume_all(kafka_bootstrap, topic, expected=written, idle_s=1)
+        assert len(records) == written and {r.partition for r in records} == set(range(4))
+        assert line.startswith(f"written every {write_ms} ms: ") and "the broker used" in line
