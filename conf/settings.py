@@ -85,6 +85,7 @@ class Settings(BaseSettings):
     dispatch_gather_ms: PositiveInt
     dispatch_topic_wait_ms: PositiveInt
     dispatch_ack_check_ms: PositiveInt
+    dispatch_producer_stall: Duration
     dispatch_max_failures: PositiveInt
     dispatch_failure_window: Duration
     dispatch_restart_backoff: Levels
@@ -173,6 +174,7 @@ class Settings(BaseSettings):
     dispatch_failure_window_ms = _ms("dispatch_failure_window")
     dispatch_liveness_timeout_ms = _ms("dispatch_liveness_timeout")
     dispatch_skip_deadline_s = _seconds("dispatch_skip_deadline")
+    dispatch_producer_stall_s = _seconds("dispatch_producer_stall")
     produce_timeout_s = _seconds("produce_timeout")
     connect_timeout_s = _seconds("connect_timeout")
     executor_slots_wait_s = _seconds("executor_slots_wait")

@@ -37,12 +37,18 @@ def wheel_config_of(settings: Settings, first_watermark_ms: int = 0) -> WheelCon
                        direct_max_delay_ms=settings.dispatch_direct_max_delay_ms)
 
 
+# A dispatch task's clients try a broker that went away again every second at least (Kafka's
+# Java client's default; librdkafka's 10 s could leave its producer unanswered that long after a
+# broker's return, its consumer answered: past `dispatch_producer_stall`, a needless restart).
+_RECONNECT = {"reconnect.backoff.max.ms": 1000}
+
+
 def _dispatch_consumer(settings: Settings) -> dict:
     return {"bootstrap.servers": settings.bootstrap, **librdkafka_config(settings),
             "group.id": f"delayq.{settings.intake_topic}.dispatch",
             # fetch.wait.max.ms stays 500: shorter waits cost the broker 1/5 core when idle.
             # As the wheel's source: an aborted transaction's intake write is never delivered.
-            "isolation.level": "read_committed"}
+            "isolation.level": "read_committed", **_RECONNECT}
 
 
 def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, partitions: int,
@@ -60,7 +66,7 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                 "partitioner": "murmur2_random", "batch.size": min(1_000_000, ledger_max_bytes),
                 "queue.buffering.max.messages": 2_000_000, "queue.buffering.max.kbytes": 2_097_151,
                 "topic.metadata.propagation.max.ms": settings.dispatch_topic_wait_ms,
-                **librdkafka_config(settings)}
+                **_RECONNECT, **librdkafka_config(settings)}
     return DispatchConfig(consumer=consumer, producer=producer,
                           ready_topic=settings.ready_topic, ledger_topic=settings.ledger_topic,
                           dlq_topic=settings.dlq_topic, run_id=run_id,
@@ -78,6 +84,7 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           intake_refresh_s=settings.dispatch_intake_refresh_ms / 1000,
                           skip_deadline_s=settings.dispatch_skip_deadline_s,
                           ack_check_s=settings.dispatch_ack_check_ms / 1000,
+                          stall_s=settings.dispatch_producer_stall_s,
                           intake_topic=settings.intake_topic, rules=rules,
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start,

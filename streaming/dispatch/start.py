@@ -29,6 +29,11 @@ class Aborted(Exception):
     """The task's open transaction cannot commit: it starts again from its last commit."""
 
 
+class Stalled(Exception):
+    """The task's producer is cut off from the broker: it starts again from its last commit
+    with a new producer, which fences it (its transaction cannot be aborted)."""
+
+
 def retrying(call: Callable[[], object], timeout_s: float = 120.0, pause_s: float = 1.0):
     """`call()`, again after a pause while it raises a transient Kafka error (a coordinator
     still loading, a broker restarting) and `timeout_s` has not passed; a transaction's

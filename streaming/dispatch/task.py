@@ -18,7 +18,7 @@ from streaming.dispatch.reading import Reading
 from streaming.dispatch.ringing import Ringing
 from streaming.dispatch.rules import DispatchConfig, Offsets, Row, refusal
 from streaming.dispatch.send import Sending
-from streaming.dispatch.start import Aborted, retrying
+from streaming.dispatch.start import Aborted, Stalled, retrying
 from streaming.dispatch.txn import Refusals, Transactions
 from state.envelope import is_legacy
 
@@ -45,6 +45,12 @@ def run_partition(config: DispatchConfig, partition: int,
                         "last commit", partition, e)
             task.producer.abort_transaction(60)
             task.sent, task.dead = task.at_commit   # what the aborted one sent does not count
+        except Stalled as e:
+            log.warning("dispatch %d: %s; a new producer takes over from its last commit",
+                        partition, e)
+            task.producer.purge(blocking=False)   # nothing of it to wait for: the next fences it
+            task.stalled = True
+            task.sent, task.dead = task.at_commit
         finally:
             task.close()
             done.update(sent=task.sent, dead=task.dead, skipped=task.skipped)
@@ -80,7 +86,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
         self.retry: list[tuple[float, Callable[[], bool | None]]] = []
         self.ledger_end = 0
         self.sent = self.dead = self.skipped = 0
-        self.stopping = False
+        self.stopping = self.stalled = False
         self.done: dict | None = None   # what the ledger held at the start (`_resume`)
         self.held: Counter[int] = Counter()   # rows read and not yet in the ledger, by level
         self.offsets: dict = {None: Offsets(0)}   # Row.source → its rows read and not done
@@ -141,7 +147,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
             if self.ring is not None:
                 self.ring.close()
         finally:
-            self.producer.flush(10)
+            self.producer.flush(0 if self.stalled else 10)
             # Its on_commit is a method of this task: without the cycle, an aborted task (its
             # heap) is freed at once, not at the next full collection (rare: GC_THRESHOLD).
             self.consumer = None

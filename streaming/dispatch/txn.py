@@ -10,13 +10,12 @@ import json
 import logging
 import math
 import time
-from concurrent.futures import TimeoutError as FutureTimeout
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streaming.dispatch.rules import TOO_LARGE, Row, refusal
-from streaming.dispatch.start import Aborted, retrying, transient
+from streaming.dispatch.start import Aborted, Stalled, retrying, transient
+from streaming.dispatch.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +30,7 @@ class Refusals:
         self.unringed: set[tuple] = set()     # held, not written to the ring that refused it
 
 
-# A topic found missing is looked up again at most this often, each look-up waiting this long
-# at most for the broker's answer (the task's loop waits meanwhile).
-_LOOK_AGAIN_S = 0.5
-_LOOK_UP_S = 2.0
-
-
-class Transactions:
+class Transactions(Topics):
     """The commits and transactions of streaming/dispatch/task.py's _Task, mixed into it: each
     source's commit point with the metadata a restart and the driver's gauges read."""
 
@@ -50,36 +43,7 @@ class Transactions:
         # While a commit awaits its acks the intake is read on (`_acks_awaited`): its rows for
         # the ring wait here for the next transaction.
         self.committing, self.deferred = False, []
-        # Topics known to exist, and those not: (first found missing or None, last looked up).
-        self._topics: set[str] = set()
-        self._missing: dict[str, tuple[float | None, float]] = {}
-        self._admin: AdminClient | None = None   # a stuck topic's min.insync.replicas (`_stuck`)
-
-    def _topic_ready(self, topic: str) -> bool | None:
-        """Whether `topic` exists and takes records: None while it does not (missing, stuck
-        (`_stuck`), or no answer): its rows wait aside (task.py), and it is looked up again at
-        most every _LOOK_AGAIN_S; False once the broker has said it is missing for the producer's
-        own wait: its rows are dead-lettered (sent, they would hold the commit that long, then
-        abort it). A stuck topic's rows are never dead-lettered for it."""
-        if topic in self._topics:
-            return True
-        first, looked = self._missing.get(topic, (None, 0.0))
-        if time.monotonic() - looked >= _LOOK_AGAIN_S:
-            exists = self._exists(topic)
-            stuck = exists and self._stuck(topic)
-            if exists is None or stuck:   # no answer (the broker away), or stuck: not gone
-                if stuck and topic not in self._missing:
-                    log.warning("dispatch %d: %s, %s; its rows wait", self.partition, topic, stuck)
-                self._missing[topic] = None, time.monotonic()
-                return None
-            if exists:
-                self._topics.add(topic)
-                self._missing.pop(topic, None)
-                return True
-            first = time.monotonic() if first is None else first
-            self._missing[topic] = first, time.monotonic()
-        wait_s = self.config.producer.get("topic.metadata.propagation.max.ms", 30_000) / 1000
-        return None if first is None or time.monotonic() - first < wait_s else False
+        Topics.__init__(self)
 
     def _begin(self) -> None:
         """Fence earlier producers of this transactional.id (aborting what they left open)."""
@@ -150,17 +114,25 @@ class Transactions:
 
     def _await_acks(self) -> None:
         """Every queued record acknowledged and every acked row's ledger record queued (the broker
-        away: librdkafka resumes, and this waits), unless a topic records wait for is gone."""
+        away: librdkafka resumes, and this waits), unless a topic records wait for is gone, or
+        the producer is cut off (`_cut_off`) for `stall_s`: Stalled."""
         self._ledger(force=True)
         start = checked = time.monotonic()
+        cut_off = None   # since when
         while self._acks_awaited() and not self.doomed:
             self._ledger(force=True)
             if time.monotonic() - checked >= self.config.ack_check_s:
                 checked = time.monotonic()
-                if held_up := self._held_up([t for t, n in self.unacked.items() if n > 0]):
-                    self.doomed = f"records to {held_up}, unacknowledged for " \
-                                  f"{checked - start:.0f} s"
-                    return
+                if not self._cut_off():
+                    cut_off = None
+                    if held_up := self._held_up([t for t, n in self.unacked.items() if n > 0]):
+                        self.doomed = f"records to {held_up}, unacknowledged for " \
+                                      f"{checked - start:.0f} s"
+                        return
+                elif checked - (cut_off := cut_off or checked) >= self.config.stall_s:
+                    raise Stalled(f"its producer had no answer from the broker for "
+                                  f"{checked - cut_off:.0f} s while its consumer had, its "
+                                  f"records unacknowledged for {checked - start:.0f} s")
             if time.monotonic() - start >= 30:
                 log.warning("dispatch %d: records unacknowledged for 30 s; waiting", self.partition)
                 start = time.monotonic()
@@ -180,63 +152,6 @@ class Transactions:
             finally:
                 self.committing = False
         return left
-
-    def _held_up(self, topics: list[str]) -> str | None:
-        """What holds the records to `topics`: a real topic gone, or stuck (its rows, read again,
-        wait aside while the others leave); None: nothing found, the records are awaited (the
-        broker away, or a topic of delayq's own stuck: nothing leaves without it)."""
-        if gone := self._gone(topics):
-            return f"{', '.join(gone)}, which no longer exists"
-        for topic in topics:
-            if topic in self._topics and (why := self._stuck(topic)):
-                self._topics.discard(topic)
-                return f"{topic}, {why}"
-        return None
-
-    def _stuck(self, topic: str) -> str | None:
-        """Why `topic` takes no record though it exists (librdkafka would retry one until the
-        transaction's timeout, a minute, holding it): a partition without a leader, or
-        with fewer in-sync replicas than its min.insync.replicas (acks=all; at most its
-        replicas). None: it takes them, or no answer."""
-        try:
-            found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
-            if found is None or found.error is not None:
-                return None
-            parts = sorted(found.partitions.values(), key=lambda p: p.id)
-            if leaderless := [p.id for p in parts if p.leader < 0 or p.error is not None]:
-                return f"whose partition {leaderless[0]} has no leader"
-            if self._admin is None:
-                self._admin = AdminClient(self.config.producer)
-            resource = ConfigResource("topic", topic)
-            configs = self._admin.describe_configs([resource], request_timeout=_LOOK_UP_S)
-            need = int(configs[resource].result(_LOOK_UP_S)["min.insync.replicas"].value)
-        except (KafkaException, FutureTimeout):
-            return None
-        # The broker asks min(min.insync.replicas, replication factor) in sync.
-        if short := [p for p in parts if len(p.isrs) < min(need, len(p.replicas))]:
-            p = short[0]
-            return f"whose partition {p.id} has {len(p.isrs)} in-sync replicas of the " \
-                   f"{min(need, len(p.replicas))} its min.insync.replicas asks"
-        return None
-
-    def _gone(self, topics: list[str]) -> list[str]:
-        """The `topics` the broker says do not exist (no answer: none, the broker away)."""
-        answers = {topic: self._exists(topic, usable=False) for topic in topics}
-        gone = [] if None in answers.values() else [t for t, on in answers.items() if not on]
-        self._topics.difference_update(gone)
-        return gone
-
-    def _exists(self, topic: str, usable: bool = True) -> bool | None:
-        """Whether the broker says `topic` exists (`usable`: and can take records now, no error
-        such as a leader not yet elected); None: no answer within _LOOK_UP_S."""
-        try:
-            found = self.producer.list_topics(topic, timeout=_LOOK_UP_S).topics.get(topic)
-        except KafkaException:
-            return None
-        if found is None or found.error is not None and \
-                found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            return False
-        return not usable or (found.error is None and bool(found.partitions))
 
     def _commit(self, final: bool = False) -> None:
         """Commit the commit point, the `final` one synchronously, others in the background (a

@@ -1,6 +1,7 @@
 """The dispatch task's pure parts (streaming/dispatch/rules.py): reading a fired row back from its ready
 record, the commit point, a wheel batch's copies, the host clock's offset to the broker's, the ledger records' size and
 their retry, the intake read during a commit's ack wait (against a stand-in producer)."""
+import time
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -521,3 +522,41 @@ def test_a_timer_read_while_a_commit_awaits_its_acks_is_ringed_in_the_next_trans
     else:
         assert events == ["flush", "read", "flush", "commit", "begin", "t1"]
         assert task.deferred == [] and task.ring.dirty == {3} and not task.committing
+
+
+@pytest.mark.parametrize("answered", ["consumer", "neither", "both"])
+def test_a_producer_the_broker_answers_no_more_while_it_answers_the_consumer_is_given_up(answered):
+    """Records unacknowledged: a producer whose look-ups go unanswered while the task's consumer's
+    are answered is given up after `stall_s` (Stalled: a new producer takes over); with neither
+    answered (the broker away) or both (a topic that takes no records yet) the task waits on."""
+    from confluent_kafka import KafkaException
+
+    from streaming.dispatch.start import Stalled
+    from streaming.dispatch.task import _Task
+
+    class Client:
+        def __init__(self, answers):
+            self.answers = answers
+
+        def list_topics(self, topic, timeout):
+            if not self.answers:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+            return SimpleNamespace(topics={})
+
+    task = _Task.__new__(_Task)
+    task.partition, task.doomed, task.unacked = 0, None, {"real": 1}
+    task.producer = Client(answered == "both")
+    task.consumer = Client(answered != "neither")
+    task.config = SimpleNamespace(ack_check_s=0.0, stall_s=0.2)
+    task.ledger = SimpleNamespace(topic="ledger")
+    task._ledger = lambda force=False: None
+    task._held_up = lambda topics: None
+    until = time.monotonic() + 1.0   # acknowledged after a second
+    task._acks_awaited = lambda: time.monotonic() < until
+    if answered == "consumer":
+        with pytest.raises(Stalled, match="no answer from the broker for .* while its consumer had"):
+            task._await_acks()
+        assert time.monotonic() < until - 0.5, "given up after stall_s, not at the ack"
+    else:
+        task._await_acks()
+        assert time.monotonic() >= until
