@@ -10,7 +10,7 @@ from collections import Counter
 from state.envelope import TIMER_LEVEL
 from streaming.dispatch.cancels import RINGED
 from streaming.dispatch.ring import FILL, RING, ring_value
-from streaming.dispatch.rules import Row, refusal
+from streaming.dispatch.rules import PURGED, Row, refusal
 from streaming.dispatch.start import TARGET_DONE
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class Ringing:
             self._acked(row, sent_ms, None)
         elif self.txn and msg is not None:   # queued and refused: the transaction is lost,
             self._refused_in_transaction(None, err)   # and the row, read again, is held
-            self.refusals.unringed.add((row.source, row.offset))
+            if err.code() not in PURGED:   # but not for the task's own abort or stall
+                self.refusals.unringed.add((row.source, row.offset))
         elif msg is None or refusal(err, row) is not None:   # refused for good: held instead
             self._hold(row)
         else:

@@ -143,6 +143,8 @@ _UNKNOWN_TOPIC = ("unknown_topic", "REAL_TOPIC '{topic}' does not exist")
 _TOO_LARGE = ("too_large", "message of {size} bytes is too large for topic '{topic}'")
 # The broker's refusals of a record batch too large for the topic (`_Task._delivered`).
 TOO_LARGE = (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE)
+# A record the task's own abort or stall purged from its producer: no refusal of the record.
+PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 _PERMANENT = {
     KafkaError.UNKNOWN_TOPIC_OR_PART: _UNKNOWN_TOPIC, KafkaError._UNKNOWN_TOPIC: _UNKNOWN_TOPIC,
     KafkaError._UNKNOWN_PARTITION: ("partition_out_of_range",

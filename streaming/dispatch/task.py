@@ -48,7 +48,7 @@ def run_partition(config: DispatchConfig, partition: int,
         except Stalled as e:
             log.warning("dispatch %d: %s; a new producer takes over from its last commit",
                         partition, e)
-            task.producer.purge(blocking=False)   # nothing of it to wait for: the next fences it
+            task.producer.purge(blocking=False)   # its reports served in close(); the next fences it
             task.stalled = True
             task.sent, task.dead = task.at_commit
         finally:
@@ -77,7 +77,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
         # Heap entries due, set aside behind a reference of their intake partition that waits
         # for its body (`_send_due`): a heap per partition.
         self.behind: dict[int, list[tuple]] = {}
-        # Heap entries due whose real topic takes no records yet (txn.py `_topic_ready`): a heap
+        # Heap entries due whose real topic takes no records yet (topics.py `_topic_ready`): a heap
         # per topic, back in the heap at once when it does (the topic is looked up every 0.5 s).
         self.aside: dict[str, list[tuple]] = {}
         self._pushes = itertools.count()   # equal orders never compare their rows
@@ -147,7 +147,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
             if self.ring is not None:
                 self.ring.close()
         finally:
-            self.producer.flush(0 if self.stalled else 10)
+            self.producer.flush(2 if self.stalled else 10)
             # Its on_commit is a method of this task: without the cycle, an aborted task (its
             # heap) is freed at once, not at the next full collection (rare: GC_THRESHOLD).
             self.consumer = None

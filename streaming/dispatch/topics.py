@@ -19,7 +19,7 @@ _LOOK_UP_S = 2.0
 
 class Topics:
     """The look-ups of streaming/dispatch/txn.py's Transactions, mixed into it (the task's
-    producer, consumer, config and partition)."""
+    producer, consumer, config, partition and ledger topic)."""
 
     def __init__(self):
         # Topics known to exist, and those not: (first found missing or None, last looked up).

@@ -115,15 +115,17 @@ class Transactions(Topics):
     def _await_acks(self) -> None:
         """Every queued record acknowledged and every acked row's ledger record queued (the broker
         away: librdkafka resumes, and this waits), unless a topic records wait for is gone, or
-        the producer is cut off (`_cut_off`) for `stall_s`: Stalled."""
+        the producer is cut off (`_cut_off`, and no ack came since the last check) for `stall_s`:
+        Stalled. A check's look-ups wait up to 2 s each: about 10 s into the wait, by default."""
         self._ledger(force=True)
         start = checked = time.monotonic()
-        cut_off = None   # since when
+        cut_off, left = None, math.inf   # since when; the records awaited at the last check
         while self._acks_awaited() and not self.doomed:
             self._ledger(force=True)
             if time.monotonic() - checked >= self.config.ack_check_s:
                 checked = time.monotonic()
-                if not self._cut_off():
+                acked, left = sum(self.unacked.values()) < left, sum(self.unacked.values())
+                if acked or not self._cut_off():
                     cut_off = None
                     if held_up := self._held_up([t for t, n in self.unacked.items() if n > 0]):
                         self.doomed = f"records to {held_up}, unacknowledged for " \

@@ -2,6 +2,7 @@
 record, the commit point, a wheel batch's copies, the host clock's offset to the broker's, the ledger records' size and
 their retry, the intake read during a commit's ack wait (against a stand-in producer)."""
 import time
+from collections import Counter
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -524,11 +525,12 @@ def test_a_timer_read_while_a_commit_awaits_its_acks_is_ringed_in_the_next_trans
         assert task.deferred == [] and task.ring.dirty == {3} and not task.committing
 
 
-@pytest.mark.parametrize("answered", ["consumer", "neither", "both"])
+@pytest.mark.parametrize("answered", ["consumer", "neither", "both", "consumer, acks coming"])
 def test_a_producer_the_broker_answers_no_more_while_it_answers_the_consumer_is_given_up(answered):
     """Records unacknowledged: a producer whose look-ups go unanswered while the task's consumer's
     are answered is given up after `stall_s` (Stalled: a new producer takes over); with neither
-    answered (the broker away) or both (a topic that takes no records yet) the task waits on."""
+    answered (the broker away), both (a topic that takes no records yet), or acks still coming
+    (a slow broker answers a producer's look-up after its records), the task waits on."""
     from confluent_kafka import KafkaException
 
     from streaming.dispatch.start import Stalled
@@ -544,12 +546,13 @@ def test_a_producer_the_broker_answers_no_more_while_it_answers_the_consumer_is_
             return SimpleNamespace(topics={})
 
     task = _Task.__new__(_Task)
-    task.partition, task.doomed, task.unacked = 0, None, {"real": 1}
+    acks = answered.endswith("acks coming")
+    task.partition, task.doomed, task.unacked = 0, None, Counter(real=10**9 if acks else 1)
     task.producer = Client(answered == "both")
     task.consumer = Client(answered != "neither")
     task.config = SimpleNamespace(ack_check_s=0.0, stall_s=0.2)
     task.ledger = SimpleNamespace(topic="ledger")
-    task._ledger = lambda force=False: None
+    task._ledger = lambda force=False: acks and task.unacked.subtract(real=1)   # one ack a turn
     task._held_up = lambda topics: None
     until = time.monotonic() + 1.0   # acknowledged after a second
     task._acks_awaited = lambda: time.monotonic() < until
@@ -560,3 +563,20 @@ def test_a_producer_the_broker_answers_no_more_while_it_answers_the_consumer_is_
     else:
         task._await_acks()
         assert time.monotonic() >= until
+
+
+def test_a_ring_write_the_task_s_own_abort_purged_is_ringed_again_and_a_refused_one_held():
+    """A ring write lost with its transaction is written again when its row is read again; one
+    the broker refused is held in memory instead (`Refusals.unringed`); one the task's own abort
+    or stall purged from its producer was refused by nobody and is written again too."""
+    from streaming.dispatch.task import _Task
+    from streaming.dispatch.txn import Refusals
+
+    task = _Task.__new__(_Task)
+    task.txn, task.refusals, task.doomed, task.partition = True, Refusals(), None, 0
+    timer = Row(60_000, 0, 7, 7, "real", None, b"k", b"v", [], -1, 0, "t1")
+    for purged in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+        task._ringed(KafkaError(purged), object(), timer, 0)
+    assert task.refusals.unringed == set() and task.doomed
+    task._ringed(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), object(), timer, 0)
+    assert task.refusals.unringed == {(timer.source, timer.offset)}
