@@ -48,7 +48,7 @@ def run_partition(config: DispatchConfig, partition: int,
         except Stalled as e:
             log.warning("dispatch %d: %s; a new producer takes over from its last commit",
                         partition, e)
-            task.producer.purge(blocking=False)   # its reports served in close(); the next fences it
+            task.producer.purge(blocking=False)   # reports served in close(); the next fences it
             task.stalled = True
             task.sent, task.dead = task.at_commit
         finally:
