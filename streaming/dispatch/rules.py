@@ -38,7 +38,7 @@ class DispatchConfig:
     intake_refresh_s: float           # how often a task looks for new intake partitions
     skip_deadline_s: float            # the restart's skip reads its ledger this long at most
     ack_check_s: float                # records unacked this long: their topics looked up
-    stall_s: float = 5.0              # the producer cut off this long: a new one (txn.py)
+    stall_s: float                    # the producer cut off this long: a new one (txn.py)
     # The intake read (direct.py): its rules, which levels (-1: none), the ready topic's partition
     # count (which intake partitions a task reads), where an uncommitted one starts (else earliest).
     intake_topic: str = ""

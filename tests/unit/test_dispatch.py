@@ -580,3 +580,39 @@ def test_a_ring_write_the_task_s_own_abort_purged_is_ringed_again_and_a_refused_
     assert task.refusals.unringed == set() and task.doomed
     task._ringed(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), object(), timer, 0)
     assert task.refusals.unringed == {(timer.source, timer.offset)}
+
+
+def test_a_stalled_task_is_not_aborted_and_a_new_task_takes_over_from_its_last_commit(monkeypatch):
+    """run_partition: a Stalled task's producer is purged, never aborted (that call hung), its
+    close waits 2 s at most for the purged records' reports, what it sent after its last commit
+    does not count, and a new task (its new producer fences the old one) goes on."""
+    from streaming.dispatch import task as module
+    from streaming.dispatch.start import Stalled
+
+    calls, tasks = [], []
+
+    class Producer:
+        def purge(self, blocking=True):
+            calls.append(("purge", blocking))
+
+        def abort_transaction(self, timeout):
+            calls.append("abort")
+
+    class Task:
+        def __init__(self, config, partition, clock, refusals):
+            self.producer, self.stalled, self.skipped = Producer(), False, 0
+            self.sent, self.dead, self.at_commit = 7, 1, (3, 0)
+            tasks.append(self)
+
+        def run(self):
+            if len(tasks) == 1:
+                raise Stalled("its producer had no answer")
+
+        def close(self):
+            calls.append(("close", self.stalled))
+
+    monkeypatch.setattr(module, "_Task", Task)
+    done = list(module.run_partition(SimpleNamespace(retry_backoff_s=0.0), 0))
+    assert calls == [("purge", False), ("close", True), ("close", False)]
+    assert len(tasks) == 2 and done == [{"partition": 0, "sent": 3 + 7, "dead": 0 + 1,
+                                         "skipped": 0}]
