@@ -90,6 +90,7 @@ class Settings(BaseSettings):
     dispatch_failure_window: Duration
     dispatch_restart_backoff: Levels
     dispatch_liveness_timeout: Duration
+    dispatch_kill_timeout: Duration
     dispatch_skip_deadline: Duration
     dispatch_retry_backoff_ms: PositiveInt
     dispatch_ledger_batch: PositiveInt
@@ -173,6 +174,7 @@ class Settings(BaseSettings):
     ledger_interval_ms = _ms("ledger_interval")
     dispatch_failure_window_ms = _ms("dispatch_failure_window")
     dispatch_liveness_timeout_ms = _ms("dispatch_liveness_timeout")
+    dispatch_kill_timeout_s = _seconds("dispatch_kill_timeout")
     dispatch_skip_deadline_s = _seconds("dispatch_skip_deadline")
     dispatch_producer_stall_s = _seconds("dispatch_producer_stall")
     produce_timeout_s = _seconds("produce_timeout")

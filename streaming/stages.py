@@ -101,6 +101,7 @@ def ring_of(settings: Settings) -> RingConfig:
 
 def supervision_of(settings: Settings) -> Supervision:
     return Supervision(liveness_timeout_s=settings.dispatch_liveness_timeout_ms / 1000,
+                       kill_timeout_s=settings.dispatch_kill_timeout_s,
                        failure_window_s=settings.dispatch_failure_window_ms / 1000,
                        max_failures=settings.dispatch_max_failures,
                        restart_backoff_ms=settings.dispatch_restart_backoff_ms)

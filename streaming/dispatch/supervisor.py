@@ -33,6 +33,7 @@ class Supervision:
     """How the driver keeps the tasks running (streaming/stages.py supervision_of)."""
 
     liveness_timeout_s: float          # a task committing nothing this long is restarted
+    kill_timeout_s: float              # its executor not reporting the cancel this long: replaced
     failure_window_s: float            # more than `max_failures` failures within it: give up
     max_failures: int
     restart_backoff_ms: tuple[int, ...]   # the wait before the first, second, ... restart
@@ -50,6 +51,8 @@ class Dispatcher:
         self._on_commits = on_commits   # called with `reports()` once per commit interval
         # The liveness check: each running task's last commit metadata, unchanged since when.
         self._beats: dict[int, tuple[str | None, float]] = {}
+        # Tasks cancelled by it (stage, attempt, executor) not yet reported ended: partition, when.
+        self._cancelled: dict[tuple[int, int, str], tuple[int, float]] = {}
 
     def start(self) -> "Dispatcher":
         for partition in range(self.partitions):
@@ -71,6 +74,10 @@ class Dispatcher:
                 now = time.monotonic()   # unseen, a task gets its full time again
                 self._beats = {p: (meta, now) for p, (meta, _) in self._beats.items()}
                 continue
+            try:
+                self._reap()
+            except Exception as exc:   # noqa: BLE001 (the next interval looks again)
+                log.warning("could not look up the cancelled dispatch tasks: %s", exc)
             if self._on_commits is not None:
                 try:
                     self._on_commits(*reports)
@@ -93,7 +100,49 @@ class Dispatcher:
                         "dispatch_liveness_timeout); cancelling it, a new task takes over",
                         partition, now - since)
             self._beats[partition] = metadata, now
+            if not self.spark.sparkContext.master.startswith("local"):
+                for task in self._running(partition, jobs_ended=False):
+                    self._cancelled.setdefault(task, (partition, now))
             self.spark.sparkContext.cancelJobGroup(self._group(partition))
+
+    def _running(self, partition: int, jobs_ended: bool = True) -> list[tuple[int, int, str]]:
+        """(stage, stage attempt, executor id) of each task of `partition`'s jobs that Spark's
+        status store has as running, of its running jobs only unless `jobs_ended`."""
+        context = self.spark.sparkContext
+        tracker, store = context.statusTracker(), context._jsc.sc().statusStore()
+        found = []
+        for job in tracker.getJobIdsForGroup(self._group(partition)):
+            info = tracker.getJobInfo(job)
+            if info is None or not (jobs_ended or info.status == "RUNNING"):
+                continue
+            for stage in info.stageIds:
+                attempt = getattr(tracker.getStageInfo(stage), "currentAttemptId", 0)
+                tasks = store.taskList(stage, attempt, 100)
+                for task in (tasks.apply(i) for i in range(tasks.size())):
+                    if task.status() == "RUNNING":
+                        found.append((stage, attempt, task.executorId()))
+        return found
+
+    def _reap(self) -> None:
+        """A cancelled task its executor has not reported ended within `kill_timeout_s` is on an
+        executor that no longer answers: Spark is asked to kill and replace that executor (what its
+        HeartbeatReceiver does after spark.network.timeout), so that the slots it holds (the task's
+        and those of micro-batch tasks waiting on it) are freed and the new task gets one."""
+        now = time.monotonic()
+        running = {task for partition in {p for p, _ in self._cancelled.values()}
+                   for task in self._running(partition)}
+        lost: dict[str, tuple[int, float]] = {}
+        for task, (partition, since) in list(self._cancelled.items()):
+            overdue = now - since > self.supervision.kill_timeout_s
+            if task in running and overdue:
+                lost[task[2]] = partition, now - since
+            if task not in running or overdue:
+                del self._cancelled[task]
+        for executor, (partition, waited) in sorted(lost.items()):
+            log.warning("dispatch %d's cancelled task still runs on executor %s %.0f s later "
+                        "(setting dispatch_kill_timeout): that executor no longer answers; "
+                        "asking Spark to kill and replace it", partition, executor, waited)
+            self.spark.sparkContext._jsc.sc().killAndReplaceExecutor(executor)
 
     def reports(self) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
         """From the tasks' last commits' metadata (one request, whatever the rate): messages read

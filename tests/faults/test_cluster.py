@@ -96,9 +96,12 @@ def test_on_a_cluster_a_paused_executor_s_dispatch_task_is_replaced_and_fenced(
         local_cluster, job_process, capsys):
     """The executor running ready partition 0's dispatch task paused whole (SIGSTOP to its JVM
     and Python workers: a long GC pause, a host cut off) under load: the driver sees the task's
-    commits stop (dispatch_liveness_timeout), cancels it and starts it again on the other
-    executor, whose producer fences the paused one. Resumed (SIGCONT), the paused one sends
-    nothing a read_committed reader sees: every message once, none early, none lost."""
+    commits stop (dispatch_liveness_timeout), cancels it and starts it again, and, the paused
+    executor not reporting the cancel (dispatch_kill_timeout), has Spark kill and replace it:
+    its task slots, and those of micro-batch tasks waiting on it, would otherwise stay taken for
+    spark.network.timeout (120 s), the new task's among them when it lands there. The new task's
+    producer fences the paused one, which, resumed (SIGCONT) with the kill pending, sends nothing
+    a read_committed reader sees: every message once, none early, none lost."""
     from tests.faults.conftest import (check_ledgered_once, descendants, ledger_senders,
                                        real_topic)
 
@@ -123,8 +126,13 @@ def test_on_a_cluster_a_paused_executor_s_dispatch_task_is_replaced_and_fenced(
     replaced = assert_eventually(lambda: set(ledger_senders(settings, 0)) - set(frozen),
                                  timeout_s=120, message="ready partition 0's task started again")
     took = time.monotonic() - took
+    assert_eventually(lambda: "asking Spark to kill and replace it" in job.log.read_text(),
+                      timeout_s=60, message="the paused executor's kill asked for")
     for pid in frozen:
-        os.kill(pid, signal.SIGCONT)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass   # killed already
     time.sleep(10)
     load.stop()
     assert job.proc.poll() is None, f"the job died:\n{why_it_died(job.log.read_text())}"
@@ -135,9 +143,12 @@ def test_on_a_cluster_a_paused_executor_s_dispatch_task_is_replaced_and_fenced(
     after = order[next(i for i, pid in enumerate(order) if pid in replaced):]
     assert not set(after) & set(frozen), "the paused task committed after its replacement"
     check_ledgered_once(settings, load)
+    assert_eventually(lambda: not Path(f"/proc/{executor}/exe").exists(), timeout_s=30,
+                      message="the paused executor's JVM gone")
     job.stop()
     with capsys.disabled():
         print(f"\non a standalone cluster: the executor of ready partition 0's dispatch task "
-              f"(JVM {executor}, worker {worker}) paused, replaced by {sorted(replaced)} "
-              f"{took:.1f} s later, resumed; {len(load.sent)} messages, lost 0, early 0, read "
-              f"twice 0 (read_committed); lateness max {max(outcome.lateness_ms)} ms")
+              f"(JVM {executor}, worker {worker}) paused, its task replaced by {sorted(replaced)} "
+              f"{took:.1f} s later, the executor killed; {len(load.sent)} messages, lost 0, "
+              f"early 0, read twice 0 (read_committed); lateness max "
+              f"{max(outcome.lateness_ms)} ms")
