@@ -109,7 +109,7 @@ def test_on_a_cluster_a_paused_executor_s_dispatch_task_is_replaced_and_fenced(
     job, settings = job_process(
         command=["submit", "--master", spec.master_url, "--total-executor-cores", "8"],
         spark_master=spec.master_url, spark_executor_memory="768m",
-        dispatch_liveness_timeout="8s")
+        dispatch_liveness_timeout="8s", dispatch_kill_timeout="5s")
     real = real_topic(settings)
     job.start(timeout_s=300)
     load = SteadyLoad(settings, real, levels=(0, 1, 2, 3), interval_s=0.05)
