@@ -100,28 +100,31 @@ class Dispatcher:
                         "dispatch_liveness_timeout); cancelling it, a new task takes over",
                         partition, now - since)
             self._beats[partition] = metadata, now
-            if not self.spark.sparkContext.master.startswith("local"):
-                for task in self._running(partition, jobs_ended=False):
-                    self._cancelled.setdefault(task, (partition, now))
-            self.spark.sparkContext.cancelJobGroup(self._group(partition))
+            try:   # where it runs, for `_reap`; the cancel goes out whatever this finds
+                if not self.spark.sparkContext.master.startswith("local"):
+                    for task in self._running(partition):
+                        self._cancelled.setdefault(task, (partition, now))
+            finally:
+                self.spark.sparkContext.cancelJobGroup(self._group(partition))
 
-    def _running(self, partition: int, jobs_ended: bool = True) -> list[tuple[int, int, str]]:
-        """(stage, stage attempt, executor id) of each task of `partition`'s jobs that Spark's
-        status store has as running, of its running jobs only unless `jobs_ended`."""
-        context = self.spark.sparkContext
-        tracker, store = context.statusTracker(), context._jsc.sc().statusStore()
+    def _running(self, partition: int) -> list[tuple[int, int, str]]:
+        """(stage, stage attempt, executor id) of each running task of `partition`'s running
+        jobs, from Spark's status store."""
+        tracker = self.spark.sparkContext.statusTracker()
         found = []
         for job in tracker.getJobIdsForGroup(self._group(partition)):
             info = tracker.getJobInfo(job)
-            if info is None or not (jobs_ended or info.status == "RUNNING"):
-                continue
-            for stage in info.stageIds:
+            for stage in (info.stageIds if info is not None and info.status == "RUNNING" else ()):
                 attempt = getattr(tracker.getStageInfo(stage), "currentAttemptId", 0)
-                tasks = store.taskList(stage, attempt, 100)
-                for task in (tasks.apply(i) for i in range(tasks.size())):
-                    if task.status() == "RUNNING":
-                        found.append((stage, attempt, task.executorId()))
+                found += [(stage, attempt, executor) for executor in self._on(stage, attempt)]
         return found
+
+    def _on(self, stage: int, attempt: int) -> list[str]:
+        """The executors of the stage attempt's tasks that Spark's status store has as running
+        (until their executor reports them ended)."""
+        tasks = self.spark.sparkContext._jsc.sc().statusStore().taskList(stage, attempt, 100)
+        return [task.executorId() for task in (tasks.apply(i) for i in range(tasks.size()))
+                if task.status() == "RUNNING"]
 
     def _reap(self) -> None:
         """A cancelled task its executor has not reported ended within `kill_timeout_s` is on an
@@ -129,8 +132,8 @@ class Dispatcher:
         HeartbeatReceiver does after spark.network.timeout), so that the slots it holds (the task's
         and those of micro-batch tasks waiting on it) are freed and the new task gets one."""
         now = time.monotonic()
-        running = {task for partition in {p for p, _ in self._cancelled.values()}
-                   for task in self._running(partition)}
+        running = {(stage, attempt, executor) for stage, attempt in
+                   {task[:2] for task in self._cancelled} for executor in self._on(stage, attempt)}
         lost: dict[str, tuple[int, float]] = {}
         for task, (partition, since) in list(self._cancelled.items()):
             overdue = now - since > self.supervision.kill_timeout_s
