@@ -101,7 +101,7 @@ class Dispatcher:
                         partition, now - since)
             self._beats[partition] = metadata, now
             try:   # where it runs, for `_reap`; the cancel goes out whatever this finds
-                if not self.spark.sparkContext.master.startswith("local"):
+                if self.spark.sparkContext.master.split("[")[0] != "local":
                     for task in self._running(partition):
                         self._cancelled.setdefault(task, (partition, now))
             finally:
@@ -127,10 +127,10 @@ class Dispatcher:
                 if task.status() == "RUNNING"]
 
     def _reap(self) -> None:
-        """A cancelled task its executor has not reported ended within `kill_timeout_s` is on an
-        executor that no longer answers: Spark is asked to kill and replace that executor (what its
-        HeartbeatReceiver does after spark.network.timeout), so that the slots it holds (the task's
-        and those of micro-batch tasks waiting on it) are freed and the new task gets one."""
+        """A cancelled task its executor has not reported ended within `kill_timeout_s`: the
+        executor is taken as lost and Spark asked to kill and replace it (as its HeartbeatReceiver
+        does after spark.network.timeout); no task is offered its slots (the task's and those of
+        micro-batch tasks waiting on it) from then on, and they are freed once it is gone."""
         now = time.monotonic()
         running = {(stage, attempt, executor) for stage, attempt in
                    {task[:2] for task in self._cancelled} for executor in self._on(stage, attempt)}
@@ -143,7 +143,7 @@ class Dispatcher:
                 del self._cancelled[task]
         for executor, (partition, waited) in sorted(lost.items()):
             log.warning("dispatch %d's cancelled task still runs on executor %s %.0f s later "
-                        "(setting dispatch_kill_timeout): that executor no longer answers; "
+                        "(setting dispatch_kill_timeout): taking that executor as lost; "
                         "asking Spark to kill and replace it", partition, executor, waited)
             self.spark.sparkContext._jsc.sc().killAndReplaceExecutor(executor)
 
