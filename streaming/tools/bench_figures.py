@@ -265,7 +265,7 @@ def write(result, json_path: Path, plot_path: Path | None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [n for n in ("raw-steady", "steady", "burst", "backlog", "restart")
+    shown = [n for n in ("raw-steady", "steady", "timers", "burst", "backlog", "restart")
              if n in result.scenarios]
     if not shown:
         return
@@ -277,10 +277,14 @@ def write(result, json_path: Path, plot_path: Path | None) -> None:
         if name == "burst":   # one due second: what a person asks is when they all left
             _plot_burst(ax, late)
             continue
+        sent = result.scenarios[name]["_sent_ms"]
         if len(due) > 40_000:
             pick = np.random.default_rng(0).choice(len(due), 40_000, replace=False)
-            due, late = due[pick], late[pick]
-        ax.scatter((due - due.min()) / 1000, late, s=1, alpha=0.4)
+            due, late, sent = due[pick], late[pick], sent[pick]
+        if name == "timers":   # the direct window's timers apart from those beyond it
+            _plot_timers(ax, due, late, due - sent, result.scenarios[name]["window_ms"])
+        else:
+            ax.scatter((due - due.min()) / 1000, late, s=1, alpha=0.4)
         # The raw pipe keeps nothing: its "lateness" is the transit from append to copy.
         ax.set_title(f"{name}: {'transit' if name == 'raw-steady' else 'lateness'} by due time")
         ax.set_xlabel("due time (s from the first)")
@@ -290,6 +294,15 @@ def write(result, json_path: Path, plot_path: Path | None) -> None:
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(plot_path, dpi=90)
     plt.close(fig)
+
+
+def _plot_timers(ax, due: np.ndarray, late: np.ndarray, after: np.ndarray,
+                 window_ms: int) -> None:
+    x = (due - due.min()) / 1000
+    for inside, label in ((after > window_ms, "beyond the direct window"),
+                          (after <= window_ms, "within the direct window")):
+        ax.scatter(x[inside], late[inside], s=1, alpha=0.4, label=label)
+    ax.legend(loc="upper right", fontsize=8, markerscale=6)
 
 
 def _plot_burst(ax, late: np.ndarray) -> None:
