@@ -13,9 +13,9 @@ log = logging.getLogger(__name__)
 
 class ProgressJsonListener(StreamingQueryListener):
     """Reads each report once as Spark's JSON for all `observers` (callables), for its query
-    only. PySpark's own up-call converts a report field by field, a JVM call each (at a batch a
-    second, a tenth of the Spark JVM's samples, in py4j's look-ups): this one asks the JVM for
-    the report's JSON alone."""
+    only. PySpark's own up-call converts a report field by field, a JVM call each (a tenth of
+    the Spark JVM's samples, in py4j's look-ups, at 5,000 msg/s): this one asks the JVM for the
+    report's JSON alone."""
 
     def __init__(self, query_name: str, *observers):
         self._name = query_name

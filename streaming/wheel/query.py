@@ -67,9 +67,9 @@ def surely_direct(rules: Rules, window_ms: int) -> F.Column:
     out of the wheel at once in the JVM: at most one DELAY header whose value names a level of
     at most the window as written ("0", "1", …; the older split's rule), no other delay, cancel
     or service header. The wheel's parse leaves out the rest (state/parse.py): a JVM form of
-    the whole rule took 4 times this one's CPU and 5 times the batch's planning. Array
-    functions Spark compiles only: a lambda over the headers (`exists`) is evaluated row by row
-    in the interpreter, a sixth of the Spark JVM's samples at 5,000 timers/s."""
+    the whole rule took 4 times this one's CPU and 5 times the batch's planning. Only array
+    functions Spark compiles: a lambda over the headers (`exists`) is evaluated row by row in
+    its interpreter, a sixth of the Spark JVM's samples at 5,000 timers/s."""
     headers = F.coalesce("headers", F.array().cast("array<struct<key:string,value:binary>>"))
     keys = headers.getField("key")
     texts = sorted(v.decode() for v in legacy_values(rules, window_ms))

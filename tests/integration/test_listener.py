@@ -13,6 +13,9 @@ def test_a_listener_gets_its_query_reports_as_spark_json_for_each_observer(spark
     collected, also, elsewhere = [], [], []
     ours = ProgressJsonListener(name, collected.append, also.append)
     other = ProgressJsonListener("another-query", elsewhere.append)
+    # The reports come as the JVM's JSON alone, never through PySpark's field-by-field event.
+    converted = []
+    ours.onQueryProgress = converted.append
     spark.streams.addListener(ours)
     spark.streams.addListener(other)
     query = (spark.readStream.format("rate").option("rowsPerSecond", 20).load()
@@ -26,7 +29,7 @@ def test_a_listener_gets_its_query_reports_as_spark_json_for_each_observer(spark
         query.stop()
         spark.streams.removeListener(ours)
         spark.streams.removeListener(other)
-    assert not elsewhere
+    assert not elsewhere and not converted
     assert also == collected[:len(also)]
     by_batch = {p["batchId"]: p for p in query.recentProgress}
     for report in collected:
