@@ -104,6 +104,7 @@ class Settings(BaseSettings):
     ring_markers_wait_ms: PositiveInt
     ring_write_ms: NonNegativeInt
     dispatch_fetch_gap: NonNegativeInt
+    dispatch_jvm_nice: Annotated[int, Field(ge=0, le=19)]
     fire_lead_per_message_us: NonNegativeInt
     heartbeat_ms: PositiveInt
     wheel_trigger_ms: NonNegativeInt

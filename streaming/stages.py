@@ -88,6 +88,7 @@ def dispatch_config(settings: Settings, run_id: str, max_request_bytes: int, par
                           intake_topic=settings.intake_topic, rules=rules,
                           direct_max_delay_ms=settings.dispatch_direct_max_delay_ms,
                           ready_partitions=partitions, intake_start=intake_start,
+                          jvm_nice=settings.dispatch_jvm_nice,
                           transactional_id=consumer["group.id"] if exactly else "",
                           offsets_interval_s=settings.dispatch_commit_interval_ms / 1000)
 

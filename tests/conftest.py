@@ -152,6 +152,9 @@ def test_settings(work_dir, kafka_bootstrap):
         spark_shuffle_partitions=2,
         # The ledger's tests wait for its rows: sooner than the default's 30 s.
         ledger_interval="10s",
+        # The session's JVM serves every test and its own Spark: left at its priority (one test
+        # lowers it, tests/integration/test_workers.py).
+        dispatch_jvm_nice=0,
     )
 
 

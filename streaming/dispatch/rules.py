@@ -54,6 +54,8 @@ class DispatchConfig:
     offsets_interval_s: float = 1.0
     # The task's own timer wheel (ring.py RingConfig; None: no ring).
     ring: object = None
+    # The JVM above the task's Python worker runs this much nicer (priority.py; 0: as it is).
+    jvm_nice: int = 0
 
 
 class Row:

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from streaming.dispatch.cancels import CANCELLED, MISSED, Tombstone
 from streaming.dispatch.clock import Skew
+from streaming.dispatch.priority import lower_jvm
 from streaming.dispatch.reading import Reading
 from streaming.dispatch.ringing import Ringing
 from streaming.dispatch.rules import DispatchConfig, Offsets, Row, refusal
@@ -34,6 +35,7 @@ def run_partition(config: DispatchConfig, partition: int,
     """Dispatch `partition` until this run's stop record, then yield what it did. Raises on a
     failure a new task must take over (the supervisor restarts it from the committed offset)."""
     gc.set_threshold(*GC_THRESHOLD)   # the worker runs this task alone, for its whole life
+    lower_jvm(config.jvm_nice)
     refusals, done = Refusals(), Counter()
     while True:   # again from the last commit after an aborted transaction (txn.py)
         task = _Task(config, partition, clock, refusals)

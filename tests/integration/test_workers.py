@@ -2,6 +2,9 @@
 (state/worker.py), and the job's Python functions all run in one pool of them."""
 from __future__ import annotations
 
+import contextlib
+import os
+
 import psutil
 import pyarrow as pa
 
@@ -56,23 +59,34 @@ def test_a_spark_python_worker_talks_to_the_jvm_over_a_unix_socket(spark):
 def test_the_parse_the_wheel_and_the_hold_share_one_pool_of_python_workers(
         job_settings, start_job, new_topic, kafka_bootstrap):
     """Spark keeps a daemon (and its workers) per distinct worker environment; the job's
-    runners once had two between them (streaming/spark/session.py, simplifiedTraceback)."""
-    settings = job_settings()
+    runners once had two between them (streaming/spark/session.py, simplifiedTraceback). The
+    dispatch tasks run the JVM's threads nicer than themselves (streaming/dispatch/priority.py)."""
+    settings = job_settings(dispatch_jvm_nice=5)
     real = new_topic(partitions=1, message_timestamp_type="LogAppendTime")
-    start_job(settings)
-    with DelayProducer(settings) as producer:
-        producer.send(real, b"through the wheel", level=1)
-    [record] = consume_all(kafka_bootstrap, real, expected=1, timeout_s=90, idle_s=2)
-    assert record.value == b"through the wheel"
-    assert len(_python_daemons()) == 1
+    try:
+        start_job(settings)
+        with DelayProducer(settings) as producer:
+            producer.send(real, b"through the wheel", level=1)
+        [record] = consume_all(kafka_bootstrap, real, expected=1, timeout_s=90, idle_s=2)
+        assert record.value == b"through the wheel"
+        [daemon] = _python_daemons()
+        assert {_nice(t.id) for t in _spark_jvm().threads()} - {None} == {5}
+        assert {worker.nice() for worker in [daemon, *daemon.children()]} == {0}
+    finally:   # the next tests' JVM as it was (lowering a nice again needs root, as here)
+        for thread in _spark_jvm().threads():
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, thread.id, 0)
 
 
 def _python_daemons() -> list:
     """The PySpark daemons under this test session's Spark JVM."""
-    jvms = [child for child in psutil.Process().children()
-            if "org.apache.spark.deploy.SparkSubmit" in _command(child)]
-    assert len(jvms) == 1
-    return [child for child in jvms[0].children() if "pyspark.daemon" in _command(child)]
+    return [child for child in _spark_jvm().children() if "pyspark.daemon" in _command(child)]
+
+
+def _spark_jvm() -> psutil.Process:
+    [jvm] = [child for child in psutil.Process().children()
+             if "org.apache.spark.deploy.SparkSubmit" in _command(child)]
+    return jvm
 
 
 def _command(process) -> str:
@@ -82,3 +96,11 @@ def _command(process) -> str:
         return " ".join(process.cmdline())
     except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
         return ""
+
+
+def _nice(tid: int) -> int | None:
+    """A thread's nice; None for one that ended meanwhile."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:
+        return None
