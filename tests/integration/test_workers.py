@@ -70,12 +70,13 @@ def test_the_parse_the_wheel_and_the_hold_share_one_pool_of_python_workers(
         [record] = consume_all(kafka_bootstrap, real, expected=1, timeout_s=90, idle_s=2)
         assert record.value == b"through the wheel"
         [daemon] = _python_daemons()
-        assert {_nice(t.id) for t in _spark_jvm().threads()} - {None} == {5}
-        assert {worker.nice() for worker in [daemon, *daemon.children()]} == {0}
+        own = os.getpriority(os.PRIO_PROCESS, 0)   # a suite started under `nice` runs above 0
+        assert {_nice(t.id) for t in _spark_jvm().threads()} - {None} == {max(own, 5)}
+        assert {worker.nice() for worker in [daemon, *daemon.children()]} == {own}
     finally:   # the next tests' JVM as it was (lowering a nice again needs root, as here)
         for thread in _spark_jvm().threads():
             with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, thread.id, 0)
+                os.setpriority(os.PRIO_PROCESS, thread.id, os.getpriority(os.PRIO_PROCESS, 0))
 
 
 def _python_daemons() -> list:

@@ -31,11 +31,12 @@ def test_the_nearest_java_ancestor_is_lowered_and_the_worker_is_not(tmp_path):
     pid, own_nice = map(int, out[0].split())
     stat = out[1].rsplit(")", 1)[1].split()
     assert pid == int(out[1].split()[0])
-    assert int(stat[16]) == 7   # the script's nice, read by itself after its child ended
-    assert own_nice == 0
+    assert int(stat[16]) == max(7, os.getpriority(os.PRIO_PROCESS, 0))   # read by the script
+    assert own_nice == os.getpriority(os.PRIO_PROCESS, 0), "the caller's own left as it was"
 
 
 def test_without_a_jvm_above_nothing_is_lowered():
-    assert lower_jvm(5) == 0
-    assert os.getpriority(os.PRIO_PROCESS, 0) == 0
+    own = os.getpriority(os.PRIO_PROCESS, 0)   # a suite started under `nice` runs above 0
+    assert lower_jvm(own + 5) == 0
+    assert os.getpriority(os.PRIO_PROCESS, 0) == own
     assert lower_jvm(0) == 0
