@@ -2,7 +2,6 @@
 (txn.py). No Spark import: it runs in a plain Python worker."""
 from __future__ import annotations
 
-import gc
 import heapq
 import itertools
 import logging
@@ -21,20 +20,17 @@ from streaming.dispatch.rules import DispatchConfig, Offsets, Row, refusal
 from streaming.dispatch.send import Sending
 from streaming.dispatch.start import Aborted, Stalled, retrying
 from streaming.dispatch.txn import Refusals, Transactions
+from state import worker
 from state.envelope import is_legacy
 
 log = logging.getLogger(__name__)
-
-# Cycles collected after this many allocations (default 700 took a third of the CPU: 200,000
-# references in bench_readback.py, 73 µs a message against 41). The rows form no cycles.
-GC_THRESHOLD = (50_000, 20, 100)
 
 
 def run_partition(config: DispatchConfig, partition: int,
                   clock: Callable[[], float] = time.time) -> Iterator[dict]:
     """Dispatch `partition` until this run's stop record, then yield what it did. Raises on a
     failure a new task must take over (the supervisor restarts it from the committed offset)."""
-    gc.set_threshold(*GC_THRESHOLD)   # the worker runs this task alone, for its whole life
+    worker.run_one_task()
     lower_jvm(config.jvm_nice)
     refusals, done = Refusals(), Counter()
     while True:   # again from the last commit after an aborted transaction (txn.py)
@@ -56,6 +52,8 @@ def run_partition(config: DispatchConfig, partition: int,
         finally:
             task.close()
             done.update(sent=task.sent, dead=task.dead, skipped=task.skipped)
+        task = None
+        worker.thaw()
         time.sleep(config.retry_backoff_s)
     yield {"partition": partition, **done}
 
@@ -108,6 +106,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
         last_commit = looked = time.monotonic()
         while not self.stopping:
             self._release()
+            worker.freeze_held()
             # Wait in the consumer that has work: the read-back's while references wait for their
             # bodies (ready records are taken as they come), else the task's own.
             wait_s = self._wait_s()
@@ -151,7 +150,7 @@ class _Task(Reading, Ringing, Sending, Transactions):
         finally:
             self.producer.flush(2 if self.stalled else 10)
             # Its on_commit is a method of this task: without the cycle, an aborted task (its
-            # heap) is freed at once, not at the next full collection (rare: GC_THRESHOLD).
+            # heap) is freed at once, not at the next full collection (rare: state/worker.py).
             self.consumer = None
 
     def _now_ms(self) -> int:

@@ -49,3 +49,39 @@ def test_the_parse_and_the_wheel_each_settle_their_worker(settles):
     assert list(make_parser(RULES, 1_000, 2, -1)(iter([batch])))
     run(envelopes(([("REAL_TOPIC", b"t"), ("DELAY", b"1")], 0)), group(NOW))
     assert settles == ["state.parse", "state.wheel"]
+
+
+TASK_PROBE = """
+import gc, weakref
+from state import worker
+
+class Held:
+    pass
+
+worker.run_one_task()
+held = [[i] for i in range(10_000)]
+worker.freeze_held()   # the first turn
+first = gc.get_freeze_count()
+newer = [[i] for i in range(10_000)]
+worker.freeze_held()   # within the second: nothing more
+again = gc.get_freeze_count()
+ring = Held()
+ring.me = ring   # a cycle the run held when it ended
+gone = weakref.ref(ring)
+del ring
+worker._frozen_at = 0.0   # a second later
+worker.freeze_held()
+gc.collect()
+kept = gone() is not None
+worker.thaw()   # between two runs of the task
+print(first, again, gc.get_freeze_count(), kept, gone() is None)
+"""
+
+
+def test_a_dispatch_task_s_worker_freezes_what_it_holds_and_thaws_all_of_it_between_runs():
+    """The held rows, frozen once a second, are walked by no collection; a cycle frozen with
+    them outlives every collection until the run ends, when all of it is the collector's again."""
+    first, again, after, kept, freed = fresh_python(TASK_PROBE).split()
+    assert int(first) > 10_000 and int(again) == int(first)
+    assert int(after) == 0
+    assert (kept, freed) == ("True", "True")
