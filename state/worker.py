@@ -48,7 +48,7 @@ def freeze_held() -> None:
 
 
 def thaw() -> None:
-    """Everything frozen back to the collector, and collected: between two runs of a task, so
-    nothing a run held outlives it, its cycles included."""
+    """Everything frozen back to the collector, and collected: after each run of a task (its
+    worker may run another), so nothing a run held outlives it, its cycles included."""
     gc.unfreeze()
     gc.collect()

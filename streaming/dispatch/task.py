@@ -52,8 +52,8 @@ def run_partition(config: DispatchConfig, partition: int,
         finally:
             task.close()
             done.update(sent=task.sent, dead=task.dead, skipped=task.skipped)
-        task = None
-        worker.thaw()
+            task = None
+            worker.thaw()
         time.sleep(config.retry_backoff_s)
     yield {"partition": partition, **done}
 

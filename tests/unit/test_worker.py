@@ -73,7 +73,7 @@ worker._frozen_at = 0.0   # a second later
 worker.freeze_held()
 gc.collect()
 kept = gone() is not None
-worker.thaw()   # between two runs of the task
+worker.thaw()   # the run ends
 print(first, again, gc.get_freeze_count(), kept, gone() is None)
 """
 
