@@ -2,9 +2,11 @@
 due time and never before, by the broker's clock, from a host whose clock runs ahead of it or
 behind it; a task
 killed and started again sends again only what the ledger lacks, and a clean stop nothing; a
-row its real topic refuses is dead-lettered with its reason and the partition goes on."""
+row its real topic refuses is dead-lettered with its reason and the partition goes on; the rows
+a task holds are frozen out of Python's cyclic GC and nothing stays frozen after it."""
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import multiprocessing
@@ -18,7 +20,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaProducer
 
 from conf import load_settings
-from streaming.dispatch.rules import READY_STOP, DispatchConfig
+from state import worker
+from streaming.dispatch.rules import READY_STOP, DispatchConfig, Row
 from streaming.ledger.records import SENDER, ledger_rows
 from streaming.dispatch.task import run_partition
 from state import headers as H
@@ -154,6 +157,37 @@ def test_rows_leave_at_their_due_time_by_the_broker_s_clock_either_way(dispatch,
     reader.close()
     clock_ms = json.loads(got.metadata)["clock_ms"]   # the offset its commits report
     assert host_s * 1000 <= clock_ms < host_s * 1000 + 500
+
+
+def test_a_task_freezes_the_rows_it_holds_and_leaves_nothing_frozen(dispatch, kafka_bootstrap,
+                                                                    monkeypatch):
+    """A task's rows held until due are frozen out of the collector's generations (state/worker.py,
+    so its passes do not walk them again), still sent on time once due; when the task ends,
+    nothing it held stays frozen."""
+    config, write = dispatch
+    now = int(time.time() * 1000)
+    rows = [{"uniq": f"frozen{i}", "due": now + 4000} for i in range(20)]
+    write(rows)
+    seen, freeze = [], gc.freeze   # (this test's rows in the generations before, after) a freeze
+
+    def counted() -> int:
+        return sum(isinstance(o, Row) and o.uniq_key.startswith("frozen")
+                   for o in gc.get_objects())
+
+    def freezing() -> None:
+        before = counted()
+        freeze()
+        seen.append((before, counted()))
+    monkeypatch.setattr(worker.gc, "freeze", freezing)
+    thread, result = in_thread(config)
+    records = consume_all(kafka_bootstrap, config.real, expected=20, timeout_s=60)
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    late = [r.timestamp - (now + 4000) for r in records]
+    assert len(records) == 20 and min(late) >= 0 and max(late) < 1500, late
+    assert any(before >= 20 and after == 0 for before, after in seen), seen
+    assert result == [{"partition": 0, "sent": 20, "dead": 0, "skipped": 0}]
+    assert gc.get_freeze_count() == 0
 
 
 # How late the other topic's rows may be while one topic is deleted. Measured: 0.1 s at least
