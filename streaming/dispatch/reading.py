@@ -58,9 +58,10 @@ class Reading:
         self.offsets = {source: Offsets(start, mark or 0, last.get(source, -1))
                         for source, start in starts.items()}
         self._known_below = starts[None]
-        for tp in ring:   # their ends, for the count of what waits there (`_in_ring`)
-            self.ring.ends[tp.partition] = retrying(lambda: consumer.get_watermark_offsets(
-                tp, timeout=60))[1]
+        for tp in ring:   # their ends, and what waits there (Ring.unread)
+            end = retrying(lambda: consumer.get_watermark_offsets(tp, timeout=60))[1]
+            self.ring.ends[tp.partition] = end
+            self.ring.unread[tp.partition] = max(0, end - starts[(tp.topic, tp.partition)])
         if batch:   # the newest wheel batch's rows below the commit point are read to know them
             self.refired = Refired(*batch)
         return done

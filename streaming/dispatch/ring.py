@@ -65,6 +65,9 @@ class Ring:
                  read_batch: int):
         self.config, self.task, self.read_batch = config, task, read_batch
         self.ends: dict[int, int] = {}   # partition → its end as the task last knew it
+        # partition → its timers not read yet: those the task wrote, and what lay between its
+        # position and the end at its start (there, until read, transaction markers count too)
+        self.unread: dict[int, int] = {}
         self.consumer = Consumer({
             **consumer_config, "enable.auto.commit": False, "auto.offset.reset": "error",
             "enable.partition.eof": True, "isolation.level": "read_committed",
@@ -152,6 +155,7 @@ class Ring:
                 if err.code() == KafkaError._PARTITION_EOF:
                     if msg.offset() >= self.until:   # past the markers too: the task's position
                         self.read_to = msg.offset()
+                        self.unread[part] = 0
                         return self._read(rows)
                     # the commit's markers are not written yet
                     self.short_since = self.short_since or time.monotonic()
@@ -166,6 +170,7 @@ class Ring:
             row = ring_row(msg, headers)
             if self.slot(row.due_ms) > slot:   # a later turn's: it waits for its own
                 return self._read(rows)
+            self.unread[part] = max(0, self.unread.get(part, 0) - 1)
             rows.append(row)
         return rows
 

@@ -64,7 +64,9 @@ class Ringing:
 
     def _ringed(self, err, msg, row: Row, sent_ms: int) -> None:
         if err is None:
-            self.ring.ends[msg.partition()] = msg.offset() + 1
+            part = msg.partition()
+            self.ring.ends[part] = msg.offset() + 1
+            self.ring.unread[part] = self.ring.unread.get(part, 0) + 1
             row.status = RINGED
             self._acked(row, sent_ms, None)
         elif self.txn and msg is not None:   # queued and refused: the transaction is lost,
@@ -79,13 +81,10 @@ class Ringing:
             self._later(lambda: self._ring_write(row))
 
     def _in_ring(self) -> Counter:
-        """The ring's records not read yet (timers, as far as the task knows its partitions'
-        ends), by level."""
+        """The ring's timers not read yet (Ring.unread), by level."""
         if self.ring is None:
             return Counter()
-        topic = self.ring.config.topic
-        return Counter({TIMER_LEVEL: sum(max(0, end - self.offsets[(topic, p)].position)
-                                         for p, end in self.ring.ends.items())})
+        return Counter({TIMER_LEVEL: sum(self.ring.unread.values())})
 
     def _turn_ring(self, done: dict[tuple[str, int], int]) -> None:
         """Write the gathered timers (`_ring_take`); read the next slot when its time comes (after
@@ -102,8 +101,7 @@ class Ringing:
             ring.held_instead.clear()
         if ring.reading is None:
             part = ring.partition(ring.next_slot)
-            unread = ring.ends.get(part, 0) - self.offsets[(ring.config.topic, part)].position
-            slot = ring.due_to_open(self._now_ms(), unread)
+            slot = ring.due_to_open(self._now_ms(), ring.unread.get(part, 0))
             if slot is None or self._holding() >= self.config.max_held // 2:
                 return
             if part in ring.dirty:

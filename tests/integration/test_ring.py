@@ -4,6 +4,7 @@ through them (1 s: the direct window; beyond 8 s: the wheel). Kills at chosen mo
 task alone, in a process of its own, on the real broker."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 import uuid
@@ -73,10 +74,10 @@ def test_scattered_timers_go_through_the_ring_once_on_time_and_in_due_order(
 
 def test_a_cancel_drops_a_timer_in_the_ring_and_a_late_one_misses(
         job_settings, start_job, new_topic, kafka_bootstrap, spark):
-    """A timer due 7 s out, in the ring, cancelled once it is there, never arrives; its
-    neighbour does; `delayq ledger` says cancelled, and pending before it was due (read by its
-    task at once, in the ring once written). A cancel after its timer was delivered is counted
-    as a miss."""
+    """A timer due 12 s out, cancelled once `delayq ledger` finds it in the ring, never arrives;
+    its neighbour does; `delayq ledger` then says cancelled. While they wait there the pending
+    gauge counts them as timers (level -1) and the ring's lag gauge reads on time. A cancel after
+    its timer was delivered is counted as a miss."""
     from pathlib import Path
 
     from prometheus_client import CollectorRegistry
@@ -86,39 +87,47 @@ def test_a_cancel_drops_a_timer_in_the_ring_and_a_late_one_misses(
     from streaming.ledger.tables import Tables
     from tests.support import assert_eventually
 
-    settings = job_settings(ring_slots=12)   # 20 s: time for a look-up before `kept` is due
+    settings = job_settings(ring_slots=12)   # a horizon of 20 s: time to find them there
     real = new_topic(**LOG_APPEND)
     metrics = Metrics(CollectorRegistry(), version="test", spark_version="test")
     job = start_job(settings, metrics=metrics)
+    sample = metrics.registry.get_sample_value
     with DelayProducer(settings) as producer:
-        target = producer.send(real, b"cancelled", delay_ms=7_000)
+        target = producer.send(real, b"cancelled", delay_ms=12_000)
         kept = producer.send(real, b"kept", delay_ms=18_000)
         early = producer.send(real, b"early", delay_ms=2_500)
-        producer.cancel(target)
         tables = Tables(lambda: spark)
-        where = lambda: lookup.find(tables, settings, kept.uniq_key, Path(job.checkpoint))  # noqa
-        assert where().status == "pending"   # read by its task, gathered or in the ring
-        assert_eventually(lambda: where().detail.get("where") == "the dispatch task's ring",
-                          timeout_s=10, message="pending in the ring")
+        where = lambda h: lookup.find(tables, settings, h.uniq_key, Path(job.checkpoint))  # noqa
+        for handle in (target, kept):
+            assert_eventually(lambda: where(handle).detail.get("where") ==
+                              "the dispatch task's ring", timeout_s=8, message="in the ring")
+        assert where(target).status == "pending"
+        producer.cancel(target)
+        assert_eventually(lambda: sample("delayq_pending_messages", {"level": "-1"}) >= 1,
+                          timeout_s=10, message="the ringed timers counted pending")
+        lags = [s.value for family in metrics.registry.collect()
+                if family.name == "delayq_ring_lag_seconds" for s in family.samples]
+        assert lags and max(lags) < 2, f"each task's next slot read on time: {lags}"
         consume_all(kafka_bootstrap, real, expected=1, timeout_s=30,
                     done=lambda got: any(r.value == b"early" for r in got))
         producer.cancel(early)   # too late
     records = consume_all(kafka_bootstrap, real, expected=2, timeout_s=60, idle_s=3)
     check_deliveries(records, {h.uniq_key: Sent(None, v, [], h.due_ms)
                                for h, v in ((kept, b"kept"), (early, b"early"))})
-    assert_eventually(lambda: lookup.find(tables, settings, target.uniq_key,
-                                          Path(job.checkpoint)).status == "cancelled",
+    assert_eventually(lambda: where(target).status == "cancelled",
                       timeout_s=60, message="the ledger says cancelled")
-    misses = lambda: metrics.registry.get_sample_value("delayq_cancel_misses_total")  # noqa
+    misses = lambda: sample("delayq_cancel_misses_total")  # noqa
     assert_eventually(lambda: misses() == 1, timeout_s=60, message="the late cancel a miss")
-    assert metrics.registry.get_sample_value("delayq_messages_cancelled_total") == 1
+    assert sample("delayq_messages_cancelled_total") == 1
 
 
 def test_the_job_down_longer_than_the_ring_sends_every_overdue_timer_once_in_due_order(
         job_settings, start_job, new_topic, kafka_bootstrap, work_dir):
-    """Timers written to the ring, then the job stopped for longer than the ring's turn (12 s)
-    and started again: every overdue timer leaves once, in due order, soon after the start."""
-    settings = job_settings()
+    """Timers due 8 to 11.6 s after their append, all written to the ring (a ring of 8 slots of
+    2 s: a horizon of 12 s, a turn of 16 s), then the job stopped for longer than a turn and
+    started again: every overdue timer leaves once, read from the ring, in due order, soon after
+    the start."""
+    settings = job_settings(ring_slots=8)
     real = new_topic(**LOG_APPEND)
     checkpoint = str(work_dir / f"ckpt-ring-{uuid.uuid4().hex[:8]}")
     job = start_job(settings, checkpoint=checkpoint)
@@ -126,13 +135,15 @@ def test_the_job_down_longer_than_the_ring_sends_every_overdue_timer_once_in_due
     sent = {}
     for i in range(120):
         meta = producer.send(settings.intake_topic, f"v{i}".encode(), partition=0, headers=[
-            (H.REAL_TOPIC, real.encode()), (H.TIMER_DELAY_MS, str(3_000 + 37 * i).encode()),
+            (H.REAL_TOPIC, real.encode()), (H.TIMER_DELAY_MS, str(8_000 + 30 * i).encode()),
             (H.UNIQ_KEY, f"down-{i}".encode())]).get(timeout=30)
-        sent[f"down-{i}"] = Sent(None, f"v{i}".encode(), [], meta.timestamp + 3_000 + 37 * i)
+        sent[f"down-{i}"] = Sent(None, f"v{i}".encode(), [], meta.timestamp + 8_000 + 30 * i)
     producer.close()
-    ledger_of(kafka_bootstrap, settings.ledger_topic, len(sent))   # all ringed
+    ringed = ledger_of(kafka_bootstrap, settings.ledger_topic, len(sent), status="ringed")
+    assert sorted(r["uniq_key"] for r in ringed if r["status"] == "ringed") == sorted(sent)
     job.stop()
-    time.sleep(14)
+    assert not consume_all(kafka_bootstrap, real, expected=0, idle_s=1), "none sent yet"
+    time.sleep(18)
     start_job(settings, checkpoint=checkpoint)
     up_ms = int(time.time() * 1000)
     records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=60, idle_s=3)
@@ -140,32 +151,50 @@ def test_the_job_down_longer_than_the_ring_sends_every_overdue_timer_once_in_due
     dues = [int(header_map(r)[H.DELIVER_MS]) for r in records]
     assert dues == sorted(dues), "overdue ones in due order"
     assert max(r.timestamp for r in records) - up_ms < 10_000
+    rows = ledger_of(kafka_bootstrap, settings.ledger_topic, len(sent), status="delivered")
+    assert all(r["ring_offset"] is not None for r in rows if r["status"] == "delivered"), \
+        "each read from the ring"
 
 
-def test_a_ring_partition_past_its_retention_is_refused_at_start(job_settings, kafka_bootstrap):
+def test_a_ring_partition_past_its_retention_is_refused_at_start(
+        job_settings, start_job, kafka_bootstrap):
     """The dispatch group's position in a ring partition below the log's start (retention
-    deleted timers not yet read): the start is refused, naming the partition and the fix."""
+    deleted timers not yet read): the job's start is refused, naming the partition, the numbers
+    and the fix, and so is the next start: never a silent skip, never tasks that fail on it at
+    every restart."""
     from kafka import KafkaAdminClient, TopicPartition
-    from kafka.admin import NewTopic
+    from kafka.errors import CoordinatorNotAvailableError
     from kafka.structs import OffsetAndMetadata
 
     from state.errors import JobError
-    from streaming.kafka.admin import check_ring_positions
+    from streaming.kafka import admin as kadmin
 
     settings = job_settings()
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    admin.create_topics([NewTopic(settings.ring_topic, 12, 1)])
+    largest = max(kadmin.ensure_topics(settings, admin), 1_048_576)
+    tasks, _ = kadmin.ensure_dispatch_topics(settings, admin, largest)
+    kadmin.ensure_ring(settings, admin, tasks, largest)   # as the job makes it
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
     for i in range(10):
         producer.send(settings.ring_topic, b"x", partition=3)
     producer.flush()
+    producer.close()
     group = f"delayq.{settings.intake_topic}.dispatch"
-    admin.alter_group_offsets(group, {TopicPartition(settings.ring_topic, 3):
-                                      OffsetAndMetadata(2, "", -1)})
+
+    def committed_at_2() -> bool:
+        try:
+            admin.alter_group_offsets(group, {TopicPartition(settings.ring_topic, 3):
+                                              OffsetAndMetadata(2, "", -1)})
+            return True
+        except CoordinatorNotAvailableError:   # a new broker's first group: it makes its topic
+            return False
+    assert_eventually(committed_at_2, timeout_s=30, message="the dispatch group's position")
     admin.delete_records({TopicPartition(settings.ring_topic, 3): 6})
-    with pytest.raises(JobError, match=r"3: committed 2, log starts at 6.*reset-offsets"):
-        check_ring_positions(settings, admin)
     admin.close()
+    for _ in range(2):
+        with pytest.raises(JobError, match=r"\(3: committed 2, log starts at 6\)\. Raise its "
+                           r"retention\.ms.*--reset-offsets --to-earliest"):
+            start_job(settings)
 
 
 def _ring_counts(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
@@ -216,15 +245,16 @@ def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot
     """2,000 timers due over one 2 s slot, 10 to 14 s after their append. A first task (its
     commits 30 s apart, started before them: its first turn of the ring read) writes them to
     its ring in a transaction it has not committed, and is killed (SIGKILL); the second fences
-    it, so those writes are aborted, and writes them again; it reads the slot and is killed
-    while it sends them; the third reads the slot again from its commit point. Each timer
-    arrives once (read_committed), through the ring, never early, the rest soon after the
-    third task starts; each is ringed once in the ledger."""
+    it, so those writes are aborted, and writes them again; holding at most 500 rows, it reads
+    the slot in parts as it sends them and is killed in the middle of that read; the third reads
+    the slot again from its commit point. Each timer arrives once (read_committed), through the
+    ring, never early, the rest soon after the third task starts; each is ringed once in the
+    ledger."""
     config = _ring_task(dispatch, new_topic)
     ring, slots = config.ring.topic, 10
     spawn = multiprocessing.get_context("spawn")
     first = spawn.Process(target=_run, args=(replace(config, commit_interval_s=30.0),))
-    second = spawn.Process(target=_run, args=(config,))
+    second = spawn.Process(target=_run, args=(replace(config, max_held=500, read_batch=100),))
     try:
         first.start()
         assert_eventually(lambda: _ring_counts(kafka_bootstrap, config.ledger_topic, 1)[0] > 0,
@@ -247,7 +277,8 @@ def test_a_task_killed_before_its_ring_write_commits_and_in_the_middle_of_a_slot
             if task.is_alive():
                 task.kill()
     partway = len(consume_all(kafka_bootstrap, config.real, expected=0, idle_s=1))   # both killed
-    assert 0 < partway < len(due), f"{partway} of {len(due)} sent before the kill"
+    # It held 600 rows at most: with fewer than 1,400 sent, it had not read the whole slot.
+    assert 0 < partway < len(due) - 600, f"{partway} of {len(due)} sent before the kill"
 
     third_ms = int(time.time() * 1000)
     thread, result = in_thread(config)
@@ -343,6 +374,38 @@ def test_a_slot_larger_than_the_task_s_bound_is_read_in_parts_each_once_and_neve
     assert 500 <= peak[0] < 500 + 100, f"held {peak[0]} rows at most"
     print(f"a slot of {len(due)} timers, {config.max_held} held at most: held {peak[0]} at "
           f"most, the last {late} ms after its due time")
+
+
+def test_a_task_counts_the_timers_in_its_ring_not_its_transactions_markers(
+        dispatch, new_topic, kafka_bootstrap):
+    """Three timers due in one slot 10 s on, each written to the ring in a transaction of its
+    own: the task's commits report 3 timers held (the pending gauge's level -1), not the 5
+    offsets (3 records, 2 commit markers) its position lies before the end there; once they
+    are sent, none."""
+    from tests.integration.test_dispatch import _committed
+
+    config = _ring_task(dispatch, new_topic)
+    held = lambda: json.loads(_committed(config).metadata or "{}").get("held")  # noqa: E731
+    thread, result = in_thread(config)
+    assert_eventually(lambda: _ring_counts(kafka_bootstrap, config.ledger_topic, 1)[0] > 0,
+                      timeout_s=60, message="the task's clock probe (it is up)")
+    slot_start = -(-(int(time.time() * 1000) + 10_000) // 2_000) * 2_000
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    for i in range(3):
+        producer.send(config.intake_topic, b"v", partition=0, headers=[
+            (H.REAL_TOPIC, config.real.encode()), (H.TIMER_DELIVER_MS, str(slot_start + i)
+                                                   .encode()),
+            (H.UNIQ_KEY, f"c{i}".encode())]).get(timeout=30)
+        ledger_of(kafka_bootstrap, config.ledger_topic, i + 1, status="ringed")
+    producer.close()
+    time.sleep(0.6)   # commits every 0.2 s: one made after the third write's
+    assert held() == {"-1": 3}, "3 timers held in the ring"
+    assert int(time.time() * 1000) < slot_start - 1_500, "counted before the slot's read"
+    consume_all(kafka_bootstrap, config.real, expected=3, timeout_s=30)
+    assert_eventually(lambda: held() == {}, timeout_s=10, message="none held once sent")
+    stop(config, kafka_bootstrap)
+    thread.join(60)
+    assert thread.is_alive() is False and result, "the task ended on its stop record"
 
 
 def test_the_ring_write_bench_writes_what_it_reports_at_each_cadence(kafka_bootstrap, work_dir):

@@ -83,6 +83,7 @@ class Consumer:
 def ring(task: int = 1) -> Ring:
     ring = Ring.__new__(Ring)   # no consumer: the rules only
     ring.config, ring.task, ring.ends, ring.reading, ring.dirty = CONFIG, task, {}, None, set()
+    ring.unread = {}
     ring.written, ring.until, ring.read_to, ring.seen = {}, 0, None, set()
     ring.short_since, ring.gathered, ring.gathered_at = None, [], 0.0
     ring.held_instead, ring.first_turn_until, ring.read_batch = set(), 0, 250
@@ -185,15 +186,19 @@ def test_a_ring_record_reads_back_as_the_row_written_its_source_the_ring():
 
 def test_a_slot_is_read_past_what_the_task_committed_there_and_its_markers():
     """A commit returns before its markers are written: a read_committed read may end short of
-    it, and the slot is not read until it ends at or past the end the task knows."""
+    it, and the slot is not read until it ends at or past the end the task knows. Its timers
+    count as unread until read (the pending gauge), the markers never."""
     r = ring()
-    r.next_slot, r.ends[r.partition(51)] = 51, 3
-    rows = [Record(timer(102_100 + i), offset=i, partition=r.partition(51)) for i in range(3)]
+    part = r.partition(51)
+    r.next_slot, r.ends[part], r.unread[part] = 51, 3, 3
+    rows = [Record(timer(102_100 + i), offset=i, partition=part) for i in range(3)]
     r.consumer = Consumer([rows[0], End(1)], [], [*rows[1:], End(4)])   # [] : nothing fetched
     r.open(51, position=0)
     assert len(r.pump(100)) == 1 and r.reading is not None, "ended short: still reading"
+    assert r.unread[part] == 2
     assert len(r.pump(100)) == 2 and r.reading is None and r.next_slot == 52
     assert r.read_to == 4, "the position past the commit marker"
+    assert r.unread[part] == 0
 
 
 def test_a_later_turns_row_ends_a_slots_read_and_a_lost_position_stops_the_task():
