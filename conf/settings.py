@@ -196,6 +196,23 @@ class Settings(BaseSettings):
         further than near_horizon, where the cold tier begins."""
         turn = (self.ring_slots - 2) * self.ring_slot_ms if self.ring_slots >= 3 else 0
         return min(turn, self.near_horizon_ms)
+
+    @property
+    def rolls_to_ring(self) -> bool:
+        """Whether a cold bucket, rolled `roll_lead_ms` before it starts, fits the ring: each of
+        its timers due within the ring's horizon of the roll, a driver clock off the broker's by
+        up to clock_tolerance either way, and the roll at least twice that ahead."""
+        lead = self.ring_horizon_ms - self.cold_bucket_ms - self.clock_tolerance_ms
+        return self.ring_horizon_ms > 0 and lead >= 2 * self.clock_tolerance_ms
+
+    @property
+    def roll_lead_ms(self) -> int:
+        """How long before a cold bucket starts, by the driver's clock, it rolls onto the
+        intake: into the rings (`rolls_to_ring`), or into the wheel, near_horizon ahead (and
+        clock_tolerance more: the driver's clock may trail the broker's, DESIGN.md 3)."""
+        if self.rolls_to_ring:
+            return self.ring_horizon_ms - self.cold_bucket_ms - self.clock_tolerance_ms
+        return self.near_horizon_ms + self.clock_tolerance_ms
     data_path = property(lambda self: self.data_dir.resolve())
 
     @property

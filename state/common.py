@@ -139,7 +139,9 @@ def _placed(rows, topics, uniq, at, level, is_level, timer_due, ioff, rules: Rul
                                                          rules.clock_tolerance_ms),
                    np.where(is_level, at, np.maximum(timer_due, at)))
     delay = (level != 0) & (due > at)
-    cold = delay & is_cold(due, at, rules.near_horizon_ms, rules.cold_bucket_ms)
+    ringed = (level < 0) & rules.rolls_to_ring   # state/envelope.py _parse_control
+    cold = delay & np.where(ringed, due - at > rules.ring_horizon_ms,
+                            is_cold(due, at, rules.near_horizon_ms, rules.cold_bucket_ms))
     delay &= ~cold & ((due >= overdue_before_ms) | (level < 0))
     kind = np.where(cold, Kind.COLD.value, np.where(delay, Kind.DELAY.value, Kind.NOW.value))
     spread_of = {b: np.asarray(spread_slots(b, spread), dtype=np.int64)[ioff[rows] % spread]

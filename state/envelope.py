@@ -50,6 +50,9 @@ class Rules:
     # Timers (and their cancels) due within this of their append go to the dispatch tasks'
     # rings (streaming/dispatch/ring.py; 0: none), a rule of the record alone.
     ring_horizon_ms: int
+    # The cold tier's rolls feed the rings (conf/settings.py rolls_to_ring): a timer due beyond
+    # ring_horizon_ms of its append waits in the cold tier, and a rolled one goes to its ring.
+    rolls_to_ring: bool
     # The checkpoint's key for the service's own records (state/seal.py): never shown.
     seal_key: str = field(repr=False)
     # Per intake partition, the offset below which records follow an older delayq's rules: its
@@ -193,9 +196,17 @@ def _parse_control(control: dict[str, bytes | None], uniq: str, append_ms: int, 
         return Envelope(kind, uniq, topic, qid, level, due, rolled=True)
     level, due = _due(control, present, append_ms, rules, now_ms)
     kind = Kind.NOW if level == 0 or due <= append_ms else Kind.DELAY
-    if kind == Kind.DELAY and is_cold(due, append_ms, rules.near_horizon_ms, rules.cold_bucket_ms):
+    if kind == Kind.DELAY and _cold(due, append_ms, level, rules):
         kind = Kind.COLD
     return Envelope(kind, uniq, topic, qid, level, due)
+
+
+def _cold(due: int, append_ms: int, level: int, rules: Rules) -> bool:
+    """Whether a message waits in the cold tier: a timer beyond the ring's horizon when the
+    rolls feed the rings (state/common.py `_placed` alike), else by its bucket (`is_cold`)."""
+    if level == TIMER_LEVEL and rules.rolls_to_ring:
+        return due - append_ms > rules.ring_horizon_ms
+    return is_cold(due, append_ms, rules.near_horizon_ms, rules.cold_bucket_ms)
 
 
 def _cancel(control: dict[str, bytes | None], present: list[str], uniq: str, append_ms: int,

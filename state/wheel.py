@@ -147,8 +147,9 @@ def _pass_through(bucket: int, rows: pd.DataFrame, config: WheelConfig) -> Itera
 
 def _arrivals(held_rows: pa.Table, new: pd.DataFrame) -> tuple[pa.Table, pd.DataFrame, int, int]:
     """A group's new messages beside those it holds: (held, new, received, rolled). A roll retried
-    after a crash is held once; rolled messages were pending already, so count as rolled, not
-    received. Only rolled ones are checked: a producer's resend is its own message, sent again."""
+    after a crash is held once; rolled messages were received already, so count as rolled, not
+    received (and as pending still, but for timers: the roll counted them out, sinks/cold.py).
+    Only rolled ones are checked: a producer's resend is its own message, sent again."""
     rolled = new["rolled"].astype(bool).to_numpy()
     received = len(new) - int(rolled.sum())
     if rolled.any():
@@ -208,7 +209,8 @@ def turn(bucket: int, rows: pd.DataFrame | None, held: Held,
         yield _deliveries(fired[0] if len(fired) == 1 else pd.concat(fired, ignore_index=True),
                           bucket)
     if received or rolled or rest.num_rows != before:
-        yield _tally({bucket: (received, rest.num_rows - before - rolled)})
+        pending = rest.num_rows - before - (rolled if bucket != BUCKET_TIMER else 0)
+        yield _tally({bucket: (received, pending)})
     if rest.num_rows:
         earliest = pc.min(rest.column("due_ms")).as_py()
         held.keep(rest, earliest, _timer(earliest, rest.num_rows, bucket, watermark, config))

@@ -164,11 +164,10 @@ class DelayJob:
                           max_request_bytes=largest)
         self._step("dispatch_topics")
         intake = self.settings.intake_topic
-        # Rolls clock_tolerance early: the driver's clock may trail the broker's (DESIGN.md 3).
         cold = ColdTier(self.spark, self.settings.cold_path, self.checkpoint, intake,
                         spark_options(self.settings), self.settings.cold_bucket_ms,
-                        self.settings.near_horizon_ms + self.settings.clock_tolerance_ms,
-                        self._rules.seal_key)
+                        self.settings.roll_lead_ms, self._rules.seal_key,
+                        lambda: kadmin.end_offsets(self._admin, intake))
         cold.loaded_until()   # read (or made) now: a marker gone with messages parked stops here
         observers = [h for h in (self.metrics.observe_batch if self.metrics else None,
                                  self._on_batch) if h]

@@ -23,7 +23,7 @@ def rules_of(settings: Settings, seal_key: str, legacy_before: tuple[int, ...] =
                  clock_tolerance_ms=settings.clock_tolerance_ms,
                  near_horizon_ms=settings.near_horizon_ms, cold_bucket_ms=settings.cold_bucket_ms,
                  timer_parts=settings.timer_parts, ring_horizon_ms=settings.ring_horizon_ms,
-                 seal_key=seal_key,
+                 rolls_to_ring=settings.rolls_to_ring, seal_key=seal_key,
                  legacy_before=legacy_before)
 
 

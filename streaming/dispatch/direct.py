@@ -69,4 +69,5 @@ def direct_rows(msgs: list, rules: Rules, direct_max_delay_ms: int, now_ms: int,
             rows.append(Row(due, part, off, off, cols["topic"][i], cols["qid"][i],
                             cols["key"][i], cols["value"][i], headers, cols["level"][i], append,
                             uniq, source=(topic, part)))
+            rows[-1].rolled = bool(cols["rolled"][i])
     return rows, dead, cancels, others

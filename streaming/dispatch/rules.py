@@ -62,10 +62,12 @@ class Row:
     """A held message at `offset` in `source`: None for the ready partition, (intake topic,
     partition) for one read from the intake itself (direct.py). `body` False: a reference not yet
     read back (bodies.py), its topic, key, value and headers unknown. `status`: its ledger row's,
-    when not delivered or dead (cancels.py); `cancel`: the cancel that dropped it, done with it."""
+    when not delivered or dead (cancels.py); `cancel`: the cancel that dropped it, done with it;
+    `rolled`: the cold tier rolled it onto the intake (the wheel counted it received)."""
 
     __slots__ = ("due_ms", "ipart", "ioff", "offset", "topic", "partition", "key", "value",
-                 "headers", "level", "append_ms", "uniq_key", "source", "body", "status", "cancel")
+                 "headers", "level", "append_ms", "uniq_key", "source", "body", "status", "cancel",
+                 "rolled")
 
     def __init__(self, due_ms, ipart, ioff, offset, topic, partition, key, value, headers,
                  level, append_ms, uniq_key, source=None, body=True):
@@ -74,6 +76,7 @@ class Row:
         self.headers, self.level, self.append_ms = headers, level, append_ms
         self.uniq_key, self.source, self.body = uniq_key, source, body
         self.status = self.cancel = None
+        self.rolled = False
 
     def order(self) -> tuple:
         """Its place in the heap: due time, then intake position (one key's order)."""

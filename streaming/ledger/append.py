@@ -84,12 +84,14 @@ def decoded(batch: pa.RecordBatch) -> pa.Table | None:
 
 def counted(table: pa.Table) -> dict[tuple, list[int]]:
     """`table`'s ledger rows by status, level, reason and whether the dispatch read them from
-    the intake itself (neither fired by the wheel nor ringed, so never seen by the wheel, and
-    counted as received here): rows, lateness sum and per histogram bucket."""
+    the intake itself (neither fired by the wheel, ringed nor rolled from the cold tier, so never
+    seen by the wheel, and counted as received here): rows, lateness sum and per histogram
+    bucket."""
     lateness = pc.subtract(table["sent_ms"], table["due_ms"])
+    direct = pc.and_(pc.and_(table["ready_offset"].is_null(), table["ring_offset"].is_null()),
+                     pc.invert(pc.fill_null(table["rolled"], False)))
     columns = {"status": table["status"], "level": table["level"], "reason": table["reason"],
-               "direct": pc.and_(table["ready_offset"].is_null(), table["ring_offset"].is_null()),
-               "lateness": lateness}
+               "direct": direct, "lateness": lateness}
     for i, bound in enumerate(LATENESS_BUCKETS):
         columns[f"le{i}"] = pc.less_equal(lateness, int(bound * 1000)).cast(pa.int64())
     sums = ["lateness", *(f"le{i}" for i in range(len(LATENESS_BUCKETS)))]

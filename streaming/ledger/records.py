@@ -33,7 +33,9 @@ def ledger_schema():
         ("key", pa.binary()), ("value", pa.binary()),
         ("headers", HEADERS), ("offset", pa.int64()),
         # A row read from the ring (streaming/dispatch/ring.py): where (else null).
-        ("ring_partition", pa.int32()), ("ring_offset", pa.int64())])
+        ("ring_partition", pa.int32()), ("ring_offset", pa.int64()),
+        # A row the cold tier rolled onto the intake (the wheel counted it received).
+        ("rolled", pa.bool_())])
 
 
 # Bytes, with room, of a ledger row besides its strings and message (fixed columns, offsets,
@@ -89,7 +91,8 @@ def ledger_record(sent: list[tuple[Row, int, str | None, tuple | None, bool]],
         "headers": [[{"key": k, "value": v} for k, v in r.headers] if r else None for r in dead]})
     ring = [r.source is not None and r.source[0] == ring_topic for r in rows]
     columns.update(ring_partition=[r.source[1] if on else None for r, on in zip(rows, ring)],
-                   ring_offset=[r.offset if on else None for r, on in zip(rows, ring)])
+                   ring_offset=[r.offset if on else None for r, on in zip(rows, ring)],
+                   rolled=[r.rolled for r in rows])
     schema = ledger_schema()
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:

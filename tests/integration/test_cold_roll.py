@@ -11,6 +11,7 @@ from sinks.base import BatchSummary
 from sinks.cold import ColdTier
 from state.envelope import Kind, parse
 from state.errors import JobError
+from streaming.kafka.admin import admin_client, end_offsets
 from streaming.kafka.config import spark_options
 from streaming.stages import rules_of
 from tests.support import consume_all, header_map
@@ -40,7 +41,7 @@ def test_buckets_due_while_down_roll_in_one_pass_with_their_own_tombstones(
     key = "5e" * 32
     cold = ColdTier(spark, tmp_path / "cold", str(tmp_path / "ckpt"), intake,
                     spark_options(test_settings), bucket_ms=BUCKET, horizon_ms=HORIZON,
-                    seal_key=key, clock=lambda: now[0])
+                    seal_key=key, intake_ends=lambda: {}, clock=lambda: now[0])
     assert cold.loaded_until() == 110_000
     rows = [row("a", 112_500), row("b", 114_100), row("c", 116_900),
             row("b", 114_100, tombstone="waiting"),     # cancels b in its own bucket
@@ -71,7 +72,51 @@ def test_buckets_due_while_down_roll_in_one_pass_with_their_own_tombstones(
     # horizon, which would skip the buckets not rolled yet.
     cold.marker.unlink()
     again = ColdTier(spark, tmp_path / "cold", str(tmp_path / "ckpt"), intake, {},
-                     bucket_ms=BUCKET, horizon_ms=HORIZON, seal_key=key, clock=lambda: now[0])
+                     bucket_ms=BUCKET, horizon_ms=HORIZON, seal_key=key, intake_ends=lambda: {},
+                     clock=lambda: now[0])
     with pytest.raises(JobError, match="marker .* is missing, and .* holds parked messages"):
         again.loaded_until()
     assert not cold.marker.exists()
+
+
+def test_a_roll_cut_short_is_done_again_without_what_it_wrote(
+        spark, test_settings, new_topic, kafka_bootstrap, tmp_path):
+    """A roll that wrote some of its messages and stopped (a crash before the marker moved on)
+    is done again at the next start: the rest roll, the ones written stay once. A record a
+    producer wrote with the same UNIQ_KEY, due time and a forged mark leaves nothing out."""
+    import json
+
+    from kafka import KafkaProducer
+
+    intake = new_topic(partitions=2)
+    admin = admin_client(test_settings)
+    now, key = [100.0], "7f" * 32
+
+    def tier() -> ColdTier:
+        return ColdTier(spark, tmp_path / "cold", str(tmp_path / "ckpt"), intake,
+                        spark_options(test_settings), bucket_ms=BUCKET, horizon_ms=HORIZON,
+                        seal_key=key, intake_ends=lambda: end_offsets(admin, intake),
+                        clock=lambda: now[0])
+    cold = tier()
+    assert cold.loaded_until() == 110_000
+    rows = [row("a", 112_500), row("b", 113_100), row("c", 115_000)]
+    (spark.createDataFrame(rows, SCHEMA).write.format("delta").partitionBy("due_bucket")
+     .save(str(tmp_path / "cold")))
+    now[0] = 106.0   # the edge at 116 s: all three due to roll
+    # The roll began (its marker) and wrote a and b, then stopped.
+    cold._set_loaded(110_000, {"until": 116_000, "from": end_offsets(admin, intake)})
+    table = spark.read.format("delta").load(str(tmp_path / "cold"))
+    cold.roll(table.filter("uniq_key in ('a', 'b')"), BatchSummary(1))
+    forged = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    forged.send(intake, b"c", partition=0, headers=[
+        ("REAL_TOPIC", b"real"), ("UNIQ_KEY", b"c"), ("TIMER_DELIVER_MS", b"115000"),
+        ("DELAYQ_ROLLED", b"3:" + b"0" * 32)]).get(timeout=30)
+    forged.close()
+    assert tier().advance(BatchSummary(2)) == 3
+    assert json.loads(cold.marker.read_text()) == {"loaded_until": 116_000}
+    records = consume_all(kafka_bootstrap, intake, expected=4, timeout_s=30, idle_s=3)
+    rules = rules_of(test_settings, key)
+    good = [parse(r.headers, r.partition, r.offset, r.timestamp, rules, r.timestamp)
+            for r in records]
+    assert sorted(e.uniq_key for e in good if e.kind != Kind.DEAD) == ["a", "b", "c"]
+    assert [e.reason.split(":")[0] for e in good if e.kind == Kind.DEAD] == ["forged_header"]

@@ -510,7 +510,8 @@ def test_short_levels_read_from_the_intake_leave_on_time_once_across_a_kill(
     config = replace(config, intake_topic=intake, direct_max_delay_ms=5000, rules=Rules(
         (1000, 5000, 10000), intake, config.dlq_topic, allowed_topics=frozenset(),
         max_delay_ms=86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
-        cold_bucket_ms=3_600_000, timer_parts=8, ring_horizon_ms=0, seal_key="", legacy_before=()))
+        cold_bucket_ms=3_600_000, timer_parts=8, ring_horizon_ms=0,
+        rolls_to_ring=False, seal_key="", legacy_before=()))
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
 
     def send(level: bytes, n: int, tag: str, delay_header: str = H.DELAY) -> None:
@@ -581,7 +582,7 @@ def test_a_partition_added_to_the_intake_under_load_is_read_from_its_beginning(
                          (1000, 5000), intake, config.dlq_topic, allowed_topics=frozenset(),
                          max_delay_ms=86_400_000, clock_tolerance_ms=60_000,
                          near_horizon_ms=600_000, cold_bucket_ms=3_600_000, timer_parts=8,
-                         ring_horizon_ms=0, seal_key="", legacy_before=()))
+                         ring_horizon_ms=0, rolls_to_ring=False, seal_key="", legacy_before=()))
     sent = []
 
     def send(producer, partition: int, n: int, pause_s: float) -> None:

@@ -426,3 +426,77 @@ def test_the_ring_write_bench_writes_what_it_reports_at_each_cadence(kafka_boots
         records = consume_all(kafka_bootstrap, topic, expected=written, idle_s=1)
         assert len(records) == written and {r.partition for r in records} == set(range(4))
         assert line.startswith(f"written every {write_ms} ms: ") and "the broker used" in line
+
+
+def test_a_cold_bucket_rolled_while_the_ring_is_busy_goes_through_the_ring_once(
+        job_settings, start_job, new_topic, kafka_bootstrap, spark, lateness_log):
+    """Timers due 30-31 s out wait in the cold tier (a ring of 12 slots of 2 s: a horizon of
+    20 s; buckets of 2 s roll 17 s ahead) while timers due 3-18 s out keep the rings busy. The
+    rolled ones go to their task's ring and are read from it: each delivered once, never early,
+    within 2 s; one cancelled in the cold tier and one cancelled in the ring never arrive. Each
+    message is received once (a rolled timer's ledger rows count none again), and the timers
+    pending go back to 0 (the roll counted the wheel's out)."""
+    import threading
+    from pathlib import Path
+
+    from prometheus_client import CollectorRegistry
+
+    from sinks.metrics import Metrics
+    from streaming.ledger import lookup
+    from streaming.ledger.tables import Tables
+    from tests.integration.test_dispatch import ledger_of
+
+    settings = job_settings(ring_slots=12, cold_bucket="2s", clock_tolerance="1s")
+    assert settings.rolls_to_ring and settings.roll_lead_ms == 17_000
+    real = new_topic(**LOG_APPEND)
+    metrics = Metrics(CollectorRegistry(), version="test", spark_version="test")
+    job = start_job(settings, metrics=metrics)
+    sample = metrics.registry.get_sample_value
+    sent, busy = {}, {}
+    due = (int(time.time() * 1000) // 1000 + 30) * 1000
+    with DelayProducer(settings) as producer:
+        cold = [producer.send(real, f"c{i}".encode(), deliver_at_ms=due + i * 10)
+                for i in range(120)]
+
+        def keep_busy():   # 20 timers/s due 3-18 s out, on every task's ring
+            for i in range(500):
+                h = producer.send(real, f"b{i}".encode(), delay_ms=3_000 + (i * 1_777) % 15_000)
+                busy[h.uniq_key] = Sent(None, f"b{i}".encode(), [], h.due_ms)
+                time.sleep(0.05)
+        load = threading.Thread(target=keep_busy)
+        load.start()
+        producer.cancel(cold[0])   # in the cold tier
+        where = lambda h: lookup.find(Tables(lambda: spark), settings, h.uniq_key,  # noqa
+                                      Path(job.checkpoint)).detail.get("where")
+        assert_eventually(lambda: where(cold[1]) == "the dispatch task's ring", timeout_s=25,
+                          message="the rolled timer in the ring")
+        assert int(time.time() * 1000) < due - 3_000, "rolled early enough to cancel there"
+        producer.cancel(cold[1])
+        load.join()
+    sent.update(busy)
+    sent.update({h.uniq_key: Sent(None, f"c{i}".encode(), [], h.due_ms)
+                 for i, h in enumerate(cold) if i > 1})
+    records = consume_all(kafka_bootstrap, real, expected=len(sent), timeout_s=90, idle_s=4)
+    late: list[int] = []
+    check_deliveries(records, sent, lateness_log=late)
+    lateness_log.extend(late)
+    assert max(late) < 2_000, f"late by up to {max(late)} ms"
+    rows = ledger_of(kafka_bootstrap, settings.ledger_topic, len(sent), status="delivered")
+    rolled = {h.uniq_key for h in cold[2:]}
+    delivered = [r for r in rows if r["status"] == "delivered" and r["uniq_key"] in rolled]
+    assert len(delivered) == len(rolled) and all(
+        r["ring_offset"] is not None and r["ready_offset"] is None for r in delivered), \
+        "every rolled timer read from the ring, none fired by the wheel"
+    status = lambda h: lookup.find(Tables(lambda: spark), settings, h.uniq_key,  # noqa: E731
+                                   Path(job.checkpoint)).status
+    for handle in cold[:2]:
+        assert_eventually(lambda: status(handle) == "cancelled", timeout_s=60,
+                          message="the ledger says cancelled")
+    total = lambda name: sum(s.value for family in metrics.registry.collect()  # noqa: E731
+                             if family.name == name for s in family.samples
+                             if s.name.endswith("_total"))
+    assert_eventually(lambda: total("delayq_messages_received") == len(sent) + 2,
+                      timeout_s=60, message="each message received once")
+    assert_eventually(lambda: sample("delayq_pending_messages", {"level": "-1"}) == 0,
+                      timeout_s=30, message="no timer pending")
+    assert sample("delayq_messages_cancelled_total") == 2

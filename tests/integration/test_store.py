@@ -37,12 +37,14 @@ def test_a_file_on_hdfs_is_replaced_whole_and_listed(location):
 def test_the_cold_tier_keeps_its_marker_on_hdfs(location, spark, test_settings):
     now = [7_200.0]
     cold = ColdTier(spark, f"{location}/tables/cold", f"{location}/ckpt", "intake", {},
-                    bucket_ms=3_600_000, horizon_ms=600_000, seal_key="", clock=lambda: now[0])
+                    bucket_ms=3_600_000, horizon_ms=600_000, seal_key="", intake_ends=dict,
+                    clock=lambda: now[0])
     first = cold.loaded_until()
     assert first == 7_200_000, "the bucket holding the horizon's edge"
     cold._set_loaded(first + 3_600_000)
     again = ColdTier(spark, f"{location}/tables/cold", f"{location}/ckpt", "intake", {},
-                     bucket_ms=3_600_000, horizon_ms=600_000, seal_key="", clock=lambda: now[0])
+                     bucket_ms=3_600_000, horizon_ms=600_000, seal_key="", intake_ends=dict,
+                     clock=lambda: now[0])
     assert again.loaded_until() == 10_800_000, "a restart reads the marker back from HDFS"
 
 

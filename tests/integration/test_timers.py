@@ -179,9 +179,9 @@ def test_far_future_messages_survive_a_restart_and_the_roll_from_the_cold_tier(
 # The cold tier in seconds: timers 30 s out wait there (horizon 14 s, buckets of 2 s) and roll
 # into the wheel 15-17 s before they are due (the horizon and the 1 s clock tolerance), a batch
 # later; a 2 s fire lead leaves a cancel several seconds to reach a rolled timer in the wheel,
-# on a slow day too.
+# on a slow day too. No ring, so the rolls feed the wheel (into the rings: test_ring.py).
 COLD = dict(delay_levels="1s 2s 28s", near_horizon="14s", cold_bucket="2s", fire_lead_ms=2000,
-            clock_tolerance="1s")
+            clock_tolerance="1s", ring_slots=0)
 
 
 def cancel_elsewhere(settings, bootstrap: str, uniq_key: str, due_ms: int) -> None:

@@ -16,7 +16,7 @@ from tests.support import KEY, rolled_header
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
               clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000,
-              timer_parts=8, ring_horizon_ms=0, seal_key=KEY,
+              timer_parts=8, ring_horizon_ms=0, rolls_to_ring=False, seal_key=KEY,
               legacy_before=())
 APPEND = 1_700_000_000_000
 

@@ -16,14 +16,14 @@ from tests.support import KEY, rolled_header  # noqa: F401
 RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
               dlq_topic="intake.DLQ", allowed_topics=frozenset(), max_delay_ms=86_400_000,
               clock_tolerance_ms=60_000, near_horizon_ms=600_000, cold_bucket_ms=3_600_000,
-              timer_parts=8, ring_horizon_ms=0, seal_key=KEY,
+              timer_parts=8, ring_horizon_ms=0, rolls_to_ring=False, seal_key=KEY,
               legacy_before=())
 # Levels that reach beyond the near horizon: the common path must send them to the cold tier.
 COLD_RULES = Rules(level_delays_ms=(1_000, 5_000, 10_000, 60_000), intake_topic="intake",
                    dlq_topic="intake.DLQ", allowed_topics=frozenset({"orders", "b.c"}),
                    max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000,
-                   near_horizon_ms=3_000, cold_bucket_ms=1_000, timer_parts=8, ring_horizon_ms=0, seal_key=KEY,
-              legacy_before=())
+                   near_horizon_ms=3_000, cold_bucket_ms=1_000, timer_parts=8, ring_horizon_ms=0,
+                   rolls_to_ring=False, seal_key=KEY, legacy_before=())
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 topics = st.sampled_from([b"orders", b"b.c", b" orders ", b"intake", b"intake.DLQ", b"__x",
@@ -126,9 +126,9 @@ def test_a_batch_of_common_rows_takes_the_batch_path():
 @settings(max_examples=300, deadline=None)
 @given(st.lists(row(), min_size=1, max_size=30), st.integers(0, 2**42),
        st.sampled_from([-1, 0, 1_000, 5_000, 10_000, 12_000]), st.booleans(),
-       st.sampled_from([0, 8_000, 600_000]))
+       st.sampled_from([0, 8_000, 600_000]), st.booleans())
 def test_the_dispatch_takes_exactly_what_is_due_within_its_window(rows, base_ms, window,
-                                                                   immediate, ring):
+                                                                   immediate, ring, rolls):
     """streaming/dispatch/direct.py `is_direct` (and the wheel's JVM copy of it, tested against
     it in tests/integration/test_bad_input.py) splits the intake by the record alone: a dispatch
     task takes every record `parse` finds due (a cancel: its target due) within the window of its
@@ -138,7 +138,7 @@ def test_the_dispatch_takes_exactly_what_is_due_within_its_window(rows, base_ms,
 
     from state.split import is_direct
 
-    rules = replace(RULES, ring_horizon_ms=ring)
+    rules = replace(RULES, ring_horizon_ms=ring, rolls_to_ring=rolls and ring > 0)
     if immediate:   # the common immediate message: REAL_TOPIC and maybe UNIQ_KEY only
         rows = [[h for h in r if h[0] not in H.DELAY_HEADERS] for r in rows]
     data = batch(rows, [base_ms] * len(rows), 0)
@@ -188,6 +188,39 @@ def test_the_split_takes_levels_timers_and_cancels_due_within_the_window():
     assert direct([(H.TIMER_DELAY_MS, b"100")], rules=older, offset=10)
     assert direct([(H.DELAY, b"2")], rules=older, offset=9)
     assert not direct([(H.DELAY, b"02")], rules=older, offset=9)
+
+
+def test_a_rolled_timer_goes_to_its_task_when_the_rolls_feed_the_rings():
+    """With Rules.rolls_to_ring, a timer due beyond the ring's horizon of its append waits in the
+    cold tier (its bucket aside), and one the cold tier rolled, due within the horizon of the
+    roll, is its dispatch task's: left out of the wheel, parsed by the task as the rolled timer
+    it is. A rolled level, or a rolled timer without the setting, stays with the wheel."""
+    from dataclasses import replace
+
+    from state.split import is_direct
+
+    at, horizon = 10**12, 600_000
+    rules = replace(RULES, ring_horizon_ms=horizon, rolls_to_ring=True)
+    due = at + 240_000
+
+    def rolled(level: int, append_ms: int = at) -> list:
+        return [(H.REAL_TOPIC, b"orders"), (H.UNIQ_KEY, b"k"),
+                (H.TIMER_DELIVER_MS, str(due).encode()), rolled_header(level, due, "k", "orders")]
+    assert is_direct(rolled(-1), at, 0, 0, rules, 12_000)
+    assert not is_direct(rolled(-1), at, 0, 0, replace(rules, rolls_to_ring=False), 12_000)
+    assert not is_direct(rolled(-1), due - horizon - 1, 0, 0, rules, 12_000), "beyond the ring"
+    assert not is_direct(rolled(3), at, 0, 0, rules, 12_000)
+    wheel = parse_batch(batch([rolled(-1)], [at], 0), rules, 1_000, 2, at, window_ms=12_000)
+    assert wheel.num_rows == 0
+    task = parse_batch(batch([rolled(-1)], [at], 0), rules, 1_000, 2, at).to_pydict()
+    assert (task["kind"], task["level"], task["due_ms"], task["rolled"]) == (
+        ["delay"], [-1], [due], [True])
+    # Plain timers: beyond the horizon cold, whatever their bucket; levels by their bucket.
+    for after, kind in ((horizon, "delay"), (horizon + 1, "cold")):
+        timer = [(H.REAL_TOPIC, b"orders"), (H.TIMER_DELAY_MS, str(after).encode())]
+        for common in (True, False):
+            got = parse_batch(batch([timer], [at], 0), rules, 1_000, 2, at, common=common)
+            assert got.column("kind").to_pylist() == [kind], (after, common)
 
 
 def test_a_direct_rows_due_time_is_its_own_whatever_the_hosts_clock():

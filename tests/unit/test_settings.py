@@ -84,3 +84,16 @@ def test_each_setting_s_range_is_checked_naming_it(setting, bad, good):
     with pytest.raises(ConfigError, match=setting):
         load_settings(**{setting: bad})
     assert getattr(load_settings(**{setting: good}), setting) == good
+
+
+def test_a_cold_bucket_rolls_into_the_rings_when_it_fits_them():
+    """A bucket rolls the ring's horizon less itself and clock_tolerance ahead when that leaves
+    at least twice the tolerance (the defaults: 10 min - 5 min - 1 min = 4 min); else, as with
+    the former 1 h buckets, near_horizon + clock_tolerance ahead, into the wheel."""
+    settings = load_settings()
+    assert settings.rolls_to_ring and settings.roll_lead_ms == 240_000
+    hour = load_settings(cold_bucket="1h")
+    assert not hour.rolls_to_ring and hour.roll_lead_ms == 660_000
+    assert not load_settings(ring_slots=0).rolls_to_ring
+    assert load_settings(cold_bucket="7m").rolls_to_ring
+    assert not load_settings(cold_bucket="7m", clock_tolerance="61s").rolls_to_ring

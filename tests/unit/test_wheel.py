@@ -25,7 +25,8 @@ NOW = 1_700_000_000_000
 from tests.support import KEY, rolled_header  # noqa: F401
 RULES = Rules((1_000, 2_000, 3_000), "in", "in.DLQ", allowed_topics=frozenset(),
               max_delay_ms=30 * 86_400_000, clock_tolerance_ms=60_000, near_horizon_ms=600_000,
-              cold_bucket_ms=3_600_000, timer_parts=8, ring_horizon_ms=0, seal_key=KEY,
+              cold_bucket_ms=3_600_000, timer_parts=8, ring_horizon_ms=0,
+              rolls_to_ring=False, seal_key=KEY,
               legacy_before=())
 CONFIG = WheelConfig(slot_ms=1_000, lead_ms=500, lead_per_message_us=0,
                      watermark_delay_ms=10_000, dlq_topic="in.DLQ", timer_parts=8, spread=4,
@@ -317,6 +318,20 @@ def test_a_message_rolled_in_twice_is_held_once_and_fires_once():
     assert removed(fired)
     assert list(zip(run.tally["received"], run.tally["pending_delta"])) == [(1, -1)], \
         "b taken in, a delivered: one fewer pending (the dropped copy was never pending twice)"
+
+
+def test_a_rolled_timer_the_wheel_holds_is_pending_again_a_rolled_level_stays_so():
+    """The roll counts its timers out of the wheel's pending (sinks/cold.py `roll`: a dispatch
+    task's ring counts those it takes); one the wheel holds after all counts in again. A rolled
+    level was never counted out. Neither is received twice."""
+    due = NOW + 60_000
+    for level, uniq, pending in ((-1, "a", 1), (2, "b", 0)):
+        frame = envelopes(([("REAL_TOPIC", b"t"), rolled_header(level, due, uniq, "t"),
+                            ("TIMER_DELIVER_MS", str(due).encode()),
+                            ("UNIQ_KEY", uniq.encode())], 1))
+        assert list(frame["rolled"]) == [True]
+        assert run(frame, state(NOW - 10_000)).empty
+        assert list(zip(run.tally["received"], run.tally["pending_delta"])) == [(0, pending)]
 
 
 def test_a_message_due_on_arrival_leaves_as_it_would_from_the_state():
