@@ -95,7 +95,8 @@ class ColdTier:
                     .select(*COLUMNS)
                     .withColumn(TOMBSTONE, F.lit(None).cast("string"))
                     .withColumn("due_bucket", bucket))
-            self.roll(rows.filter(F.col("due_bucket") <= loaded), summary)
+            if summary.count("cold_now"):   # counted by the ready write (sinks/ready.py)
+                self._roll_now(rows.filter(F.col("due_bucket") <= loaded), summary)
             frames.append(rows.filter(F.col("due_bucket") > loaded))
         if misses or hits:
             types = {f.name: f.dataType for f in from_arrow_schema(WITH_BODY).fields}
@@ -127,9 +128,11 @@ class ColdTier:
         and where the intake ended then: a roll cut short (a crash, a failed batch) is done again
         without the records it wrote (`_not_rolled`)."""
         loaded, edge, rolling = self.loaded_until(), self._horizon_bucket(), self._rolling
-        if loaded + self.bucket_ms > edge and rolling is None:
-            return 0
         edge = max(edge, rolling["until"]) if rolling else edge
+        if loaded + self.bucket_ms > edge:
+            if rolling:   # a roll of this batch's rows (`_roll_now`) ended
+                self._set_loaded(loaded)
+            return 0
         if table_exists(self.path):
             if rolling is None:
                 self._set_loaded(loaded, {"until": edge, "from": self._intake_ends()})
@@ -157,6 +160,15 @@ class ColdTier:
             summary.pending_delta_by_level[row["level"]] -= row["count"]
         summary.add("cancel_unknown", None, None,
                     waiting.join(messages, named, "left_anti").count())
+
+    def _roll_now(self, rows: DataFrame, summary: BatchSummary) -> None:
+        """Roll a batch's cold rows whose bucket rolled already, once: marked as a roll begun
+        (`advance` ends it), so the batch run again after a crash leaves out what it wrote."""
+        loaded, rolling = self.loaded_until(), self._rolling
+        if rolling is None:
+            self._set_loaded(loaded, {"until": loaded, "from": self._intake_ends()})
+        since = rolling and rolling["from"]
+        self.roll(self._not_rolled(rows, since) if since else rows, summary)
 
     def _not_rolled(self, rows: DataFrame, since: dict) -> DataFrame:
         """`rows` but those a roll cut short wrote onto the intake from `since` (partition → its

@@ -84,13 +84,19 @@ class ReadySink:
         headers = F.when(notice, F.array(F.struct(F.lit(H.READY_CANCEL).alias("key"),
                                                   outcome.alias("value"))))
         seen = Observation()
-        (batch.observe(seen, *observed_counts(found_nothing))
+        # Cold rows of a bucket already rolled (the wheel behind): the cold tier rolls them now.
+        late_cold = F.lit(loaded_until is not None) & (kind == "cold") & ~parked
+        (batch.observe(seen, *observed_counts(found_nothing),
+                       F.count_if(late_cold).alias("cold_now"))
          .filter((kind == "deliver") | notice)
          .repartition(self._partitions, F.pmod("ipart", F.lit(self._partitions)))
          .sortWithinPartitions("due_ms", "ipart", "ioff")
          .select(*self._sent, key, headers.alias("headers"))
          .write.mode("append").format("kafka").options(**self._options).save())
-        add_counts(seen.get, summary)
+        counts = seen.get
+        add_counts(counts, summary)
+        if counts["cold_now"]:
+            summary.add("cold_now", None, None, counts["cold_now"])
 
     def write_dead(self, rows: DataFrame) -> None:
         """Dead letters (WITH_BODY rows) to the dead-letter topic, as they came plus DLQ_REASON."""

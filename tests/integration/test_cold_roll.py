@@ -83,7 +83,9 @@ def test_a_roll_cut_short_is_done_again_without_what_it_wrote(
         spark, test_settings, new_topic, kafka_bootstrap, tmp_path):
     """A roll that wrote some of its messages and stopped (a crash before the marker moved on)
     is done again at the next start: the rest roll, the ones written stay once. A record a
-    producer wrote with the same UNIQ_KEY, due time and a forged mark leaves nothing out."""
+    producer wrote with the same UNIQ_KEY, due time and a forged mark leaves nothing out. So
+    with a batch's message for a bucket rolled already (the wheel behind), rolled at once: the
+    batch run again after a crash rolls it once."""
     import json
 
     from kafka import KafkaProducer
@@ -114,9 +116,15 @@ def test_a_roll_cut_short_is_done_again_without_what_it_wrote(
     forged.close()
     assert tier().advance(BatchSummary(2)) == 3
     assert json.loads(cold.marker.read_text()) == {"loaded_until": 116_000}
-    records = consume_all(kafka_bootstrap, intake, expected=4, timeout_s=30, idle_s=3)
+    late = spark.createDataFrame([row("d", 113_500)], SCHEMA)   # its bucket rolled already
+    tier()._roll_now(late, BatchSummary(3))
+    again = tier()   # the batch run again after a crash before its `advance`
+    again._roll_now(late, BatchSummary(3))
+    assert again.advance(BatchSummary(3)) == 0
+    assert json.loads(cold.marker.read_text()) == {"loaded_until": 116_000}
+    records = consume_all(kafka_bootstrap, intake, expected=5, timeout_s=30, idle_s=3)
     rules = rules_of(test_settings, key)
     good = [parse(r.headers, r.partition, r.offset, r.timestamp, rules, r.timestamp)
             for r in records]
-    assert sorted(e.uniq_key for e in good if e.kind != Kind.DEAD) == ["a", "b", "c"]
+    assert sorted(e.uniq_key for e in good if e.kind != Kind.DEAD) == ["a", "b", "c", "d"]
     assert [e.reason.split(":")[0] for e in good if e.kind == Kind.DEAD] == ["forged_header"]

@@ -35,11 +35,12 @@ def old_delayq(tmp_path) -> str:
 
 def test_timers_in_flight_across_the_upgrade_are_taken_once(
         job_settings, start_job, new_topic, kafka_bootstrap, tmp_path, lateness_log):
-    settings = job_settings(dispatch_direct_max_delay_ms=12_000)
+    # The old default's cold buckets, as docs/operations.md (Upgrades) says to resume with.
+    settings = job_settings(dispatch_direct_max_delay_ms=12_000, cold_bucket="1h")
     real = new_topic(**LOG_APPEND)
     metrics, ui = free_ports(2)
     env = {**os.environ, **{f"DELAYQ_{k.upper()}": str(v) for k, v in dict(
-        bootstrap_servers=kafka_bootstrap, data_dir=settings.data_path,
+        bootstrap_servers=kafka_bootstrap, data_dir=settings.data_path, cold_bucket="1h",
         intake_topic=settings.intake_topic, dlq_topic=settings.dlq_topic,
         delay_levels=settings.delay_levels, dispatch_direct_max_delay_ms=12_000,
         spark_shuffle_partitions=2, ledger_interval="10s", metrics_port=metrics,
