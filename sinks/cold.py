@@ -174,8 +174,9 @@ class ColdTier:
         """`rows` but those a roll cut short wrote onto the intake from `since` (partition → its
         end before that roll) on: the same UNIQ_KEY, due time and sealed mark, which no producer
         can forge (state/seal.py)."""
-        def header(name: str) -> F.Column:
-            return F.filter("headers", lambda h: h["key"] == name)[0]["value"].cast("string")
+        def header(name: str) -> F.Column:   # null where none (ANSI: `[0]` fails the batch)
+            return F.get(F.filter("headers", lambda h: h["key"] == name), 0)["value"].cast(
+                "string")
         found = (self.spark.read.format("kafka").options(**self.options)
                  .option("assign", json.dumps({self.intake: [int(p) for p in since]}))
                  .option("startingOffsets", json.dumps({self.intake: since}))
