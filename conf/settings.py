@@ -202,17 +202,18 @@ class Settings(BaseSettings):
         """Whether a cold bucket, rolled `roll_lead_ms` before it starts, fits the ring: each of
         its timers due within the ring's horizon of the roll, a driver clock off the broker's by
         up to clock_tolerance either way, and the roll at least twice that ahead."""
-        lead = self.ring_horizon_ms - self.cold_bucket_ms - self.clock_tolerance_ms
-        return self.ring_horizon_ms > 0 and lead >= 2 * self.clock_tolerance_ms
+        return self.ring_horizon_ms > 0 and self._ring_lead_ms >= 2 * self.clock_tolerance_ms
 
     @property
     def roll_lead_ms(self) -> int:
         """How long before a cold bucket starts, by the driver's clock, it rolls onto the
         intake: into the rings (`rolls_to_ring`), or into the wheel, near_horizon ahead (and
         clock_tolerance more: the driver's clock may trail the broker's, DESIGN.md 3)."""
-        if self.rolls_to_ring:
-            return self.ring_horizon_ms - self.cold_bucket_ms - self.clock_tolerance_ms
-        return self.near_horizon_ms + self.clock_tolerance_ms
+        return self._ring_lead_ms if self.rolls_to_ring else \
+            self.near_horizon_ms + self.clock_tolerance_ms
+
+    _ring_lead_ms = property(lambda self: self.ring_horizon_ms - self.cold_bucket_ms
+                             - self.clock_tolerance_ms)
     data_path = property(lambda self: self.data_dir.resolve())
 
     @property
