@@ -83,6 +83,7 @@ class Settings(BaseSettings):
     dispatch_transaction_ms: PositiveInt
     dispatch_max_held: PositiveInt
     dispatch_gather_ms: PositiveInt
+    dispatch_urgent_gather_ms: NonNegativeInt
     dispatch_topic_wait_ms: PositiveInt
     dispatch_ack_check_ms: PositiveInt
     dispatch_producer_stall: Duration

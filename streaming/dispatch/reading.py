@@ -37,6 +37,8 @@ class Reading:
         self._known_below = 0   # ready rows below this were done before the start (`Refired`)
         self._gathered: list = []   # intake records read and not yet parsed (`_consume`)
         self._gathered_since = 0.0
+        self._urgent = False   # one of them may be due soon (`_due_soon`)
+        self._parsed_at = 0.0   # when they were last parsed
 
     def _resume(self) -> dict[tuple[str, int], int]:
         """Where this run starts: its partitions, their commit points, and what the ledger holds
@@ -69,9 +71,9 @@ class Reading:
     def _consume(self, wait_s: float, done: dict[tuple[str, int], int]) -> None:
         """The ready partition's records and the intake's the task reads itself, waiting up to
         `wait_s` for the first. The intake's are gathered and parsed together every `gather_s`
-        (a parse costs about 0.6 ms however few its records), at once when one may be due
-        before that (`_due_soon`)."""
-        urgent = False
+        (a parse costs about 0.6 ms however few its records), or `urgent_gather_s` after the
+        last parse when one may be due before that (`_due_soon`)."""
+        urgent = self._urgent
         for msg in self.consumer.consume(self.config.read_batch, timeout=wait_s):
             if msg.error():   # the client's own report; it reconnects and goes on
                 if msg.error().fatal():
@@ -84,9 +86,11 @@ class Reading:
                     self._gathered_since = time.monotonic()
                 self._gathered.append(msg)
                 urgent = urgent or self._due_soon(msg)
-        if self._gathered and (urgent or len(self._gathered) >= self.config.read_batch or
-                               time.monotonic() - self._gathered_since >= self.config.gather_s):
-            intake, self._gathered = self._gathered, []
+        self._urgent, now = urgent, time.monotonic()
+        if self._gathered and (urgent and now - self._parsed_at >= self.config.urgent_gather_s
+                               or len(self._gathered) >= self.config.read_batch
+                               or now - self._gathered_since >= self.config.gather_s):
+            intake, self._gathered, self._urgent, self._parsed_at = self._gathered, [], False, now
             self._take_intake(intake, done)
 
     def _due_soon(self, msg) -> bool:

@@ -29,6 +29,7 @@ class DispatchConfig:
     commit_interval_s: float
     max_held: int                     # rows held before consumption pauses
     gather_s: float                   # intake records parsed, ledger rows sent, this often
+    urgent_gather_s: float            # ... and this often when one may be due soon
     retry_backoff_s: float            # a transient send failure is retried this much later
     probe_interval_s: float           # an idle task measures its clock against the broker's
     ledger_batch: int                 # ledger rows per ledger record at most

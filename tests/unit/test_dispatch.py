@@ -642,3 +642,57 @@ def test_a_stalled_task_is_not_aborted_and_a_new_task_takes_over_from_its_last_c
     assert calls == [("purge", False), ("close", True), ("close", False)]
     assert len(tasks) == 2 and done == [{"partition": 0, "sent": 3 + 7, "dead": 0 + 1,
                                          "skipped": 0}]
+
+
+def test_intake_records_due_soon_are_parsed_at_most_every_urgent_gather_s(monkeypatch):
+    """A record that may be due soon has its records parsed sooner than `gather_s`, but no
+    sooner than `urgent_gather_s` after the last parse: a parse costs about 1 ms however few
+    its records, and at 5,000 timers/s parses at every turn of the loop took most of a task's
+    CPU. The others wait for `gather_s`."""
+    import streaming.dispatch.reading as reading
+    from streaming.dispatch.task import _Task
+
+    class Intake:
+        def __init__(self):
+            self.records = []
+
+        def consume(self, n, timeout):
+            records, self.records = self.records, []
+            return records
+
+    class Record:
+        def __init__(self, urgent):
+            self.urgent = urgent
+
+        def error(self):
+            return None
+
+        def topic(self):
+            return "intake"
+
+    now = [100.0]
+    monkeypatch.setattr(reading.time, "monotonic", lambda: now[0])
+    task = _Task.__new__(_Task)
+    task.config = SimpleNamespace(read_batch=250, gather_s=1.0, urgent_gather_s=0.25)
+    task.consumer, task.ready = Intake(), SimpleNamespace(topic="ready")
+    task._gathered, task._gathered_since, task._urgent, task._parsed_at = [], 0.0, False, 0.0
+    task._due_soon = lambda msg: msg.urgent
+    parses = []
+    task._take_intake = lambda msgs, done: parses.append(len(msgs))
+
+    def turn(*urgent, after_s=0.0):
+        now[0] += after_s
+        task.consumer.records = [Record(u) for u in urgent]
+        task._consume(0.0, {})
+    turn(True)
+    assert parses == [1], "the first one due soon is parsed at once"
+    turn(False, True, after_s=0.0625)
+    turn(False, after_s=0.0625)
+    assert parses == [1], "another within urgent_gather_s waits"
+    turn(after_s=0.125)
+    assert parses == [1, 3], "then it is parsed, with the others read meanwhile"
+    turn(False, after_s=0.5)
+    turn(False, after_s=0.5)
+    assert parses == [1, 3], "none due soon: they wait for gather_s"
+    turn(after_s=0.5)
+    assert parses == [1, 3, 2]
