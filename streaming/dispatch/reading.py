@@ -71,7 +71,7 @@ class Reading:
     def _consume(self, wait_s: float, done: dict[tuple[str, int], int]) -> None:
         """The ready partition's records and the intake's the task reads itself, waiting up to
         `wait_s` for the first. The intake's are gathered and parsed together every `gather_s`
-        (a parse costs about 0.6 ms however few its records), or `urgent_gather_s` after the
+        (a parse costs about 1 ms however few its records), or `urgent_gather_s` after the
         last parse when one may be due before that (`_due_soon`)."""
         urgent = self._urgent
         for msg in self.consumer.consume(self.config.read_batch, timeout=wait_s):
