@@ -9,7 +9,7 @@ from collections import Counter
 
 from confluent_kafka import KafkaException
 
-from streaming.dispatch.rules import TOO_LARGE, Row, dead_letter_headers, refusal
+from streaming.dispatch.rules import PURGED, TOO_LARGE, Row, dead_letter_headers, refusal
 from streaming.ledger.records import PROBE, SENDER, ledger_chunks, sender
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,8 @@ class Sending:
         if self.txn and msg is not None:   # queued and refused: the transaction is lost
             self._refused_in_transaction(row, err)
             return
+        if err.code() in PURGED:   # at_least_once: its stall's purge; the next task reads it again
+            return
         reason = refusal(err, row)
         if err.code() in TOO_LARGE and (row.source, row.offset) not in self.refusals.alone:
             # The broker refuses a whole batch too large: sent alone, a row is refused only if it
@@ -90,6 +92,8 @@ class Sending:
     def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
         if err is not None and self.txn:
             self._refused_in_transaction(None, err)
+            return
+        if err is not None and err.code() in PURGED:   # at_least_once: its stall's purge
             return
         if err is not None:   # the commit point stays below the row until it is taken
             if (row.source, row.offset) not in self._refused:   # said once, not at every retry
@@ -127,9 +131,9 @@ class Sending:
         if err is not None and self.txn and msg is not None:
             self._refused_in_transaction(None, err)
             return
+        if err is not None and (send is None or err.code() in PURGED):   # a probe; a stall's purge
+            return
         if err is not None:   # its rows stay below the commit point until the ledger has them
-            if send is None:   # a probe
-                return
             if send not in self._refused:   # said once, not at every retry
                 self._refused.add(send)
                 log.warning("dispatch %d: the ledger topic %s refused a record of %d rows (%s); "

@@ -48,7 +48,8 @@ def run_partition(config: DispatchConfig, partition: int,
                         partition, e)
             task.producer.purge(blocking=False)   # reports served in close(); the next fences it
             task.stalled = True
-            task.sent, task.dead = task.at_commit
+            if task.txn:   # its open transaction's sends do not count (at_least_once: delivered)
+                task.sent, task.dead = task.at_commit
         finally:
             task.close()
             done.update(sent=task.sent, dead=task.dead, skipped=task.skipped)

@@ -43,6 +43,9 @@ class Transactions(Topics):
         # While a commit awaits its acks the intake is read on (`_acks_awaited`): its rows for
         # the ring wait here for the next transaction.
         self.committing, self.deferred = False, []
+        # at_least_once (`_watch_acks`): since when the producer was found cut off, the ledger's
+        # end then, and when that was checked.
+        self._watch: tuple[float | None, int, float] = (None, 0, time.monotonic())
         Topics.__init__(self)
 
     def _begin(self) -> None:
@@ -169,6 +172,7 @@ class Transactions(Topics):
                 return
             self._offsets_at = time.monotonic()
         else:
+            self._watch_acks()
             commits = self._commit_points()
         if self.commit_refused is not None:
             raise self.commit_refused
@@ -178,6 +182,24 @@ class Transactions(Topics):
             self.committed(e.args[0], [])
             if self.commit_refused is not None:
                 raise
+
+    def _watch_acks(self) -> None:
+        """at_least_once, where no commit awaits the acks (`_await_acks`): records unacknowledged,
+        no ledger record acknowledged since the last check (every `ack_check_s`; every ack leads
+        to one), and the producer cut off (`_cut_off`) at each check for `stall_s`: Stalled. A
+        new producer takes over from the last commit; what the old one sent may arrive twice."""
+        cut_off, end, checked = self._watch
+        now = time.monotonic()
+        if not any(n > 0 for n in self.unacked.values()) or self.ledger_end != end:
+            self._watch = None, self.ledger_end, now
+        elif now - checked >= self.config.ack_check_s:
+            if not self._cut_off():
+                self._watch = None, end, now
+            elif now - (cut_off := cut_off or now) >= self.config.stall_s:
+                raise Stalled(f"its producer had no answer from the broker for {now - cut_off:.0f}"
+                              f" s while its consumer had, no record acknowledged meanwhile")
+            else:
+                self._watch = cut_off, end, now
 
     def committed(self, err: KafkaError | None, partitions: list) -> None:
         """The consumer's on_commit: a transient failure waits for the next commit; any other

@@ -4,6 +4,7 @@ their retry, the intake read during a commit's ack wait (against a stand-in prod
 import gc
 import time
 from collections import Counter
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -434,6 +435,7 @@ def test_a_commit_goes_on_in_the_background_and_only_a_lasting_refusal_stops_the
     task = Transactions.__new__(Transactions)
     Transactions.__init__(task, None)
     task.txn, task.partition, task.consumer = False, 0, Consumer()
+    task.unacked, task.ledger_end = Counter(), 0   # nothing awaited: no producer to watch
     task._commit_points = lambda: []
     task._commit()
     task._commit(final=True)
@@ -551,15 +553,11 @@ def test_a_timer_read_while_a_commit_awaits_its_acks_is_ringed_in_the_next_trans
         assert task.deferred == [] and task.ring.dirty == {3} and not task.committing
 
 
-@pytest.mark.parametrize("answered", ["consumer", "neither", "both", "consumer, acks coming"])
-def test_a_producer_the_broker_answers_no_more_while_it_answers_the_consumer_is_given_up(answered):
-    """Records unacknowledged: a producer whose look-ups go unanswered while the task's consumer's
-    are answered is given up after `stall_s` (Stalled: a new producer takes over); with neither
-    answered (the broker away), both (a topic that takes no records yet), or acks still coming
-    (a slow broker answers a producer's look-up after its records), the task waits on."""
+def _answering(answered: str, unacked: int):
+    """A task whose look-ups the broker answers for its "consumer", "neither" or "both" clients,
+    `unacked` records awaited, checked at once and given up after 0.2 s cut off."""
     from confluent_kafka import KafkaException
 
-    from streaming.dispatch.start import Stalled
     from streaming.dispatch.task import _Task
 
     class Client:
@@ -572,12 +570,24 @@ def test_a_producer_the_broker_answers_no_more_while_it_answers_the_consumer_is_
             return SimpleNamespace(topics={})
 
     task = _Task.__new__(_Task)
-    acks = answered.endswith("acks coming")
-    task.partition, task.doomed, task.unacked = 0, None, Counter(real=10**9 if acks else 1)
-    task.producer = Client(answered == "both")
-    task.consumer = Client(answered != "neither")
+    task.partition, task.doomed, task.unacked = 0, None, Counter(real=unacked)
+    task.producer = Client(answered.startswith("both"))
+    task.consumer = Client(not answered.startswith("neither"))
     task.config = SimpleNamespace(ack_check_s=0.0, stall_s=0.2)
     task.ledger = SimpleNamespace(topic="ledger")
+    return task
+
+
+@pytest.mark.parametrize("answered", ["consumer", "neither", "both", "consumer, acks coming"])
+def test_a_producer_the_broker_answers_no_more_while_it_answers_the_consumer_is_given_up(answered):
+    """Records unacknowledged: a producer whose look-ups go unanswered while the task's consumer's
+    are answered is given up after `stall_s` (Stalled: a new producer takes over); with neither
+    answered (the broker away), both (a topic that takes no records yet), or acks still coming
+    (a slow broker answers a producer's look-up after its records), the task waits on."""
+    from streaming.dispatch.start import Stalled
+
+    acks = answered.endswith("acks coming")
+    task = _answering(answered, unacked=10**9 if acks else 1)
     task._ledger = lambda force=False: acks and task.unacked.subtract(real=1)   # one ack a turn
     task._held_up = lambda topics: None
     until = time.monotonic() + 1.0   # acknowledged after a second
@@ -608,10 +618,53 @@ def test_a_ring_write_the_task_s_own_abort_purged_is_ringed_again_and_a_refused_
     assert task.refusals.unringed == {(timer.source, timer.offset)}
 
 
-def test_a_stalled_task_is_not_aborted_and_a_new_task_takes_over_from_its_last_commit(monkeypatch):
+@pytest.mark.parametrize("answered", ["consumer", "neither", "both", "consumer, acks coming"])
+def test_at_least_once_a_producer_the_broker_answers_no_more_is_given_up_at_a_commit(answered):
+    """at_least_once, where no commit awaits the acks: at each commit, records unacknowledged and
+    no ledger record acknowledged since `ack_check_s`, a producer whose look-ups go unanswered
+    while the consumer's are answered is given up after `stall_s` (Stalled); with neither
+    answered (the broker away), both, or acks coming, the task goes on."""
+    from streaming.dispatch.start import Stalled
+
+    task = _answering(answered, unacked=1)
+    task.ledger_end, task._watch = 0, (None, 0, time.monotonic())
+    start = time.monotonic()
+    with pytest.raises(Stalled) if answered == "consumer" else nullcontext():
+        while time.monotonic() - start < 1.0:   # a commit every 20 ms
+            task._watch_acks()
+            task.ledger_end += answered.endswith("acks coming")
+            time.sleep(0.02)
+    assert answered != "consumer" or 0.2 <= time.monotonic() - start < 0.5
+
+
+def test_at_least_once_what_its_stall_purged_is_left_to_the_next_task():
+    """at_least_once: a send, dead letter, ring write or ledger record purged from the producer by
+    the task's own stall is neither retried, nor held, nor dead-lettered: the next task, from the
+    last commit, reads its row again."""
+    from streaming.dispatch.task import _Task
+    from streaming.dispatch.txn import Refusals
+
+    task = _Task.__new__(_Task)
+    task.txn, task.refusals, task._refused, task.partition = False, Refusals(), set(), 0
+    done = []
+    task._later = task._hold = task._dead_letter = lambda *args: done.append(args)
+    timer = Row(60_000, 0, 7, 7, "real", None, b"k", b"v", [], -1, 0, "t1")
+    for purged in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+        err = KafkaError(purged)
+        task._delivered(err, object(), timer, 0)
+        task._dead_lettered(err, timer, 0, "unknown_topic")
+        task._ringed(err, object(), timer, 0)
+        task._ledgered(err, object(), [timer], object())
+    assert done == []
+
+
+@pytest.mark.parametrize("txn", [True, False])
+def test_a_stalled_task_is_not_aborted_and_a_new_task_takes_over_from_its_last_commit(
+        monkeypatch, txn):
     """run_partition: a Stalled task's producer is purged, never aborted (that call hung), its
     close waits 2 s at most for the purged records' reports, what it sent after its last commit
-    does not count, and a new task (its new producer fences the old one) goes on."""
+    does not count (exactly_once: at_least_once's acked sends were delivered), and a new task
+    (exactly_once: its new producer fences the old one) goes on."""
     from streaming.dispatch import task as module
     from streaming.dispatch.start import Stalled
 
@@ -627,7 +680,7 @@ def test_a_stalled_task_is_not_aborted_and_a_new_task_takes_over_from_its_last_c
     class Task:
         def __init__(self, config, partition, clock, refusals):
             self.producer, self.stalled, self.skipped = Producer(), False, 0
-            self.sent, self.dead, self.at_commit = 7, 1, (3, 0)
+            self.sent, self.dead, self.at_commit, self.txn = 7, 1, (3, 0), txn
             tasks.append(self)
 
         def run(self):
@@ -640,7 +693,8 @@ def test_a_stalled_task_is_not_aborted_and_a_new_task_takes_over_from_its_last_c
     monkeypatch.setattr(module, "_Task", Task)
     done = list(module.run_partition(SimpleNamespace(retry_backoff_s=0.0, jvm_nice=0), 0))
     assert calls == [("purge", False), ("close", True), ("close", False)]
-    assert len(tasks) == 2 and done == [{"partition": 0, "sent": 3 + 7, "dead": 0 + 1,
+    sent, dead = (3, 0) if txn else (7, 1)
+    assert len(tasks) == 2 and done == [{"partition": 0, "sent": sent + 7, "dead": dead + 1,
                                          "skipped": 0}]
 
 
