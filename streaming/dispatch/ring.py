@@ -100,11 +100,31 @@ class Ring:
     def slot(self, due_ms: int) -> int:
         return due_ms // self.config.slot_ms
 
-    def start(self, now_ms: int) -> None:
-        """A turn back from now: every partition is read once more, oldest slot first, so what
-        a stopped task left there leaves in due order (overdue rows at once)."""
-        self.next_slot = self.slot(now_ms) - self.config.slots + 1
-        self.first_turn_until = (self.next_slot + 2 * self.config.slots) * self.config.slot_ms
+    def start(self, now_ms: int, positions: dict[int, int]) -> None:
+        """A turn back from now, or from the oldest slot a stopped task left (`_oldest`) if it
+        was down longer: every partition is read once more, oldest slot first, so what it left
+        there leaves in due order (overdue rows at once)."""
+        turn_back = self.slot(now_ms) - self.config.slots + 1
+        self.next_slot = min([turn_back, *self._oldest(positions)])
+        self.first_turn_until = (turn_back + 2 * self.config.slots) * self.config.slot_ms
+
+    def _oldest(self, positions: dict[int, int]) -> list[int]:
+        """The slot of the first row at the task's position (`positions`, by partition) of each
+        partition where rows wait: their slots never decrease along a partition (`takes`)."""
+        found = []
+        for part in sorted(part for part, n in self.unread.items() if n > 0):
+            self.consumer.assign([TopicPartition(self.config.topic, part, positions[part])])
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:   # past fillers, to a row or the end
+                msg = next(iter(self.consumer.consume(1, timeout=0.5)), None)
+                if msg is None or msg.error() is None and msg.headers() == [FILL]:
+                    continue
+                if msg.error() is None:
+                    found.append(self.slot(ring_row(msg).due_ms))
+                if msg.error() is None or msg.error().code() == KafkaError._PARTITION_EOF:
+                    break
+            self.consumer.unassign()
+        return found
 
     def takes(self, row: Row, now_ms: int) -> bool:
         """Whether `row` (a timer in the ring's band) goes to the ring: its slot is not read yet

@@ -102,7 +102,9 @@ class _Task(Reading, Ringing, Sending, Transactions):
         done = self.done = self._resume()
         self._probe(wait=True)
         if self.ring is not None:
-            self.ring.start(self._now_ms())
+            topic = self.ring.config.topic
+            self.ring.start(self._now_ms(), {part: self.offsets[(topic, part)].position
+                                             for part in self.ring.partitions()})
         self._assign()
         last_commit = looked = time.monotonic()
         while not self.stopping:

@@ -105,7 +105,7 @@ def test_a_task_owns_its_slots_partitions_and_a_slot_maps_to_one_by_its_due_time
 
 def test_a_timer_goes_to_the_ring_only_into_a_slot_not_read_yet_and_not_due_within_the_lead():
     r = ring()
-    r.start(now_ms=100_000)
+    r.start(now_ms=100_000, positions={})
     assert r.next_slot == 50 - 6 + 1, "a turn back: every partition is read once more"
     r.next_slot = 51   # slot 50 (100.0-102.0 s) read
     assert not r.takes(timer(101_500), now_ms=100_000), "its slot was read: held"
