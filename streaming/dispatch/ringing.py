@@ -73,8 +73,6 @@ class Ringing:
             self._refused_in_transaction(None, err)   # and the row, read again, is held
             if err.code() not in PURGED:   # but not for the task's own abort or stall
                 self.refusals.unringed.add((row.source, row.offset))
-        elif err.code() in PURGED:   # at_least_once: its stall's purge; the next task reads it
-            return
         elif msg is None or refusal(err, row) is not None:   # refused for good: held instead
             self._hold(row)
         else:

@@ -34,6 +34,8 @@ class Sending:
 
         def report(err, msg):
             unacked[topic] -= 1
+            if err is not None and not self.txn and err.code() in PURGED:
+                return   # at_least_once: its stall's purge; the next task reads the row again
             callback(err, msg, row, sent_ms)
         try:   # partition -1: librdkafka's partitioner places it
             self.producer.produce(topic, row.value, row.key, -1 if partition is None else partition,
@@ -58,8 +60,6 @@ class Sending:
             return
         if self.txn and msg is not None:   # queued and refused: the transaction is lost
             self._refused_in_transaction(row, err)
-            return
-        if err.code() in PURGED:   # at_least_once: its stall's purge; the next task reads it again
             return
         reason = refusal(err, row)
         if err.code() in TOO_LARGE and (row.source, row.offset) not in self.refusals.alone:
@@ -92,8 +92,6 @@ class Sending:
     def _dead_lettered(self, err, row: Row, sent_ms: int, reason: str) -> None:
         if err is not None and self.txn:
             self._refused_in_transaction(None, err)
-            return
-        if err is not None and err.code() in PURGED:   # at_least_once: its stall's purge
             return
         if err is not None:   # the commit point stays below the row until it is taken
             if (row.source, row.offset) not in self._refused:   # said once, not at every retry

@@ -22,7 +22,7 @@ def modules() -> dict[str, Path]:
 
 # The tools (bench, load generator, launchers) keep the older bounds: 400 and 60. The budget is
 # a ratchet at today's count; the aim is 6,000.
-MAX_LINES = {"production": 8_743, "module": 300, "function": 40}
+MAX_LINES = {"production": 8_739, "module": 300, "function": 40}
 TOOL_LINES = {"module": 400, "function": 60}
 TOOLS = "streaming.tools"
 CLI = "streaming.cli"
